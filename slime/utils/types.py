@@ -1,0 +1,63 @@
+"""`Sample`: the unit of data that flows from rollout to training.
+
+Field names follow slime's `slime.utils.types.Sample`, so a slime user's hooks run unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+@dataclass
+class Sample:
+    """One prompt and (after rollout) one response, with everything training needs."""
+
+    class Status(Enum):
+        PENDING = "pending"
+        COMPLETED = "completed"
+        TRUNCATED = "truncated"
+        ABORTED = "aborted"
+        FAILED = "failed"
+
+    group_index: int | None = None
+    index: int | None = None
+    # prompt: a string, or a list of chat messages before the chat template is applied
+    prompt: str | list[dict[str, str]] = ""
+    # tokens: prompt tokens followed by response tokens (exactly what the engine saw/produced)
+    tokens: list[int] = field(default_factory=list)
+    response: str = ""
+    response_length: int = 0
+    label: str | None = None
+    reward: float | dict[str, Any] | None = None
+    # loss_mask: one entry per response token; 1 = trained on, 0 = not (e.g. tool output)
+    loss_mask: list[int] | None = None
+    # rollout_log_probs: the engine's log-prob of each response token when it was sampled
+    rollout_log_probs: list[float] | None = None
+    status: Status = Status.PENDING
+    metadata: dict[str, Any] = field(default_factory=dict)
+    # train_metadata: extra per-sample data a custom loss may need
+    train_metadata: dict[str, Any] | None = None
+
+    def get_reward_value(self, args: Any) -> float:
+        """The scalar reward; a dict reward is read at `args.reward_key` (slime's convention)."""
+        if isinstance(self.reward, dict):
+            key = getattr(args, "reward_key", None) or "score"
+            return float(self.reward[key])
+        return float(self.reward if self.reward is not None else 0.0)
+
+    @property
+    def prompt_length(self) -> int:
+        return len(self.tokens) - self.response_length
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Sample":
+        d = dict(d)
+        d["status"] = Sample.Status(d.get("status", "pending"))
+        return cls(**d)
