@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Create .venv and install slime-rl with its test and router extras (CPU torch pinned).
+# Idempotent: a second run only checks that everything is there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+# Every pip call takes constraints.txt: an unpinned torch would pull a multi-GB CUDA build.
+if ! .venv/bin/python -c "import slime, torch, transformers, ray, sglang_router, pytest" 2>/dev/null; then
+  .venv/bin/pip install -q --upgrade pip -c constraints.txt
+  .venv/bin/pip install -q -c constraints.txt -e ".[test,router]"
+fi
+# PyPI's torchvision/torchaudio are CUDA builds that break CPU torch imports.
+.venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true

@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the test suite. Extra arguments go to pytest,
+# e.g. `bash scripts/test.sh -m "not e2e"` for the fast tests only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 RAY_AUTH_MODE=disabled OMP_WAIT_POLICY=PASSIVE
+exec .venv/bin/python -m pytest -q "$@"

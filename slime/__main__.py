@@ -1,0 +1,5 @@
+import sys
+
+from slime.cli import main
+
+sys.exit(main())

@@ -1,0 +1,248 @@
+"""Token log-probs, entropy, slime's loss reductions, the PPO-clip policy loss and the SFT loss.
+
+Per-token tensors of a micro-batch are *packed*: the response tokens of every sample are
+concatenated into one flat ``[total_tokens]`` tensor, and ``response_lengths`` says where each
+sample's slice ends. ``loss_masks[i]`` (length ``response_lengths[i]``, 1 = train on this
+token) removes tool / observation tokens from the loss.
+
+Reductions (slime's ``get_sum_of_sample_mean``):
+
+* default (per-sample mean): ``sum_i mean_{t in mask_i} x_t``, then divided by the number of
+  samples of the *global* batch — done by :func:`reduce_loss` (``num_samples``) or by the caller;
+* ``--calculate-per-token-loss``: ``sum_i sum_{t in mask_i} x_t``, then divided by the number of
+  unmasked tokens of the global batch (``num_tokens``).
+
+Summing inside a micro-batch and dividing once by a global count keeps the loss independent of
+how samples are split into micro-batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "compute_log_probs",
+    "compute_entropy",
+    "masked_mean",
+    "sum_of_sample_mean",
+    "sum_of_token",
+    "reduce_loss",
+    "policy_loss_ppo_clip",
+    "sft_loss",
+]
+
+
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+def _fp32(x: Tensor) -> Tensor:
+    """Upcast half precision to float32; keep float32 / float64 as they are."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
+def compute_log_probs(
+    logits: Tensor,
+    target_ids: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+) -> Tensor:
+    """``log softmax(logits / T)[target]`` = ``z[target] - logsumexp(z)`` with ``z = logits / T``.
+
+    ``logits``: ``[..., T, V]``; ``target_ids``: ``[..., T]``; returns ``[..., T]`` in float32
+    (float64 if the logits are). The full ``[.., V]`` log-softmax is never materialized; with
+    ``chunk_size`` the fp32 copy of the logits is made ``chunk_size`` rows at a time.
+    """
+    _check_temperature(temperature)
+    if logits.shape[:-1] != target_ids.shape:
+        raise ValueError(
+            f"logits shape {tuple(logits.shape)} does not match target_ids shape {tuple(target_ids.shape)} + [V]"
+        )
+    out_shape = target_ids.shape
+    flat_logits = logits.reshape(-1, logits.shape[-1])
+    flat_targets = target_ids.reshape(-1).long()
+    rows = flat_logits.shape[0]
+    step = rows if not chunk_size or chunk_size >= rows else int(chunk_size)
+    pieces = []
+    for start in range(0, max(rows, 1), max(step, 1)):
+        z = _fp32(flat_logits[start : start + step])
+        if temperature != 1.0:
+            z = z / temperature
+        tgt = flat_targets[start : start + step]
+        picked = z.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+        pieces.append(picked - torch.logsumexp(z, dim=-1))
+    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    return out.reshape(out_shape)
+
+
+def compute_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """Entropy of ``softmax(logits / T)`` over the last dim: ``H = logsumexp(z) - sum_v p_v z_v``.
+
+    Computed in float32 (float64 if given); ``-inf`` logits (masked vocabulary) contribute 0.
+    Returns ``[..., T]``.
+    """
+    _check_temperature(temperature)
+    z = _fp32(logits)
+    if temperature != 1.0:
+        z = z / temperature
+    lse = torch.logsumexp(z, dim=-1, keepdim=True)
+    p = torch.exp(z - lse)
+    z_finite = torch.where(torch.isneginf(z), torch.zeros_like(z), z)
+    return lse.squeeze(-1) - (p * z_finite).sum(dim=-1)
+
+
+def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = None) -> Tensor:
+    """``sum(x * mask) / max(sum(mask), 1)`` over ``dim`` (all dims if None).
+
+    Masked-out positions are excluded even if they hold NaN/inf; an empty selection gives 0.
+    """
+    m = mask.to(torch.bool) if mask.dtype != torch.bool else mask
+    m = m.expand_as(x) if m.shape != x.shape else m
+    xz = torch.where(m, x, torch.zeros_like(x))
+    w = m.to(xz.dtype)
+    if dim is None:
+        return xz.sum() / w.sum().clamp_min(1)
+    return xz.sum(dim=dim) / w.sum(dim=dim).clamp_min(1)
+
+
+def _split(x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]):
+    """Split packed ``x`` by sample, pairing each slice with its boolean mask (validated)."""
+    if x.dim() != 1:
+        raise ValueError(f"packed per-token tensor must be 1-D [total_tokens], got shape {tuple(x.shape)}")
+    lengths = [int(n) for n in response_lengths]
+    if len(lengths) != len(loss_masks):
+        raise ValueError(f"{len(lengths)} response lengths but {len(loss_masks)} loss masks")
+    if sum(lengths) != x.shape[0]:
+        raise ValueError(f"response lengths sum to {sum(lengths)} but the packed tensor has {x.shape[0]} tokens")
+    pairs = []
+    for i, (x_i, m_i) in enumerate(zip(torch.split(x, lengths), loss_masks)):
+        m_i = torch.as_tensor(m_i, device=x.device)
+        if m_i.shape != (lengths[i],):
+            raise ValueError(f"loss mask {i} has shape {tuple(m_i.shape)}, expected ({lengths[i]},)")
+        pairs.append((x_i, m_i.to(torch.bool)))
+    return pairs
+
+
+def _masked_sum(x_i: Tensor, m_i: Tensor) -> Tensor:
+    return torch.where(m_i, x_i, torch.zeros_like(x_i)).sum()
+
+
+def sum_of_sample_mean(
+    x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
+) -> Tensor:
+    """``sum_i (sum_t mask_it x_it) / max(sum_t mask_it, 1)``: the SUM of per-sample masked means.
+
+    The caller divides by the number of samples of the global batch (see :func:`reduce_loss`).
+    Empty or fully-masked samples contribute exactly 0.
+    """
+    total = x.new_zeros(())
+    for x_i, m_i in _split(x, response_lengths, loss_masks):
+        total = total + _masked_sum(x_i, m_i) / m_i.sum().clamp_min(1).to(x.dtype)
+    return total
+
+
+def sum_of_token(
+    x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
+) -> Tensor:
+    """``sum_i sum_t mask_it x_it``: the SUM over unmasked tokens (``--calculate-per-token-loss``).
+
+    The caller divides by the number of unmasked tokens of the global batch (see :func:`reduce_loss`).
+    """
+    total = x.new_zeros(())
+    for x_i, m_i in _split(x, response_lengths, loss_masks):
+        total = total + _masked_sum(x_i, m_i)
+    return total
+
+
+def reduce_loss(
+    x: Tensor,
+    response_lengths: Sequence[int],
+    loss_masks: Sequence[Tensor | Sequence[int]],
+    *,
+    calculate_per_token_loss: bool = False,
+    num_samples: int | None = None,
+    num_tokens: int | float | None = None,
+) -> Tensor:
+    """Scalar loss from per-token ``x`` with slime's two reductions, denominators explicit.
+
+    * per-sample (default): ``sum_of_sample_mean(x) / num_samples``
+      (``num_samples`` defaults to ``len(response_lengths)``: pass the global batch size when
+      this is one micro-batch of it);
+    * per-token: ``sum_of_token(x) / num_tokens`` (``num_tokens`` defaults to the unmasked tokens
+      here, at least 1).
+    """
+    if calculate_per_token_loss:
+        s = sum_of_token(x, response_lengths, loss_masks)
+        if num_tokens is None:
+            num_tokens = sum(int(torch.as_tensor(m).to(torch.bool).sum()) for m in loss_masks)
+        return s / max(num_tokens, 1)
+    s = sum_of_sample_mean(x, response_lengths, loss_masks)
+    if num_samples is None:
+        num_samples = len(response_lengths)
+    return s / max(num_samples, 1)
+
+
+def policy_loss_ppo_clip(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    eps_clip: float,
+    eps_clip_high: float | None = None,
+    eps_clip_c: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-token PPO-clip loss (slime's ``compute_policy_loss``). Returns ``(pg_losses, clipfrac, ppo_kl)``.
+
+    ``ratio = exp(log_probs - old_log_probs)``;
+    ``loss = max(-ratio * A, -clip(ratio, 1 - eps_clip, 1 + eps_clip_high) * A)``
+    (= ``-min(ratio*A, clip(ratio)*A)``; ``eps_clip_high`` defaults to ``eps_clip``, DAPO's clip-higher).
+    Dual clip (``eps_clip_c > 1``): where ``A < 0``, ``loss = min(loss, -eps_clip_c * A)``, which bounds
+    the loss of a very large ratio with a negative advantage.
+
+    ``clipfrac`` is 1.0 where the clipped term is strictly larger than the unclipped one, i.e. clipping
+    changed the loss (and zeroed the gradient). A ratio exactly at ``1 +/- eps`` gives equal terms and
+    counts as NOT clipped (its gradient is the unclipped one). Dual clip does not change ``clipfrac``.
+    ``ppo_kl = old_log_probs - log_probs`` (still attached to the graph: detach before logging).
+    """
+    if eps_clip_high is None:
+        eps_clip_high = eps_clip
+    if eps_clip_c is not None and not eps_clip_c > 1.0:
+        raise ValueError(f"eps_clip_c (dual-clip lower bound) must be > 1.0, got {eps_clip_c}")
+    if not (log_probs.shape == old_log_probs.shape == advantages.shape):
+        raise ValueError(
+            f"shape mismatch: log_probs {tuple(log_probs.shape)}, old_log_probs {tuple(old_log_probs.shape)}, "
+            f"advantages {tuple(advantages.shape)}"
+        )
+    ppo_kl = old_log_probs - log_probs
+    ratio = torch.exp(-ppo_kl)
+    pg_losses1 = -ratio * advantages
+    pg_losses2 = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high) * advantages
+    pg_losses = torch.maximum(pg_losses1, pg_losses2)
+    clipfrac = torch.gt(pg_losses2, pg_losses1).to(pg_losses.dtype)
+    if eps_clip_c is not None:
+        pg_losses3 = -eps_clip_c * advantages
+        pg_losses = torch.where(advantages < 0, torch.minimum(pg_losses, pg_losses3), pg_losses)
+    return pg_losses, clipfrac, ppo_kl
+
+
+def sft_loss(
+    log_probs: Tensor,
+    response_lengths: Sequence[int],
+    loss_masks: Sequence[Tensor | Sequence[int]],
+    *,
+    calculate_per_token_loss: bool = False,
+    num_samples: int | None = None,
+    num_tokens: int | float | None = None,
+) -> Tensor:
+    """Masked negative log-likelihood: ``reduce_loss(-log_probs, ...)`` (same reductions and denominators)."""
+    return reduce_loss(
+        -log_probs,
+        response_lengths,
+        loss_masks,
+        calculate_per_token_loss=calculate_per_token_loss,
+        num_samples=num_samples,
+        num_tokens=num_tokens,
+    )

@@ -1,0 +1,52 @@
+"""`slime <command>`: train (the RL loop; no arguments = the default job), serve, tiny-model, make-data."""
+
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+USAGE = """usage: slime <command> [args]
+
+commands:
+  train        run RL training (slime's arguments; `slime train --help`).
+               With neither --hf-checkpoint nor --prompt-data: the default job
+               (tiny model + addition task, SFT warm start then GRPO, on CPU).
+  serve        start the built-in inference engine (SGLang's HTTP API)
+  tiny-model   write a tiny random-init Hugging Face model with a local tokenizer
+  make-data    write the bundled arithmetic task (train/eval/sft JSONL)
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "train":
+        from slime.default_job import is_default_job, run_default_job
+        from slime.train import main as train_main
+
+        return run_default_job(rest) if is_default_job(rest) else train_main(rest)
+    if cmd == "serve":
+        from slime.engine.server import main as serve_main
+
+        return serve_main(rest) or 0
+    if cmd == "tiny-model":
+        from slime.data.tiny_model import main as tiny_main
+
+        return tiny_main(rest) or 0
+    if cmd == "make-data":
+        from slime.data.arithmetic import main as data_main
+
+        return data_main(rest) or 0
+    import difflib
+
+    close = difflib.get_close_matches(cmd, ["train", "serve", "tiny-model", "make-data"], n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    print(f"slime: unknown command {cmd!r}{hint}\n\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""Loading prompt files (JSONL or Parquet) into `Sample`s.
+
+Every malformed input raises `SlimeError` naming the file and the line (JSONL, 1-based) or row
+(Parquet, 0-based index) and, for a missing column, the key and the keys the row does have.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+from slime.errors import SlimeError
+from slime.utils.types import Sample
+
+
+class PromptSamples(list):
+    """`list[Sample]` as loaded from one file, plus what was left out.
+
+    `num_dropped` counts prompts dropped for being longer than `max_prompt_len` tokens.
+    """
+
+    def __init__(self, samples: list[Sample] = (), *, path: str | None = None, num_dropped: int = 0):
+        super().__init__(samples)
+        self.path = path
+        self.num_dropped = num_dropped
+
+    def __repr__(self) -> str:
+        return f"PromptSamples({len(self)} samples from {self.path!r}, {self.num_dropped} dropped as too long)"
+
+
+def _check_file(path: str | Path) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise SlimeError(f"data file {str(p)!r} does not exist")
+    if not p.is_file():
+        raise SlimeError(f"data file {str(p)!r} is not a regular file")
+    return p
+
+
+def _iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """Yield (`"line N"`, row) for each non-empty line of a JSONL file."""
+    p = _check_file(path)
+    try:
+        f = p.open("rb")
+    except OSError as e:
+        raise SlimeError(f"cannot read data file {str(p)!r}: {e.strerror or e}") from e
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # tolerate a BOM
+            except UnicodeDecodeError as e:
+                raise SlimeError(f"{p}: line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SlimeError(f"{p}: line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+            if not isinstance(row, dict):
+                raise SlimeError(f"{p}: line {lineno}: expected a JSON object, got {type(row).__name__}")
+            yield f"line {lineno}", row
+
+
+def _iter_parquet(path: str | Path) -> Iterator[tuple[str, dict]]:
+    p = _check_file(path)
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(str(p)).to_pylist()
+    except Exception as e:  # ArrowInvalid, OSError, ...
+        raise SlimeError(f"cannot read Parquet file {str(p)!r}: {type(e).__name__}: {e}") from e
+    for i, row in enumerate(rows):
+        yield f"row {i}", row
+
+
+def iter_rows(path: str | Path) -> Iterator[tuple[str, dict]]:
+    """Yield (location, row) from a `.parquet` file or a JSONL file (any other extension)."""
+    if str(path).endswith(".parquet"):
+        return _iter_parquet(path)
+    return _iter_jsonl(path)
+
+
+def load_jsonl(path: str | Path) -> list[dict]:
+    """All rows of a JSONL file (empty lines skipped); a malformed line names file and line."""
+    return [row for _, row in _iter_jsonl(path)]
+
+
+def _label_to_str(value: Any) -> str | None:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, ensure_ascii=False)
+    return str(value)
+
+
+def _check_messages(messages: list, where: str, input_key: str) -> None:
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or "role" not in m or "content" not in m:
+            raise SlimeError(
+                f"{where}: {input_key!r} is a list, so it must hold chat messages "
+                f"{{'role': ..., 'content': ...}}; item {i} is {m!r}"
+            )
+
+
+def load_prompt_samples(
+    path: str | Path,
+    *,
+    input_key: str,
+    label_key: str | None = None,
+    metadata_key: str | None = None,
+    tokenizer: Any = None,
+    apply_chat_template: bool = False,
+    apply_chat_template_kwargs: dict | None = None,
+    max_prompt_len: int | None = None,
+) -> PromptSamples:
+    """Read a prompt file into `Sample`s (`prompt`, `label` as str, `metadata`).
+
+    - `input_key` column: a string, or a list of chat messages. With `apply_chat_template`, a
+      string becomes `[{"role": "user", "content": s}]` and the prompt is the rendered template
+      (with the generation prompt); without it the value is kept as-is (a messages list stays a
+      list: SFT data is loaded that way).
+    - `label_key` column (if given) is required in every row; `metadata_key` (if given) is
+      optional per row and must hold an object (or a JSON string of one).
+    - With `max_prompt_len` and a `tokenizer`, prompts longer than that many tokens are dropped
+      and counted in the result's `num_dropped`.
+    """
+    path = str(path)
+    if apply_chat_template and tokenizer is None:
+        raise SlimeError(f"loading {path!r}: --apply-chat-template needs a tokenizer (set --hf-checkpoint)")
+    template_kwargs = dict(apply_chat_template_kwargs or {})
+    out = PromptSamples(path=path)
+
+    for loc, row in iter_rows(path):
+        where = f"{path}: {loc}"
+        for key, arg in ((input_key, "--input-key"), (label_key, "--label-key")):
+            if key is not None and key not in row:
+                raise SlimeError(f"{where}: no key {key!r} ({arg}); the row has keys {sorted(row)}")
+
+        value = row[input_key]
+        if isinstance(value, list):
+            _check_messages(value, where, input_key)
+        elif not isinstance(value, str):
+            raise SlimeError(
+                f"{where}: {input_key!r} must be a string or a list of chat messages, got {type(value).__name__}"
+            )
+
+        prompt: str | list
+        if apply_chat_template:
+            messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
+            try:
+                prompt = tokenizer.apply_chat_template(
+                    messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+                )
+            except Exception as e:
+                raise SlimeError(f"{where}: applying the chat template failed: {type(e).__name__}: {e}") from e
+        else:
+            prompt = copy.deepcopy(value)
+
+        if max_prompt_len is not None and tokenizer is not None:
+            if isinstance(prompt, str):
+                text = prompt
+            else:
+                text = tokenizer.apply_chat_template(
+                    prompt, tokenize=False, add_generation_prompt=True, **template_kwargs
+                )
+            if len(tokenizer.encode(text, add_special_tokens=False)) > max_prompt_len:
+                out.num_dropped += 1
+                continue
+
+        metadata: dict = {}
+        if metadata_key is not None and row.get(metadata_key) is not None:
+            raw = row[metadata_key]
+            if isinstance(raw, str):
+                try:
+                    raw = json.loads(raw)
+                except json.JSONDecodeError:
+                    pass
+            if not isinstance(raw, dict):
+                raise SlimeError(
+                    f"{where}: {metadata_key!r} (--metadata-key) must be an object, got {type(raw).__name__}"
+                )
+            metadata = copy.deepcopy(raw)
+
+        out.append(
+            Sample(
+                prompt=prompt,
+                label=_label_to_str(row[label_key]) if label_key is not None else None,
+                metadata=metadata,
+            )
+        )
+    return out

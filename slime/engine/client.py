@@ -1,0 +1,116 @@
+"""Synchronous client for control calls to one engine server (built-in or SGLang).
+
+Rollout traffic goes through the async `slime.utils.http_utils.post`; this client is for the
+trainer/driver side: health, weight updates, memory release, pause/continue.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import httpx
+
+from slime.utils.http_utils import HTTPRequestError, _error_message
+
+
+def serialize_named_tensors(named_tensors: dict) -> str:
+    """{name: tensor} -> base64 of safetensors bytes (the built-in engine's wire format)."""
+    from safetensors.torch import save
+
+    tensors = {n: t.detach().to("cpu").contiguous() for n, t in named_tensors.items()}
+    return base64.b64encode(save(tensors)).decode("ascii")
+
+
+class EngineClient:
+    def __init__(self, url: str, timeout: float | None = None):
+        self.url = url.rstrip("/")
+        self._client = httpx.Client(timeout=timeout, trust_env=False)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "EngineClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ plumbing
+    def _call(self, method: str, path: str, payload: Any = None, timeout: float | None = None) -> Any:
+        url = self.url + path
+        try:
+            if method == "GET":
+                resp = self._client.get(url, timeout=timeout or self._client.timeout)
+            else:
+                resp = self._client.post(url, json=payload if payload is not None else {},
+                                         timeout=timeout or self._client.timeout)
+        except httpx.HTTPError as e:
+            raise HTTPRequestError(f"{method} {url} failed: {type(e).__name__}: {e}", None, url) from e
+        if resp.status_code >= 400:
+            raise HTTPRequestError(
+                f"{method} {url}: HTTP {resp.status_code}: {_error_message(resp.status_code, resp.text)}",
+                resp.status_code, url,
+            )
+        if not resp.content:
+            return {}
+        try:
+            return resp.json()
+        except ValueError:
+            return resp.text
+
+    # ------------------------------------------------------------------ calls
+    def health(self, timeout: float = 5.0) -> bool:
+        try:
+            return self._client.get(self.url + "/health", timeout=timeout).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def generate(self, payload: dict) -> Any:
+        return self._call("POST", "/generate", payload)
+
+    def flush_cache(self) -> Any:
+        return self._call("POST", "/flush_cache")
+
+    def get_model_info(self) -> dict:
+        return self._call("GET", "/get_model_info", timeout=10.0)
+
+    def get_server_info(self) -> dict:
+        return self._call("GET", "/get_server_info", timeout=10.0)
+
+    def get_load(self) -> dict:
+        return self._call("GET", "/get_load", timeout=10.0)
+
+    def update_weights_from_tensor(self, named_tensors: dict, weight_version: str | None = None,
+                                   flush_cache: bool = True) -> dict:
+        payload: dict[str, Any] = {
+            "serialized_named_tensors": [serialize_named_tensors(named_tensors)],
+            "flush_cache": flush_cache,
+        }
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return self._call("POST", "/update_weights_from_tensor", payload)
+
+    def update_weights_from_disk(self, path: str, weight_version: str | None = None) -> dict:
+        payload: dict[str, Any] = {"model_path": str(path)}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return self._call("POST", "/update_weights_from_disk", payload)
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> dict:
+        return self._call("POST", "/release_memory_occupation", {"tags": tags} if tags else {})
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> dict:
+        return self._call("POST", "/resume_memory_occupation", {"tags": tags} if tags else {})
+
+    def pause_generation(self, mode: str = "abort") -> dict:
+        return self._call("POST", "/pause_generation", {"mode": mode})
+
+    def continue_generation(self) -> dict:
+        return self._call("POST", "/continue_generation")
+
+    def abort_all(self) -> dict:
+        return self._call("POST", "/abort_request", {"abort_all": True})
+
+    def abort(self, rid: str | list[str]) -> dict:
+        return self._call("POST", "/abort_request", {"rid": rid})

@@ -1,0 +1,191 @@
+"""Start and stop built-in engine server processes.
+
+    with EngineProcess.start("/path/to/model", num_threads=1) as engine:
+        engine.wait_until_healthy()
+        EngineClient(engine.url).generate({...})
+
+The server gets `--parent-pid <this process>`, so it exits by itself when this process dies.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+
+from slime.errors import SlimeError
+from slime.utils.threads import thread_env
+
+
+class EngineLaunchError(SlimeError):
+    """The engine server exited or did not become healthy; the message has its log's tail."""
+
+
+def find_free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _tail(path: Path | None, n_lines: int = 40) -> str:
+    if path is None or not path.exists():
+        return "(no log)"
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 16384))
+        data = f.read().decode("utf-8", "replace")
+    return "\n".join(data.splitlines()[-n_lines:])
+
+
+_live: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:
+    for p in list(_live):
+        try:
+            p.stop(grace=3)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class EngineProcess:
+    def __init__(self, proc: subprocess.Popen, url: str, host: str, port: int, log_path: Path, log_file):
+        self.proc = proc
+        self.url = url
+        self.host = host
+        self.port = port
+        self.log_path = log_path
+        self._log_file = log_file
+        self._stopped = False
+        _live.add(self)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @classmethod
+    def start(
+        cls,
+        model_path: str | os.PathLike,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        num_threads: int = 1,
+        extra_args: list[str] | None = None,
+        log_path: str | os.PathLike | None = None,
+        env: dict[str, str] | None = None,
+    ) -> "EngineProcess":
+        """Launch `python -m slime.engine.server` (returns at once; see `wait_until_healthy`)."""
+        if port is None:
+            port = find_free_port(host)
+        if log_path is None:
+            fd, name = tempfile.mkstemp(prefix=f"slime-engine-{port}-", suffix=".log")
+            os.close(fd)
+            log_path = name
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [
+            sys.executable, "-m", "slime.engine.server",
+            "--model-path", str(model_path),
+            "--host", host,
+            "--port", str(port),
+            "--num-threads", str(num_threads),
+            "--parent-pid", str(os.getpid()),
+            *(extra_args or []),
+        ]
+        child_env = dict(os.environ)
+        child_env.update(thread_env(num_threads))
+        child_env.setdefault("HF_HUB_OFFLINE", "1")
+        child_env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+        child_env["PYTHONUNBUFFERED"] = "1"
+        # make sure the child imports this very package
+        pkg_root = str(Path(__file__).resolve().parents[2])
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            [pkg_root] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        )
+        if env:
+            child_env.update(env)
+        log_file = open(log_path, "ab")
+        log_file.write(("$ " + " ".join(cmd) + "\n").encode())
+        log_file.flush()
+        try:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=child_env)
+        except OSError as e:
+            log_file.close()
+            raise EngineLaunchError(f"cannot start the engine server ({cmd[0]}): {e}") from e
+        url_host = host if host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return cls(proc, f"http://{url_host}:{port}", host, port, log_path, log_file)
+
+    def wait_until_healthy(self, timeout: float = 120.0, interval: float = 0.1) -> "EngineProcess":
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while True:
+                code = self.proc.poll()
+                if code is not None:
+                    raise EngineLaunchError(
+                        f"engine server (pid {self.pid}, {self.url}) exited with code {code} before it "
+                        f"became healthy; last lines of {self.log_path}:\n{_tail(self.log_path)}"
+                    )
+                try:
+                    if client.get(self.url + "/health").status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise EngineLaunchError(
+                        f"engine server (pid {self.pid}, {self.url}) not healthy after {timeout:.0f}s; "
+                        f"last lines of {self.log_path}:\n{_tail(self.log_path)}"
+                    )
+                time.sleep(interval)
+
+    def is_alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, n_lines: int = 40) -> str:
+        return _tail(self.log_path, n_lines)
+
+    def stop(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL after `grace` seconds. Safe to call more than once."""
+        if self._stopped:
+            return
+        self._stopped = True
+        try:
+            if self.proc.poll() is None:
+                try:
+                    self.proc.send_signal(signal.SIGTERM)
+                    self.proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait(timeout=10)
+                except ProcessLookupError:
+                    pass
+            else:
+                self.proc.wait()
+        finally:
+            try:
+                self._log_file.close()
+            except Exception:  # noqa: BLE001
+                pass
+            _live.discard(self)
+
+    def __enter__(self) -> "EngineProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        state = "running" if self.is_alive() else f"exited({self.proc.returncode})"
+        return f"EngineProcess(pid={self.pid}, url={self.url!r}, {state})"

@@ -1,0 +1,256 @@
+"""The model side of the built-in engine: load a local HF causal LM, run batched prefill and
+decode steps with a KV cache, and swap weights in place.
+
+Only the scheduler's worker thread calls `prefill` / `decode` / `load_named_tensors`, so
+weights never change in the middle of a forward pass.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import logging
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+
+
+class WeightUpdateError(ValueError):
+    """A weight update that was rejected before anything changed (unknown name, wrong shape...)."""
+
+
+@dataclass
+class DecodeState:
+    """KV cache and bookkeeping of a running batch (rows are left-padded)."""
+
+    cache: object
+    mask: torch.Tensor  # [B, capacity] long, 1 = real token; only [:, :length] is in use
+    length: int  # columns in use (= cache sequence length)
+    next_pos: torch.Tensor  # [B, 1] long: position id of the next token per row
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "auto",
+        context_length: int | None = None,
+        tokenizer_path: str | None = None,
+        trust_remote_code: bool = False,
+    ):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        self.model_path = str(model_path)
+        self.tokenizer_path = str(tokenizer_path or model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(self.model_path, trust_remote_code=trust_remote_code)
+        if dtype == "auto":
+            torch_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or torch.float32
+            if isinstance(torch_dtype, str):
+                torch_dtype = _DTYPES.get(torch_dtype, torch.float32)
+            if torch_dtype == torch.float16:  # fp16 matmuls are slow and lossy on CPU
+                torch_dtype = torch.bfloat16
+        else:
+            torch_dtype = _DTYPES[dtype]
+        self.dtype = torch_dtype
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.model = AutoModelForCausalLM.from_pretrained(
+                self.model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            )
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.config = self.model.config
+        self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
+        max_pos = getattr(self.config, "max_position_embeddings", None) or 32768
+        self.context_length = int(min(context_length, max_pos) if context_length else max_pos)
+        self.eos_token_ids = self._eos_ids()
+        pad = self.tokenizer.pad_token_id
+        if pad is None:
+            pad = getattr(self.config, "pad_token_id", None)
+        if pad is None or not 0 <= pad < self.vocab_size:
+            pad = next(iter(self.eos_token_ids), 0)
+        self.pad_token_id = int(pad)
+        self._param_shapes = {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
+        self._use_cache_kwarg = "cache"  # transformers >= 5.2x renamed past_key_values -> cache
+        self._probe_cache_kwarg()
+        logger.info(
+            "loaded %s: %d params, dtype %s, vocab %d, context %d, eos %s",
+            self.model_path, sum(p.numel() for p in self.model.parameters()), torch_dtype,
+            self.vocab_size, self.context_length, sorted(self.eos_token_ids),
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def _eos_ids(self) -> set[int]:
+        ids: set[int] = set()
+        candidates = [self.tokenizer.eos_token_id, getattr(self.config, "eos_token_id", None)]
+        gen = getattr(self.model, "generation_config", None)
+        if gen is not None:
+            candidates.append(getattr(gen, "eos_token_id", None))
+        for c in candidates:
+            if c is None:
+                continue
+            for t in c if isinstance(c, (list, tuple)) else [c]:
+                if isinstance(t, int) and 0 <= t < self.vocab_size:
+                    ids.add(t)
+        return ids
+
+    def _probe_cache_kwarg(self) -> None:
+        import inspect
+
+        params = inspect.signature(self.model.forward).parameters
+        if "cache" not in params:
+            self._use_cache_kwarg = "past_key_values"
+
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        try:
+            return DynamicCache(config=self.config)
+        except TypeError:
+            return DynamicCache()
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int):
+        kwargs = {self._use_cache_kwarg: cache}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **kwargs,
+        )
+        return out.logits
+
+    # ------------------------------------------------------------------ compute
+    @torch.inference_mode()
+    def prefill(
+        self, prompts: list[list[int]], max_new: int, full_logits: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None, DecodeState]:
+        """Left-padded prefill of `prompts`.
+
+        Returns (last-position logits [B, V] fp32, all logits [B, L, V] fp32 or None, state).
+        In the all-logits tensor row b's prompt occupies columns L - len(prompts[b]) .. L - 1.
+        """
+        b = len(prompts)
+        max_len = max(len(p) for p in prompts)
+        capacity = max_len + max(max_new, 0) + 1
+        ids = torch.full((b, max_len), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((b, capacity), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            n = len(p)
+            ids[i, max_len - n:] = torch.tensor(p, dtype=torch.long)
+            mask[i, max_len - n:max_len] = 1
+        used = mask[:, :max_len]
+        pos = (used.cumsum(-1) - 1).clamp_min_(0)
+        cache = self._new_cache()
+        logits = self._forward(ids, used, pos, cache, 0 if full_logits else 1)
+        all_logits = logits.float() if full_logits else None
+        last = logits[:, -1].float()
+        lengths = torch.tensor([[len(p)] for p in prompts], dtype=torch.long)
+        return last, all_logits, DecodeState(cache=cache, mask=mask, length=max_len, next_pos=lengths)
+
+    @torch.inference_mode()
+    def decode(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step: feed `tokens` [B] and return next logits [B, V] fp32."""
+        if state.length >= state.mask.shape[1]:  # grow (only when rows were retracted with output)
+            extra = torch.zeros((state.mask.shape[0], state.mask.shape[1]), dtype=torch.long)
+            state.mask = torch.cat([state.mask, extra], dim=1)
+        state.mask[:, state.length] = 1
+        state.length += 1
+        logits = self._forward(
+            tokens.unsqueeze(1), state.mask[:, : state.length], state.next_pos, state.cache, 1
+        )
+        state.next_pos = state.next_pos + 1
+        return logits[:, -1].float()
+
+    @torch.inference_mode()
+    def select_rows(self, state: DecodeState, keep: list[int]) -> None:
+        """Drop finished rows from a running batch (and left columns no remaining row uses)."""
+        idx = torch.tensor(keep, dtype=torch.long)
+        state.cache.batch_select_indices(idx)
+        state.mask = state.mask.index_select(0, idx)
+        state.next_pos = state.next_pos.index_select(0, idx)
+        # Columns on the left that are padding for every remaining row can go.
+        used = state.mask[:, : state.length]
+        first = int(used.any(dim=0).to(torch.int8).argmax())
+        if first > 0 and self._crop_left(state.cache, first):
+            state.mask = state.mask[:, first:]
+            state.length -= first
+
+    @staticmethod
+    def _crop_left(cache, n: int) -> bool:
+        layers = getattr(cache, "layers", None)
+        if not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
+            return False
+        if not all(type(layer).__name__ == "DynamicLayer" for layer in layers):
+            return False  # sliding-window / special layers keep their own bookkeeping
+        for layer in layers:
+            if layer.keys is not None and layer.keys.dim() == 4:
+                layer.keys = layer.keys[:, :, n:]
+                layer.values = layer.values[:, :, n:]
+        return True
+
+    # ------------------------------------------------------------------ weights
+    def validate_named_tensors(self, named: dict[str, torch.Tensor]) -> None:
+        if not named:
+            raise WeightUpdateError("no tensors in the update")
+        unknown = [n for n in named if n not in self._param_shapes]
+        if unknown:
+            raise WeightUpdateError(
+                f"unknown parameter name(s) {unknown[:5]}{' ...' if len(unknown) > 5 else ''}; "
+                f"expected HF state-dict names such as {next(iter(self._param_shapes))!r}"
+            )
+        for n, t in named.items():
+            if not isinstance(t, torch.Tensor):
+                raise WeightUpdateError(f"{n!r} is not a tensor")
+            if tuple(t.shape) != self._param_shapes[n]:
+                raise WeightUpdateError(
+                    f"shape mismatch for {n!r}: got {tuple(t.shape)}, model has {self._param_shapes[n]}"
+                )
+            if not (t.is_floating_point() or t.dtype == self.model.state_dict()[n].dtype):
+                raise WeightUpdateError(f"{n!r} has dtype {t.dtype}, expected a floating-point tensor")
+
+    @torch.inference_mode()
+    def load_named_tensors(self, named: dict[str, torch.Tensor]) -> int:
+        """Copy validated tensors into the model in place (tied weights share storage, so an
+        update through either name keeps them consistent). Returns the number of tensors."""
+        self.validate_named_tensors(named)
+        state = self.model.state_dict()
+        for n, t in named.items():
+            state[n].copy_(t)
+        return len(named)
+
+    @staticmethod
+    def read_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
+        from safetensors.torch import load_file
+
+        p = Path(path)
+        if p.is_file():
+            files = [str(p)]
+        else:
+            if not p.is_dir():
+                raise WeightUpdateError(f"model_path {path!r} is not a directory")
+            index = p / "model.safetensors.index.json"
+            if index.exists():
+                weight_map = json.loads(index.read_text())["weight_map"]
+                files = sorted({str(p / f) for f in weight_map.values()})
+            else:
+                files = sorted(glob.glob(str(p / "*.safetensors")))
+        if not files:
+            raise WeightUpdateError(f"no *.safetensors files in {path!r}")
+        named: dict[str, torch.Tensor] = {}
+        for f in files:
+            named.update(load_file(f))
+        return named

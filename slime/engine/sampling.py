@@ -1,0 +1,231 @@
+"""Sampling parameters (SGLang's names) and the batched sampler of the built-in engine.
+
+Log-prob semantics (what `output_token_logprobs` / `input_token_logprobs` report)
+--------------------------------------------------------------------------------
+The reported log-prob of a token is ``log_softmax(logits / T)[token]`` computed in fp32, where
+``T`` is the request's temperature, or the raw ``log_softmax(logits)`` when ``T == 0`` (greedy;
+SGLang does the same: it treats temperature 0 as temperature 1 plus top-k 1). Truncations that
+only shape *which* token is drawn -- ``top_p``, ``top_k``, ``min_p`` and the EOS/stop-token
+suppression of ``min_new_tokens`` -- do **not** change the reported log-prob. This is what an RL
+trainer recomputes from the same weights (logits / temperature, full vocabulary), so the
+rollout log-probs and the trainer's agree up to float noise.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class BadRequest(ValueError):
+    """A malformed request; the server answers HTTP 400 with this message."""
+
+
+# Parameters SGLang accepts that this engine does not implement: allowed only at their neutral
+# value, so a client that sends the defaults works and one that relies on them hears about it.
+_NEUTRAL_ONLY: dict[str, Any] = {
+    "n": 1,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "logit_bias": None,
+    "stop_regex": None,
+}
+# Accepted and ignored (they only change formatting or streaming details).
+_IGNORED = {"spaces_between_special_tokens", "stream_interval", "custom_params"}
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    ignore_eos: bool = False
+    sampling_seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 1e-6
+
+    @classmethod
+    def from_dict(cls, d: Any, *, vocab_size: int, where: str = "sampling_params") -> "SamplingParams":
+        if d is None:
+            d = {}
+        if not isinstance(d, dict):
+            raise BadRequest(f"{where} must be an object, got {type(d).__name__}")
+        p = cls()
+        for key, value in d.items():
+            if key in _IGNORED:
+                continue
+            if key in _NEUTRAL_ONLY:
+                if value is not None and value != _NEUTRAL_ONLY[key]:
+                    raise BadRequest(
+                        f"{where}.{key}={value!r} is not supported by the built-in engine "
+                        f"(only {_NEUTRAL_ONLY[key]!r})"
+                    )
+                continue
+            if key not in _FIELDS:
+                raise BadRequest(f"unknown sampling parameter {where}.{key!r}")
+            if value is None:  # null means "default", as in SGLang
+                continue
+            setattr(p, key, _FIELDS[key](value, f"{where}.{key}", vocab_size))
+        if p.top_p <= 0.0 or p.top_p > 1.0:
+            raise BadRequest(f"{where}.top_p must be in (0, 1], got {p.top_p}")
+        if p.top_k == 0 or p.top_k < -1:
+            raise BadRequest(f"{where}.top_k must be -1 (disabled) or >= 1, got {p.top_k}")
+        if not 0.0 <= p.min_p <= 1.0:
+            raise BadRequest(f"{where}.min_p must be in [0, 1], got {p.min_p}")
+        if p.temperature < 0:
+            raise BadRequest(f"{where}.temperature must be >= 0, got {p.temperature}")
+        if p.max_new_tokens < 0:
+            raise BadRequest(f"{where}.max_new_tokens must be >= 0, got {p.max_new_tokens}")
+        if p.min_new_tokens < 0 or p.min_new_tokens > p.max_new_tokens:
+            raise BadRequest(
+                f"{where}.min_new_tokens must be in [0, max_new_tokens={p.max_new_tokens}], got {p.min_new_tokens}"
+            )
+        return p
+
+
+def _as_float(v: Any, name: str, _vocab: int) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise BadRequest(f"{name} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _as_int(v: Any, name: str, _vocab: int) -> int:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise BadRequest(f"{name} must be an integer, got {v!r}")
+    return v
+
+
+def _as_bool(v: Any, name: str, _vocab: int) -> bool:
+    if not isinstance(v, bool):
+        raise BadRequest(f"{name} must be true or false, got {v!r}")
+    return v
+
+
+def _as_stop(v: Any, name: str, _vocab: int) -> list[str]:
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
+        raise BadRequest(f"{name} must be a non-empty string or a list of non-empty strings, got {v!r}")
+    return list(v)
+
+
+def _as_token_ids(v: Any, name: str, vocab: int) -> list[int]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v]
+    if not isinstance(v, list):
+        raise BadRequest(f"{name} must be a list of token ids, got {v!r}")
+    for t in v:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise BadRequest(f"{name} contains {t!r}, not a token id in [0, {vocab})")
+    return list(v)
+
+
+def _as_seed(v: Any, name: str, vocab: int) -> int:
+    s = _as_int(v, name, vocab)
+    return s & 0xFFFF_FFFF_FFFF_FFFF
+
+
+_FIELDS = {
+    "temperature": _as_float,
+    "top_p": _as_float,
+    "top_k": _as_int,
+    "min_p": _as_float,
+    "max_new_tokens": _as_int,
+    "min_new_tokens": _as_int,
+    "stop": _as_stop,
+    "stop_token_ids": _as_token_ids,
+    "skip_special_tokens": _as_bool,
+    "no_stop_trim": _as_bool,
+    "ignore_eos": _as_bool,
+    "sampling_seed": _as_seed,
+}
+
+
+class BatchSampler:
+    """Per-row sampling for one batch, with the per-row parameters packed into tensors once.
+
+    `rows` are objects with `.params` (SamplingParams) and `.generator` (torch.Generator or None).
+    Rows without a seed draw their noise from `default_generator` in one batched call; seeded
+    rows draw theirs from their own generator, so a seeded request samples the same tokens
+    whatever batch it lands in (up to float noise in the logits).
+    """
+
+    def __init__(self, rows: list[Any], vocab_size: int, default_generator: torch.Generator):
+        self.vocab_size = vocab_size
+        self.default_generator = default_generator
+        self._set_rows(rows)
+
+    def _set_rows(self, rows: list[Any]) -> None:
+        self.rows = rows
+        ps = [r.params for r in rows]
+        self.greedy = torch.tensor([p.greedy for p in ps], dtype=torch.bool)
+        self.all_greedy = bool(self.greedy.all())
+        self.any_greedy = bool(self.greedy.any())
+        self.temps = torch.tensor([1.0 if p.greedy else p.temperature for p in ps], dtype=torch.float32)
+        self.all_temp_one = bool((self.temps == 1.0).all())
+        v = self.vocab_size
+        self.top_k = torch.tensor([v if p.top_k < 0 else min(p.top_k, v) for p in ps], dtype=torch.long)
+        self.top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float32)
+        self.min_p = torch.tensor([p.min_p for p in ps], dtype=torch.float32)
+        sampled = [not p.greedy for p in ps]
+        self.need_filter = any(
+            s and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0) for s, p in zip(sampled, ps)
+        )
+        self.seeded = [i for i, r in enumerate(rows) if r.generator is not None]
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only these row positions (rows that finished leave the batch)."""
+        self._set_rows([self.rows[i] for i in keep])
+
+    def sample(self, logits: torch.Tensor, suppress: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits: [B, V] fp32. suppress: optional [B, V] bool of tokens that must not be drawn
+        (min_new_tokens). Returns (tokens [B] long, logprobs [B] fp32)."""
+        scaled = logits if self.all_temp_one else logits / self.temps.unsqueeze(1)
+        logprobs_all = torch.log_softmax(scaled, dim=-1)
+        if suppress is not None:
+            scaled = scaled.masked_fill(suppress, float("-inf"))
+        if self.all_greedy:
+            tokens = scaled.argmax(dim=-1)
+        else:
+            tokens = self._sample(scaled)
+            if self.any_greedy:
+                tokens = torch.where(self.greedy, scaled.argmax(dim=-1), tokens)
+        logprobs = logprobs_all.gather(1, tokens.unsqueeze(1)).squeeze(1)
+        return tokens, logprobs
+
+    def _sample(self, scaled: torch.Tensor) -> torch.Tensor:
+        if self.need_filter:
+            sorted_logits, order = scaled.sort(dim=-1, descending=True)
+            sorted_probs = torch.softmax(sorted_logits, dim=-1)
+            ranks = torch.arange(scaled.shape[1]).unsqueeze(0)
+            keep = ranks < self.top_k.unsqueeze(1)
+            cum = sorted_probs.cumsum(dim=-1)
+            keep &= (cum - sorted_probs) < self.top_p.unsqueeze(1)  # the top token is always kept
+            keep &= sorted_probs >= self.min_p.unsqueeze(1) * sorted_probs[:, :1]
+            sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
+            scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
+        probs = torch.softmax(scaled, dim=-1)
+        # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) draws i with probability p_i.
+        noise = torch.empty_like(probs).exponential_(generator=self.default_generator)
+        for i in self.seeded:
+            noise[i].exponential_(generator=self.rows[i].generator)
+        return (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)

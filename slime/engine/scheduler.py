@@ -1,0 +1,493 @@
+"""Request queue and worker thread of the built-in engine.
+
+Requests wait in a FIFO queue. One worker thread (the asyncio loop of the HTTP server stays free
+to accept requests) takes up to `max_running_requests` of them and runs them as one batch:
+left-padded prefill, then batched decode steps with a KV cache. Rows finish independently and
+leave the batch (their KV rows are dropped). Requests that arrive meanwhile wait for the next
+batch. Control operations (weight updates, flush, memory release) run on the same thread between
+batches, so weights never change inside a batch unless a client asked for that explicitly
+(`pause_generation` mode `in_place` followed by an update with `flush_cache: false`).
+
+Pause modes (SGLang's): `abort` aborts every request and pauses; `retract` puts running requests
+back at the front of the queue (their KV is dropped, what they generated so far is kept and
+re-prefilled on continue); `in_place` freezes the running batch with its KV cache. While frozen in
+place, control operations that need to drop the KV cache (flush, release, an update with
+`flush_cache: true`) first retract the frozen batch.
+
+Between two decode steps the worker checks one flag (`_interrupt`), so aborts and pauses cost
+nothing while there are none.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from slime.engine.model_runner import ModelRunner
+from slime.engine.sampling import BatchSampler, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class Req:
+    input_ids: list[int]
+    params: SamplingParams
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+    # filled while it runs
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    finish_reason: dict | None = None
+    stop_str_pos: int | None = None  # where a matched stop string starts in the decoded text
+    generator: torch.Generator | None = None
+    stop_ids: frozenset = frozenset()
+    created: float = field(default_factory=time.perf_counter)
+    weight_version: str = ""
+    error: BaseException | None = None
+    delivered: bool = False
+    # delivery: the server sets these
+    future: Any = None
+    loop: Any = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def num_tokens(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+
+class _Retract(Exception):
+    """Raised inside a batch to put its rows back into the queue."""
+
+
+class Scheduler:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        *,
+        max_running_requests: int = 256,
+        batch_wait_s: float = 0.0,
+        seed: int = 0,
+        deliver: Callable[[list[Req]], None] | None = None,
+        weight_version: str = "default",
+    ):
+        self.runner = runner
+        self.max_running = max(1, int(max_running_requests))
+        self.batch_wait_s = batch_wait_s
+        self.deliver = deliver or (lambda reqs: None)
+        self.weight_version = weight_version
+        self.num_weight_updates = 0
+        self.generator = torch.Generator().manual_seed(seed)
+        self._cv = threading.Condition()
+        self._waiting: deque[Req] = deque()
+        self._running: list[Req] = []
+        self._controls: deque[tuple[Callable[[], Any], concurrent.futures.Future, bool]] = deque()
+        self._abort_rids: set[str] = set()
+        self._abort_all = False
+        self._pause_mode: str | None = None
+        self._released = False
+        self._interrupt = False
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
+        self.batches_run = 0
+        self.tokens_generated = 0
+
+    # ---------------------------------------------------------------- public, any thread
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stopped = True
+            self._interrupt = True
+            self._cv.notify_all()
+        self._thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, reqs: list[Req]) -> None:
+        with self._cv:
+            self._waiting.extend(reqs)
+            self._cv.notify_all()
+
+    def load(self) -> dict:
+        with self._cv:
+            reqs = list(self._waiting) + list(self._running)
+        return {"num_reqs": len(reqs), "num_tokens": sum(r.num_tokens() for r in reqs),
+                "num_waiting_reqs": len(self._waiting), "num_running_reqs": len(self._running)}
+
+    def abort(self, rids: list[str] | None = None, abort_all: bool = False) -> int:
+        """Abort waiting requests now and running ones at their next decode step."""
+        aborted: list[Req] = []
+        with self._cv:
+            if abort_all:
+                aborted = list(self._waiting)
+                self._waiting.clear()
+                if self._running:
+                    self._abort_all = True
+                    self._interrupt = True
+            else:
+                wanted = set(rids or [])
+                keep = deque()
+                for r in self._waiting:
+                    (aborted if r.rid in wanted else keep).append(r)
+                self._waiting = keep
+                running = {r.rid for r in self._running}
+                hit = wanted & running
+                if hit:
+                    self._abort_rids |= hit
+                    self._interrupt = True
+            n = len(aborted) + (len(self._running) if abort_all else len(self._abort_rids))
+            self._cv.notify_all()
+        for r in aborted:
+            r.finish_reason = {"type": "abort", "message": "aborted by request"}
+        if aborted:
+            self._safe_deliver(aborted)
+        return n
+
+    def pause(self, mode: str = "abort") -> None:
+        if mode not in ("abort", "retract", "in_place"):
+            raise ValueError(f"pause mode must be 'abort', 'retract' or 'in_place', got {mode!r}")
+        with self._cv:
+            self._pause_mode = mode
+            self._interrupt = True
+            self._cv.notify_all()
+        if mode == "abort":
+            self.abort(abort_all=True)
+
+    def resume(self) -> None:
+        with self._cv:
+            self._pause_mode = None
+            self._cv.notify_all()
+
+    @property
+    def paused(self) -> str | None:
+        return self._pause_mode
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def run_control(self, fn: Callable[[], Any], *, needs_idle: bool = True) -> concurrent.futures.Future:
+        """Run `fn` on the worker thread between batches. `needs_idle=False` operations may also
+        run while a batch is frozen by an in-place pause (the batch keeps its KV cache)."""
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cv:
+            self._controls.append((fn, fut, needs_idle))
+            self._interrupt = True
+            self._cv.notify_all()
+        return fut
+
+    def set_released(self, released: bool) -> None:
+        """Called from a control operation (worker thread)."""
+        with self._cv:
+            self._released = released
+            self._cv.notify_all()
+
+    # ---------------------------------------------------------------- worker
+    def _can_start_batch(self) -> bool:
+        return bool(self._waiting) and self._pause_mode is None and not self._released
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopped and not self._controls and not self._can_start_batch():
+                    self._cv.wait()
+                if self._stopped:
+                    break
+                controls = list(self._controls)
+                self._controls.clear()
+            if controls:
+                for fn, fut, _ in controls:
+                    self._run_one_control(fn, fut)
+                continue
+            if self.batch_wait_s > 0:
+                self._gather_wait()
+            with self._cv:
+                if not self._can_start_batch():
+                    continue
+                n = min(self.max_running, len(self._waiting))
+                batch = [self._waiting.popleft() for _ in range(n)]
+                self._running = batch
+                self._interrupt = bool(self._controls or self._abort_all or self._abort_rids
+                                       or self._pause_mode or self._stopped)
+            try:
+                self._run_batch(batch)
+            except _Retract:
+                pass
+            except BaseException as e:  # noqa: BLE001 - the worker must survive a bad batch
+                logger.exception("batch of %d requests failed", len(batch))
+                failed = [r for r in batch if not r.finished]
+                for r in failed:
+                    r.error = e
+                    r.finish_reason = {"type": "abort", "message": f"engine error: {type(e).__name__}: {e}"}
+                self._safe_deliver(failed)
+            finally:
+                with self._cv:
+                    self._running = []
+                    self._abort_rids.clear()
+                    self._abort_all = False
+        # stopping: fail what is left
+        with self._cv:
+            left = list(self._waiting) + [r for r in self._running if not r.finished]
+            self._waiting.clear()
+            controls = list(self._controls)
+            self._controls.clear()
+        for r in left:
+            r.finish_reason = {"type": "abort", "message": "server shutting down"}
+        if left:
+            self._safe_deliver(left)
+        for _, fut, _ in controls:
+            fut.set_exception(RuntimeError("server shutting down"))
+
+    def _gather_wait(self) -> None:
+        """Give requests that are arriving right now a moment to join this batch."""
+        deadline = time.perf_counter() + self.batch_wait_s
+        last = -1
+        while True:
+            with self._cv:
+                n = len(self._waiting)
+                if n >= self.max_running or n == last or self._controls:
+                    return
+                last = n
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    return
+                self._cv.wait(timeout=min(remaining, 0.002))
+
+    @staticmethod
+    def _run_one_control(fn, fut) -> None:
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # noqa: BLE001
+            fut.set_exception(e)
+
+    def _safe_deliver(self, reqs: list[Req]) -> None:
+        reqs = [r for r in reqs if not r.delivered]
+        if not reqs:
+            return
+        for r in reqs:
+            r.delivered = True
+        try:
+            self.deliver(reqs)
+        except Exception:  # noqa: BLE001
+            logger.exception("delivering %d results failed", len(reqs))
+
+    # ---------------------------------------------------------------- one batch
+    def _run_batch(self, batch: list[Req]) -> None:
+        runner = self.runner
+        version = self.weight_version
+        for r in batch:
+            r.weight_version = version
+        # Requests with nothing to generate (max_new_tokens reached, e.g. 0) still get a prefill
+        # when they asked for input log-probs.
+        rows = batch
+        need_input_lp = [r.return_logprob and r.logprob_start_len >= 0 and r.input_logprobs is None for r in rows]
+        max_new = max(r.params.max_new_tokens - len(r.output_ids) for r in rows)
+        prompts = [r.input_ids + r.output_ids for r in rows]
+        last, all_logits, state = runner.prefill(prompts, max_new, full_logits=any(need_input_lp))
+        if all_logits is not None:
+            width = all_logits.shape[1]
+            for i, r in enumerate(rows):
+                if need_input_lp[i]:
+                    r.input_logprobs = _input_logprobs(all_logits[i], r, width)
+            del all_logits
+        done_now = [r for r in rows if len(r.output_ids) >= r.params.max_new_tokens]
+        for r in done_now:
+            r.finish_reason = {"type": "length", "length": r.params.max_new_tokens}
+        if done_now:
+            self._safe_deliver(done_now)
+            keep = [i for i, r in enumerate(rows) if not r.finished]
+            if not keep:
+                return
+            runner.select_rows(state, keep)
+            last = last.index_select(0, torch.tensor(keep))
+            rows = [rows[i] for i in keep]
+
+        sampler = BatchSampler(rows, runner.vocab_size, self.generator)
+        eos = runner.eos_token_ids
+        suppress_ids = self._suppress_table(rows, eos)
+        logits = last
+        tokenizer = runner.tokenizer
+        while True:
+            suppress = None
+            if suppress_ids is not None:
+                suppress = self._suppress_mask(rows, suppress_ids, logits.shape[1])
+            tokens_t, logprobs_t = sampler.sample(logits, suppress)
+            tokens = tokens_t.tolist()
+            logprobs = logprobs_t.tolist()
+            finished_idx: list[int] = []
+            for i, r in enumerate(rows):
+                t = tokens[i]
+                r.output_ids.append(t)
+                r.output_logprobs.append(logprobs[i])
+                n = len(r.output_ids)
+                p = r.params
+                if n >= p.min_new_tokens:
+                    if t in r.stop_ids:
+                        r.finish_reason = {"type": "stop", "matched": t}
+                    elif p.stop:
+                        _check_stop_strings(r, tokenizer)
+                if r.finish_reason is None and n >= p.max_new_tokens:
+                    r.finish_reason = {"type": "length", "length": p.max_new_tokens}
+                if r.finish_reason is not None:
+                    finished_idx.append(i)
+            self.tokens_generated += len(rows)
+            if self._interrupt:
+                finished_idx = self._handle_interrupt(rows, finished_idx, state)
+            if finished_idx:
+                self._safe_deliver([rows[i] for i in finished_idx])
+                if len(finished_idx) == len(rows):
+                    break
+                fin = set(finished_idx)
+                keep = [i for i in range(len(rows)) if i not in fin]
+                runner.select_rows(state, keep)
+                sampler.select(keep)
+                keep_t = torch.tensor(keep, dtype=torch.long)
+                tokens_t = tokens_t.index_select(0, keep_t)
+                rows = [rows[i] for i in keep]
+                if suppress_ids is not None:
+                    suppress_ids = self._suppress_table(rows, eos)
+                with self._cv:
+                    self._running = list(rows)
+            logits = runner.decode(state, tokens_t)
+        self.batches_run += 1
+
+    # ---------------------------------------------------------------- interrupts
+    def _handle_interrupt(self, rows: list[Req], finished_idx: list[int], state) -> list[int]:
+        """Aborts, pauses and in-place control operations, checked between decode steps.
+
+        Returns the (sorted) positions of rows that are finished now. While the batch is frozen
+        by an in-place pause this does not return; aborted rows are delivered right away.
+        """
+        fin = set(finished_idx)
+        while True:
+            with self._cv:
+                abort_all, abort_rids = self._abort_all, set(self._abort_rids)
+                self._abort_all = False
+                self._abort_rids.clear()
+                mode = self._pause_mode
+                stopped = self._stopped
+                controls = []
+                if mode == "in_place":
+                    controls = list(self._controls)
+                    self._controls.clear()
+            newly = []
+            for i, r in enumerate(rows):
+                if i in fin:
+                    continue
+                if stopped:
+                    r.finish_reason = {"type": "abort", "message": "server shutting down"}
+                elif abort_all or r.rid in abort_rids:
+                    r.finish_reason = {"type": "abort", "message": "aborted by request"}
+                else:
+                    continue
+                fin.add(i)
+                newly.append(r)
+            if stopped or len(fin) == len(rows):
+                for c in controls:  # not run: give them back to the between-batches loop
+                    with self._cv:
+                        self._controls.appendleft(c)
+                break
+            if mode == "retract" or (mode == "in_place" and any(c[2] for c in controls)):
+                self._retract(rows, fin, controls)  # raises _Retract
+            if mode != "in_place":
+                break
+            if newly:
+                self._safe_deliver(newly)  # frozen: answer aborted requests now
+            for fn, fut, _ in controls:
+                self._run_one_control(fn, fut)
+            with self._cv:
+                if self._pause_mode == "in_place" and not (
+                    self._controls or self._abort_all or self._abort_rids or self._stopped
+                ):
+                    self._cv.wait()
+        with self._cv:
+            self._interrupt = bool(
+                self._controls or self._abort_all or self._abort_rids or self._pause_mode or self._stopped
+            )
+        return sorted(fin)
+
+    def _retract(self, rows: list[Req], fin: set[int], controls) -> None:
+        """Put unfinished rows back at the front of the queue and leave the batch."""
+        done = [rows[i] for i in sorted(fin)]
+        if done:
+            self._safe_deliver(done)
+        back = [r for i, r in enumerate(rows) if i not in fin]
+        with self._cv:
+            # control operations already taken off the queue go back, ahead of anything new
+            for c in reversed(controls):
+                self._controls.appendleft(c)
+            for r in reversed(back):
+                self._waiting.appendleft(r)
+            self._running = []
+            self._cv.notify_all()
+        raise _Retract()
+
+    # ---------------------------------------------------------------- min_new_tokens
+    @staticmethod
+    def _suppress_table(rows: list[Req], eos: set[int]):
+        if not any(r.params.min_new_tokens > len(r.output_ids) for r in rows):
+            return None
+        return [sorted(r.stop_ids) for r in rows]
+
+    @staticmethod
+    def _suppress_mask(rows: list[Req], table, vocab: int) -> torch.Tensor | None:
+        mask = None
+        for i, r in enumerate(rows):
+            if len(r.output_ids) < r.params.min_new_tokens and table[i]:
+                if mask is None:
+                    mask = torch.zeros((len(rows), vocab), dtype=torch.bool)
+                mask[i, table[i]] = True
+        return mask
+
+
+def _input_logprobs(logits: torch.Tensor, r: Req, width: int) -> list[float | None]:
+    """Log-probs of prompt tokens from index `logprob_start_len` (the first token gets None)."""
+    ids = r.input_ids
+    n = len(ids)
+    start = min(r.logprob_start_len, n)
+    offset = width - (n + len(r.output_ids))  # left padding of this row
+    out: list[float | None] = []
+    first = start
+    if start == 0:
+        out.append(None)
+        first = 1
+    if first < n:
+        temp = 1.0 if r.params.greedy else r.params.temperature
+        rows = logits[offset + first - 1: offset + n - 1]
+        if temp != 1.0:
+            rows = rows / temp
+        lp = torch.log_softmax(rows, dim=-1)
+        tgt = torch.tensor(ids[first:n], dtype=torch.long).unsqueeze(1)
+        out.extend(lp.gather(1, tgt).squeeze(1).tolist())
+    return out
+
+
+def _check_stop_strings(r: Req, tokenizer) -> None:
+    text = tokenizer.decode(r.output_ids, skip_special_tokens=r.params.skip_special_tokens)
+    best = None
+    for s in r.params.stop:
+        pos = text.find(s)
+        if pos >= 0 and (best is None or pos < best[0]):
+            best = (pos, s)
+    if best is not None:
+        r.stop_str_pos = best[0]
+        r.finish_reason = {"type": "stop", "matched": best[1]}

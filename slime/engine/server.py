@@ -1,0 +1,660 @@
+"""The built-in inference engine: an HTTP server speaking a subset of SGLang's native API.
+
+    python -m slime.engine.server --model-path DIR [--host 127.0.0.1] [--port 30000]
+        [--dtype auto|float32|bfloat16] [--num-threads 1] [--random-seed 0]
+        [--max-running-requests 256] [--context-length N] [--parent-pid PID] [--log-level info]
+
+Endpoints (SGLang names and shapes):
+  POST /generate                      text|input_ids (single or batch), sampling_params,
+                                      return_logprob, logprob_start_len, rid
+  GET  /health, /health_generate
+  GET  /get_model_info, /model_info   model_path, tokenizer_path, is_generation, weight_version
+  GET  /get_server_info, /server_info server args + version, weight_version
+  GET  /get_load                      {"num_reqs", "num_tokens"}
+  GET  /get_weight_version            POST /update_weight_version {"new_version"}
+  POST /flush_cache, /abort_request {"rid" | "abort_all"}
+  POST /pause_generation {"mode": abort|retract|in_place}, /continue_generation
+  POST /release_memory_occupation, /resume_memory_occupation
+  POST /update_weights_from_tensor {"serialized_named_tensors": [base64 safetensors], ...}
+  POST /update_weights_from_disk {"model_path"}
+
+Errors a client causes answer HTTP 400 with {"error": {"message": ...}, "success": false}.
+The log-prob semantics are documented in `slime.engine.sampling`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Request  # module level: route annotations are resolved from these globals
+
+from slime.utils.threads import configure_torch_threads
+
+logger = logging.getLogger("slime.engine.server")
+
+try:
+    import orjson
+
+    def _dumps(obj: Any) -> bytes:
+        return orjson.dumps(obj, option=orjson.OPT_SERIALIZE_NUMPY)
+
+    _loads = orjson.loads
+except ImportError:  # pragma: no cover
+    import json
+
+    def _dumps(obj: Any) -> bytes:
+        return json.dumps(obj).encode()
+
+    _loads = json.loads
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m slime.engine.server",
+        description="slime's built-in inference engine (a subset of SGLang's HTTP API, CPU).",
+    )
+    p.add_argument("--model-path", required=True, help="local HF model directory")
+    p.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--num-threads", type=int, default=1, help="torch threads of this server")
+    p.add_argument("--random-seed", type=int, default=0, help="seed of sampling without sampling_seed")
+    p.add_argument("--max-running-requests", type=int, default=256, help="rows in one batch at most")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="max prompt + new tokens (default: the model's max_position_embeddings)")
+    p.add_argument("--batch-wait-ms", type=float, default=0.0,
+                   help="wait up to this long for more requests before starting a batch")
+    p.add_argument("--weight-version", default="default", help="initial weight_version")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process is gone (no orphan servers)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    return p
+
+
+# ------------------------------------------------------------------------------------ requests
+_TOP_LEVEL_NEUTRAL: dict[str, Any] = {
+    "stream": False,
+    "top_logprobs_num": 0,
+    "token_ids_logprob": None,
+    "lora_path": None,
+    "lora_id": None,
+    "image_data": None,
+    "video_data": None,
+    "audio_data": None,
+    "input_embeds": None,
+    "return_hidden_states": False,
+    "return_routed_experts": False,
+    "custom_logit_processor": None,
+    "session_params": None,
+}
+_TOP_LEVEL_IGNORED = {
+    "log_metrics", "modalities", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
+    "data_parallel_rank", "routed_dp_rank", "priority", "extra_key", "background", "no_logs",
+    "conversation_id", "label", "received_time", "custom_labels", "routing_key",
+}
+_TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
+              "return_text_in_logprobs"}
+
+
+def _bad(msg: str):
+    from slime.engine.sampling import BadRequest
+
+    return BadRequest(msg)
+
+
+def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list:
+    if is_batch and isinstance(value, list):
+        if len(value) != n:
+            raise _bad(f"{name} has {len(value)} entries but the batch has {n} prompts")
+        return value
+    return [value] * n
+
+
+class EngineState:
+    def __init__(self, args: argparse.Namespace):
+        from slime.engine.model_runner import ModelRunner
+        from slime.engine.scheduler import Scheduler
+
+        self.args = args
+        t0 = time.perf_counter()
+        self.runner = ModelRunner(
+            args.model_path, dtype=args.dtype, context_length=args.context_length,
+            tokenizer_path=args.tokenizer_path, trust_remote_code=args.trust_remote_code,
+        )
+        self.model_path = args.model_path
+        self.scheduler = Scheduler(
+            self.runner, max_running_requests=args.max_running_requests,
+            batch_wait_s=args.batch_wait_ms / 1000.0, seed=args.random_seed,
+            deliver=self._deliver, weight_version=args.weight_version,
+        )
+        self.scheduler.start()
+        self.load_time = time.perf_counter() - t0
+        self.release_tags: list[str] = []
+
+    # called on the worker thread
+    def _deliver(self, reqs) -> None:
+        by_loop: dict[Any, list] = defaultdict(list)
+        for r in reqs:
+            if r.future is None:
+                continue
+            if r.error is not None:
+                by_loop[r.loop].append((r.future, None, r.error))
+            else:
+                by_loop[r.loop].append((r.future, self.build_result(r), None))
+        for loop, items in by_loop.items():
+            loop.call_soon_threadsafe(_resolve, items)
+
+    def build_result(self, r) -> dict:
+        tok = self.runner.tokenizer
+        p = r.params
+        fr = r.finish_reason or {"type": "abort"}
+        ids = r.output_ids
+        matched = fr.get("matched")
+        if fr["type"] == "stop" and isinstance(matched, int) and not p.no_stop_trim:
+            ids = ids[:-1]
+        text = tok.decode(ids, skip_special_tokens=p.skip_special_tokens) if ids else ""
+        if isinstance(matched, str) and not p.no_stop_trim and r.stop_str_pos is not None:
+            text = text[: r.stop_str_pos]
+        meta = {
+            "id": r.rid,
+            "finish_reason": fr,
+            "prompt_tokens": len(r.input_ids),
+            "completion_tokens": len(r.output_ids),
+            "cached_tokens": 0,
+            "weight_version": r.weight_version or self.scheduler.weight_version,
+            "e2e_latency": time.perf_counter() - r.created,
+        }
+        if r.return_logprob:
+            if r.return_text_in_logprobs:
+                texts = [tok.decode([t]) for t in r.output_ids]
+                meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(r.output_logprobs, r.output_ids, texts)]
+            else:
+                meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.output_logprobs, r.output_ids)]
+            if r.logprob_start_len >= 0:
+                start = min(r.logprob_start_len, len(r.input_ids))
+                in_ids = r.input_ids[start:]
+                lps = r.input_logprobs or [None] * len(in_ids)
+                if r.return_text_in_logprobs:
+                    meta["input_token_logprobs"] = [[lp, t, tok.decode([t])] for lp, t in zip(lps, in_ids)]
+                else:
+                    meta["input_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, in_ids)]
+        return {"text": text, "output_ids": list(r.output_ids), "meta_info": meta}
+
+    def parse_generate(self, body: Any):
+        """Validate a /generate body; returns (list of Req, is_batch)."""
+        import torch
+
+        from slime.engine.sampling import SamplingParams
+        from slime.engine.scheduler import Req
+
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object")
+        for key, value in body.items():
+            if key in _TOP_LEVEL or key in _TOP_LEVEL_IGNORED:
+                continue
+            if key in _TOP_LEVEL_NEUTRAL:
+                if value not in (None, _TOP_LEVEL_NEUTRAL[key]):
+                    raise _bad(f"{key}={value!r} is not supported by the built-in engine")
+                continue
+            raise _bad(f"unknown field {key!r} in /generate request")
+        text, input_ids = body.get("text"), body.get("input_ids")
+        if (text is None) == (input_ids is None):
+            raise _bad("give exactly one of 'text' and 'input_ids'")
+        runner = self.runner
+        vocab = runner.vocab_size
+        if input_ids is not None:
+            if not isinstance(input_ids, list) or not input_ids:
+                raise _bad("input_ids must be a non-empty list of token ids (or a list of such lists)")
+            is_batch = isinstance(input_ids[0], list)
+            prompts = input_ids if is_batch else [input_ids]
+            for b, ids in enumerate(prompts):
+                where = f"input_ids[{b}]" if is_batch else "input_ids"
+                if not isinstance(ids, list) or not ids:
+                    raise _bad(f"{where} must be a non-empty list of token ids")
+                for t in ids:
+                    if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                        raise _bad(f"{where} contains {t!r}, not a token id in [0, {vocab})")
+        else:
+            is_batch = isinstance(text, list)
+            texts = text if is_batch else [text]
+            if not texts or not all(isinstance(t, str) for t in texts):
+                raise _bad("text must be a string or a non-empty list of strings")
+            prompts = [runner.tokenizer.encode(t) for t in texts]
+            for b, ids in enumerate(prompts):
+                if not ids:
+                    raise _bad(f"text{f'[{b}]' if is_batch else ''} encodes to no tokens")
+        n = len(prompts)
+        sp_list = _per_item(body.get("sampling_params"), n, "sampling_params", is_batch)
+        rl_list = _per_item(body.get("return_logprob", False), n, "return_logprob", is_batch)
+        ls_list = _per_item(body.get("logprob_start_len", -1), n, "logprob_start_len", is_batch)
+        tl_list = _per_item(body.get("return_text_in_logprobs", False), n, "return_text_in_logprobs", is_batch)
+        rid = body.get("rid")
+        if is_batch and rid is not None and not isinstance(rid, list):
+            raise _bad("rid must be a list of strings for a batch request")
+        rid_list = _per_item(rid, n, "rid", is_batch)
+        cache: dict[int, SamplingParams] = {}
+        reqs = []
+        for b in range(n):
+            where = f"[{b}]" if is_batch else ""
+            sp_raw = sp_list[b]
+            key = id(sp_raw)
+            if key not in cache:
+                cache[key] = SamplingParams.from_dict(sp_raw, vocab_size=vocab, where=f"sampling_params{where}")
+            sp = cache[key]
+            rl, ls, tl, r_id = rl_list[b], ls_list[b], tl_list[b], rid_list[b]
+            if rl is None:
+                rl = False
+            if not isinstance(rl, bool):
+                raise _bad(f"return_logprob{where} must be true or false, got {rl!r}")
+            if not isinstance(tl, bool):
+                raise _bad(f"return_text_in_logprobs{where} must be true or false, got {tl!r}")
+            if ls is None:
+                ls = -1
+            if isinstance(ls, bool) or not isinstance(ls, int) or ls < -1:
+                raise _bad(f"logprob_start_len{where} must be an integer >= -1, got {ls!r}")
+            if r_id is not None and not isinstance(r_id, str):
+                raise _bad(f"rid{where} must be a string, got {r_id!r}")
+            ids = prompts[b]
+            if len(ids) + sp.max_new_tokens > runner.context_length:
+                raise _bad(
+                    f"prompt{where} has {len(ids)} tokens and max_new_tokens is {sp.max_new_tokens}: "
+                    f"together more than the context length {runner.context_length}"
+                )
+            stop_ids = set(sp.stop_token_ids)
+            if not sp.ignore_eos:
+                stop_ids |= runner.eos_token_ids
+            req = Req(input_ids=list(ids), params=sp, return_logprob=rl, logprob_start_len=ls,
+                      return_text_in_logprobs=tl, stop_ids=frozenset(stop_ids))
+            if r_id is not None:
+                req.rid = r_id
+            if sp.sampling_seed is not None:
+                req.generator = torch.Generator().manual_seed(sp.sampling_seed)
+            reqs.append(req)
+        return reqs, is_batch
+
+    def info(self) -> dict:
+        sch = self.scheduler
+        return {
+            "model_path": self.model_path,
+            "tokenizer_path": self.runner.tokenizer_path,
+            "is_generation": True,
+            "weight_version": sch.weight_version,
+            "model_type": getattr(self.runner.config, "model_type", None),
+            "vocab_size": self.runner.vocab_size,
+            "context_length": self.runner.context_length,
+            "preferred_sampling_params": None,
+        }
+
+
+def _resolve(items) -> None:
+    for fut, result, err in items:
+        if fut.done():
+            continue
+        if err is not None:
+            fut.set_exception(err)
+        else:
+            fut.set_result(result)
+
+
+# ------------------------------------------------------------------------------------ app
+def create_app(state: EngineState):
+    from fastapi import FastAPI
+    from fastapi.responses import Response
+
+    from slime.engine.model_runner import WeightUpdateError
+    from slime.engine.sampling import BadRequest
+
+    @asynccontextmanager
+    async def lifespan(app):
+        logger.info("engine server ready at http://%s:%d (model loaded in %.1fs)",
+                    state.args.host, state.args.port, state.load_time)
+        yield
+        state.scheduler.stop()
+
+    app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    sch = state.scheduler
+
+    def ok(obj: Any = None, status: int = 200) -> Response:
+        return Response(content=_dumps(obj if obj is not None else {}), status_code=status,
+                        media_type="application/json")
+
+    def error(msg: str, status: int = 400) -> Response:
+        return ok({"error": {"message": msg}, "success": False, "message": msg}, status)
+
+    async def read_json(request: Request, *, allow_empty: bool = True) -> Any:
+        raw = await request.body()
+        if not raw.strip():
+            if allow_empty:
+                return {}
+            raise BadRequest("empty request body; expected a JSON object")
+        try:
+            return _loads(raw)
+        except ValueError as e:
+            raise BadRequest(f"request body is not valid JSON: {e}") from None
+
+    async def control(fn, *, needs_idle: bool = True):
+        return await asyncio.wrap_future(sch.run_control(fn, needs_idle=needs_idle))
+
+    @app.post("/generate")
+    async def generate(request: Request):
+        try:
+            body = await read_json(request, allow_empty=False)
+            reqs, is_batch = state.parse_generate(body)
+        except BadRequest as e:
+            return error(str(e))
+        loop = asyncio.get_running_loop()
+        futs = []
+        for r in reqs:
+            r.loop = loop
+            r.future = loop.create_future()
+            futs.append(r.future)
+        sch.submit(reqs)
+        try:
+            results = await asyncio.gather(*futs)
+        except Exception as e:  # noqa: BLE001 - an engine failure; answered as 500
+            return error(f"generation failed: {type(e).__name__}: {e}", 500)
+        return ok(results if is_batch else results[0])
+
+    @app.get("/health")
+    async def health():
+        if not sch.alive:
+            return error("engine worker is not running", 503)
+        return ok({})
+
+    @app.get("/health_generate")
+    async def health_generate():
+        if not sch.alive:
+            return error("engine worker is not running", 503)
+        if sch.paused or sch.released:
+            return ok({"status": "paused" if sch.paused else "memory released"})
+        reqs, _ = state.parse_generate({"input_ids": [state.runner.pad_token_id],
+                                        "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+        loop = asyncio.get_running_loop()
+        reqs[0].loop, reqs[0].future = loop, loop.create_future()
+        sch.submit(reqs)
+        try:
+            await asyncio.wait_for(reqs[0].future, timeout=60)
+        except Exception as e:  # noqa: BLE001
+            return error(f"health generation failed: {type(e).__name__}: {e}", 503)
+        return ok({})
+
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def model_info():
+        return ok(state.info())
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def server_info():
+        from slime import __version__
+
+        info = dict(vars(state.args))
+        info.update(
+            version=__version__,
+            engine="slime-builtin",
+            weight_version=sch.weight_version,
+            context_length=state.runner.context_length,
+            model_path=state.model_path,
+            paused=sch.paused,
+            memory_released=sch.released,
+        )
+        return ok(info)
+
+    @app.get("/get_load")
+    async def get_load():
+        return ok(sch.load())
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return ok({"weight_version": sch.weight_version})
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(request: Request):
+        try:
+            body = await read_json(request)
+            v = body.get("new_version")
+            if not isinstance(v, str) or not v:
+                raise BadRequest("new_version must be a non-empty string")
+        except BadRequest as e:
+            return error(str(e))
+        if body.get("abort_all_requests"):
+            sch.abort(abort_all=True)
+        sch.weight_version = v
+        return ok({"success": True, "message": f"weight_version is {v}"})
+
+    @app.api_route("/flush_cache", methods=["POST", "GET"])
+    async def flush_cache():
+        def do():
+            import gc
+
+            gc.collect()
+            return True
+
+        await control(do)
+        return ok({"success": True, "message": "Cache flushed."})
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        try:
+            body = await read_json(request)
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+        except BadRequest as e:
+            return error(str(e))
+        if body.get("abort_all"):
+            n = sch.abort(abort_all=True)
+        else:
+            rid = body.get("rid")
+            if rid is None or rid == "":
+                return error("give 'rid' (a string or a list) or 'abort_all': true")
+            n = sch.abort(rids=rid if isinstance(rid, list) else [rid])
+        return ok({"success": True, "num_aborted": n})
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request):
+        try:
+            body = await read_json(request)
+            mode = body.get("mode", "abort") if isinstance(body, dict) else "abort"
+            if mode not in ("abort", "retract", "in_place"):
+                raise BadRequest(f"mode must be 'abort', 'retract' or 'in_place', got {mode!r}")
+        except BadRequest as e:
+            return error(str(e))
+        sch.pause(mode)
+        return ok({"success": True, "message": f"generation paused (mode {mode})"})
+
+    @app.post("/continue_generation")
+    async def continue_generation():
+        sch.resume()
+        return ok({"success": True, "message": "generation continues"})
+
+    @app.post("/release_memory_occupation")
+    async def release_memory_occupation(request: Request):
+        try:
+            body = await read_json(request)
+        except BadRequest as e:
+            return error(str(e))
+        tags = body.get("tags") if isinstance(body, dict) else None
+
+        def do():
+            import gc
+
+            sch.set_released(True)
+            state.release_tags = list(tags or ["kv_cache", "weights"])
+            gc.collect()
+
+        await control(do)
+        return ok({"success": True, "message": "memory released; generation waits for resume"})
+
+    @app.post("/resume_memory_occupation")
+    async def resume_memory_occupation(request: Request):
+        try:
+            await read_json(request)
+        except BadRequest as e:
+            return error(str(e))
+        # not a control operation: the worker may be waiting for exactly this
+        sch.set_released(False)
+        return ok({"success": True, "message": "memory resumed"})
+
+    def _bump_version(version: str | None) -> str:
+        sch.num_weight_updates += 1
+        sch.weight_version = version if version is not None else str(sch.num_weight_updates)
+        return sch.weight_version
+
+    async def _apply_update(named, body: dict, what: str) -> Response:
+        version = body.get("weight_version")
+        if version is not None and not isinstance(version, str):
+            return error("weight_version must be a string")
+        try:
+            state.runner.validate_named_tensors(named)
+        except WeightUpdateError as e:
+            return error(f"{what}: {e}")
+        if body.get("abort_all_requests"):
+            sch.abort(abort_all=True)
+        flush = body.get("flush_cache", True)
+
+        def do():
+            n = state.runner.load_named_tensors(named)
+            return n, _bump_version(version)
+
+        try:
+            n, v = await control(do, needs_idle=bool(flush))
+        except WeightUpdateError as e:
+            return error(f"{what}: {e}")
+        return ok({"success": True, "message": f"{what}: updated {n} tensors; weight_version {v}",
+                   "weight_version": v, "num_tensors": n})
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(request: Request):
+        try:
+            body = await read_json(request, allow_empty=False)
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+            blobs = body.get("serialized_named_tensors")
+            if isinstance(blobs, str):
+                blobs = [blobs]
+            if not isinstance(blobs, list) or not blobs or not all(isinstance(b, str) for b in blobs):
+                raise BadRequest("serialized_named_tensors must be a non-empty list of base64 strings")
+            fmt = body.get("load_format")
+            if fmt not in (None, "safetensors", "safetensors_base64"):
+                raise BadRequest(f"load_format {fmt!r} is not supported (base64 safetensors only)")
+        except BadRequest as e:
+            return error(str(e))
+
+        def decode():
+            from safetensors.torch import load as st_load
+
+            named = {}
+            for b in blobs:
+                named.update(st_load(base64.b64decode(b)))
+            return named
+
+        try:
+            named = await asyncio.to_thread(decode)
+        except Exception as e:  # noqa: BLE001
+            return error(f"cannot decode serialized_named_tensors: {type(e).__name__}: {e}")
+        return await _apply_update(named, body, "update_weights_from_tensor")
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request):
+        try:
+            body = await read_json(request, allow_empty=False)
+            path = body.get("model_path") if isinstance(body, dict) else None
+            if not isinstance(path, str) or not path:
+                raise BadRequest("model_path must be a directory path")
+        except BadRequest as e:
+            return error(str(e))
+        from slime.engine.model_runner import ModelRunner
+
+        try:
+            named = await asyncio.to_thread(ModelRunner.read_safetensors_dir, path)
+        except WeightUpdateError as e:
+            return error(f"update_weights_from_disk: {e}")
+        except Exception as e:  # noqa: BLE001
+            return error(f"update_weights_from_disk: cannot read {path!r}: {type(e).__name__}: {e}")
+        resp = await _apply_update(named, body, "update_weights_from_disk")
+        if resp.status_code == 200:
+            state.model_path = path
+        return resp
+
+    return app
+
+
+# ------------------------------------------------------------------------------------ process
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is dead for our purpose
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def start_parent_watchdog(parent_pid: int, interval: float = 0.5) -> threading.Thread:
+    direct_child = os.getppid() == parent_pid
+
+    def parent_alive() -> bool:
+        if direct_child and os.getppid() != parent_pid:  # re-parented: the parent died
+            return False
+        return _pid_alive(parent_pid)
+
+    def watch():
+        while parent_alive():
+            time.sleep(interval)
+        logger.warning("parent process %d is gone; shutting the engine server down", parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        os._exit(1)
+
+    t = threading.Thread(target=watch, name="parent-watchdog", daemon=True)
+    t.start()
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_arg_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.parent_pid:
+        start_parent_watchdog(args.parent_pid)
+    configure_torch_threads(args.num_threads)
+    # The worker thread and the event loop share the GIL; hand it over quickly.
+    sys.setswitchinterval(0.001)
+    import uvicorn
+
+    state = EngineState(args)
+    app = create_app(state)
+    config = uvicorn.Config(
+        app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
+        timeout_graceful_shutdown=3, lifespan="on",
+    )
+    server = uvicorn.Server(config)
+    server.run()
+    state.scheduler.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

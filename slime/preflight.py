@@ -1,0 +1,90 @@
+"""Checks that run before any process is launched, so bad input fails in seconds, not minutes.
+
+Each failure raises `SlimeError` naming the argument, file or line to fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from argparse import Namespace
+from pathlib import Path
+
+from slime.errors import SlimeError
+from slime.utils.misc import load_function
+
+
+def check_hf_checkpoint(path: str | None, arg: str) -> None:
+    if not path:
+        raise SlimeError(f"{arg} is required (a local Hugging Face model directory)")
+    p = Path(path)
+    if not p.is_dir():
+        raise SlimeError(f"{arg} {path}: not a directory")
+    config = p / "config.json"
+    if not config.is_file():
+        raise SlimeError(f"{arg} {path}: no config.json (not a Hugging Face model directory)")
+    try:
+        json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise SlimeError(f"{arg} {path}: cannot read config.json: {e}") from e
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise SlimeError(f"{arg} {path}: no weight files (*.safetensors or *.bin)")
+
+
+def check_engine_args(sglang_args: list[str]) -> None:
+    """Validate `--sglang-*` pass-through against the built-in engine's own parser."""
+    from slime.engine.server import build_arg_parser
+
+    parser = build_arg_parser()
+    known = sorted({s for a in parser._actions for s in a.option_strings})
+    for tok in sglang_args:
+        if not tok.startswith("--"):
+            continue
+        name = tok.split("=", 1)[0]
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean --sglang-{close[0][2:]}?" if close else ""
+            raise SlimeError(f"unknown engine argument --sglang-{name[2:]} (the built-in engine has no {name}){hint}")
+    try:
+        parser.parse_args(["--model-path", "x", *sglang_args])
+    except SystemExit as e:
+        raise SlimeError(f"invalid --sglang-* arguments: {' '.join(sglang_args)}") from e
+
+
+def preflight(args: Namespace) -> None:
+    from slime.data.dataset import load_prompt_samples
+    from slime.rollout.rm_hub import validate_rm_type
+
+    check_hf_checkpoint(args.hf_checkpoint, "--hf-checkpoint")
+    if args.use_kl_loss:
+        check_hf_checkpoint(args.ref_load, "--ref-load")
+    if args.load:
+        from slime.backends.torch.checkpoint import latest_dir
+
+        latest_dir(args.load)
+
+    for arg in ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path"):
+        path = getattr(args, arg)
+        if path:
+            fn = load_function(path, arg_name="--" + arg.replace("_", "-"))
+            if not callable(fn):
+                raise SlimeError(f"--{arg.replace('_', '-')} {path}: not callable")
+
+    if args.loss_type == "policy_loss" and not args.custom_rm_path:
+        if args.rm_type is None:
+            raise SlimeError("--rm-type (or --custom-rm-path) is required for RL training")
+        validate_rm_type(args.rm_type)
+    elif args.rm_type is not None:
+        validate_rm_type(args.rm_type)
+
+    if not args.prompt_data:
+        raise SlimeError("--prompt-data is required")
+    # Reading every row now catches a malformed line or a missing key before anything starts.
+    sft = args.loss_type == "sft_loss"
+    load_prompt_samples(args.prompt_data, input_key=args.input_key, label_key=None if sft else args.label_key)
+    if args.eval_prompt_data:
+        for name, path in zip(args.eval_prompt_data[0::2], args.eval_prompt_data[1::2]):
+            load_prompt_samples(path, input_key=args.input_key, label_key=args.label_key)
+
+    if args.sglang_router_ip is None:
+        check_engine_args(args.sglang_args)

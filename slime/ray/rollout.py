@@ -1,0 +1,173 @@
+"""The rollout side as Ray actors: engine servers, and the manager that drives them.
+
+* `EngineActor` is placed by Ray in its bundle and owns one engine server process (the
+  built-in engine on CPU); the process exits if its owner dies (no orphans).
+* `RolloutManager` owns the data source, the engines and the rollout function, and turns a
+  rollout into train data: `generate(rollout_id) -> (train_data, metrics)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from argparse import Namespace
+from pathlib import Path
+from typing import Any
+
+import ray
+
+from slime.ray.placement_group import Placement, thread_budget
+
+logger = logging.getLogger(__name__)
+
+
+def _passthrough_value(sglang_args: list[str], flag: str) -> str | None:
+    for i, tok in enumerate(sglang_args):
+        if tok == flag and i + 1 < len(sglang_args):
+            return sglang_args[i + 1]
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+    return None
+
+
+def engine_launch_args(args: Namespace, rank: int, num_threads: int) -> tuple[str, int | None, list[str]]:
+    """(host, port or None for a free one, extra server args) for engine `rank`.
+
+    `--sglang-<arg>` values are forwarded verbatim; host/port given there are honoured
+    (port + rank for the rank-th engine) and the thread count is ours unless given.
+    """
+    extra = list(args.sglang_args)
+    host = _passthrough_value(extra, "--host") or "127.0.0.1"
+    port = _passthrough_value(extra, "--port")
+    drop = {"--host", "--port"}
+    cleaned: list[str] = []
+    skip = False
+    for i, tok in enumerate(extra):
+        if skip:
+            skip = False
+            continue
+        name = tok.split("=", 1)[0]
+        if name in drop:
+            skip = "=" not in tok
+            continue
+        cleaned.append(tok)
+    if _passthrough_value(cleaned, "--num-threads") is None:
+        cleaned += ["--num-threads", str(num_threads)]
+    if _passthrough_value(cleaned, "--random-seed") is None:
+        cleaned += ["--random-seed", str(args.seed + rank)]
+    return host, (int(port) + rank if port else None), cleaned
+
+
+@ray.remote
+class EngineActor:
+    """Owns one engine server process; Ray decides where it runs."""
+
+    def __init__(self, args: Namespace, rank: int, num_threads: int) -> None:
+        self.args, self.rank, self.num_threads = args, rank, num_threads
+        self.process = None
+
+    def start(self) -> str:
+        from slime.engine.launcher import EngineProcess
+
+        host, port, extra = engine_launch_args(self.args, self.rank, self.num_threads)
+        log_path = Path(self.args.run_dir) / "logs" / f"engine_{self.rank}.log"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.process = EngineProcess.start(
+            self.args.hf_checkpoint, host=host, port=port, num_threads=self.num_threads,
+            extra_args=extra, log_path=str(log_path),
+        )
+        self.process.wait_until_healthy(timeout=300)
+        return self.process.url
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+
+@ray.remote
+class RolloutManager:
+    def __init__(self, args: Namespace, placement: Placement) -> None:
+        from slime.data.data_source import RolloutDataSource
+        from slime.utils.misc import load_function
+
+        self.args = args
+        _, engine_threads = thread_budget(args)
+        if args.sglang_router_ip is None:
+            self.engines = [
+                EngineActor.options(
+                    num_cpus=placement.engine_cpus, scheduling_strategy=placement.strategy(bundle)
+                ).remote(args, rank, engine_threads)
+                for rank, bundle in enumerate(placement.engine_bundles)
+            ]
+            self.engine_urls = ray.get([e.start.remote() for e in self.engines])
+            self.router = None
+            if len(self.engine_urls) == 1:
+                host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
+            else:
+                from slime.engine.router import start_router
+
+                self.router = start_router(args, self.engine_urls)
+                host, port = self.router.host, self.router.port
+            args.sglang_router_ip, args.sglang_router_port = host, int(port)
+        else:  # an external router/engine the user runs
+            self.engines, self.router = [], None
+            self.engine_urls = [f"http://{args.sglang_router_ip}:{args.sglang_router_port}"]
+        self.data_source = RolloutDataSource(args)
+        self.generate_rollout = load_function(args.rollout_function_path, arg_name="--rollout-function-path")
+        self.eval_rollout = load_function(
+            args.eval_function_path or args.rollout_function_path, arg_name="--eval-function-path"
+        )
+        if args.load:
+            from slime.backends.torch.checkpoint import latest_dir
+
+            state = latest_dir(args.load) / "rollout_state.json"
+            if state.exists():
+                self.data_source.load(str(state))
+
+    def get_engine_urls(self) -> list[str]:
+        return list(self.engine_urls)
+
+    def generate(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
+        from slime.rollout.train_data import rollout_metrics, samples_to_train_data
+
+        t0 = time.perf_counter()
+        groups = self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False)
+        data = samples_to_train_data(self.args, groups)
+        metrics = rollout_metrics(self.args, groups, data)
+        elapsed = time.perf_counter() - t0
+        metrics["perf/rollout_time"] = elapsed
+        metrics["perf/tokens_per_s"] = sum(data["response_lengths"]) / max(elapsed, 1e-9)
+        return data, metrics
+
+    def eval(self, rollout_id: int) -> dict[str, float]:
+        from slime.rollout.train_data import eval_metrics
+
+        t0 = time.perf_counter()
+        results = self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True)
+        metrics = eval_metrics(self.args, results)
+        metrics["perf/eval_time"] = time.perf_counter() - t0
+        return metrics
+
+    def _each_engine(self, method: str) -> None:
+        from slime.engine.client import EngineClient
+
+        for url in self.engine_urls:
+            getattr(EngineClient(url), method)()
+
+    def offload(self) -> None:
+        """Colocated: free the engines' KV cache while the trainer trains."""
+        self._each_engine("release_memory_occupation")
+
+    def onload(self) -> None:
+        self._each_engine("resume_memory_occupation")
+
+    def save(self, rollout_id: int, directory: str) -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        self.data_source.save(os.path.join(directory, "rollout_state.json"))
+
+    def dispose(self) -> None:
+        if self.router is not None:
+            self.router.stop()
+        ray.get([e.stop.remote() for e in self.engines])

@@ -1,0 +1,59 @@
+"""The training side as a group of Ray actors, called like one object by the loop."""
+
+from __future__ import annotations
+
+import socket
+from argparse import Namespace
+from typing import Any
+
+import ray
+
+from slime.backends.torch.actor import RayTrainActor
+from slime.ray.placement_group import Placement, thread_budget
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RayTrainGroup:
+    def __init__(self, args: Namespace, placement: Placement) -> None:
+        self.args = args
+        train_threads, _ = thread_budget(args)
+        world = args.actor_world_size
+        master_port = _free_port()
+        self.actors = [
+            RayTrainActor.options(
+                num_cpus=placement.actor_cpus, scheduling_strategy=placement.strategy(bundle)
+            ).remote(args, rank, world, "127.0.0.1", master_port, train_threads)
+            for rank, bundle in enumerate(placement.actor_bundles)
+        ]
+        self.engine_urls: list[str] = []
+
+    def _all(self, method: str, *a: Any) -> list[Any]:
+        return ray.get([getattr(actor, method).remote(*a) for actor in self.actors])
+
+    def init(self) -> int:
+        return self._all("init")[0]
+
+    def connect_rollout(self, engine_urls: list[str]) -> None:
+        self.engine_urls = list(engine_urls)
+
+    def train(self, rollout_id: int, data_ref: Any) -> dict[str, float]:
+        # Every rank gets the same object ref and takes its own slice of each global batch.
+        return self._all("train", rollout_id, data_ref)[0]
+
+    def update_weights(self, weight_version: str) -> float:
+        return self._all("update_weights", self.engine_urls, weight_version)[0]
+
+    def check_weight_parity(self, token_ids: list[int]) -> dict[str, float]:
+        # Every rank runs the forward pass (a sharded model needs them all); rank 0's answer is kept.
+        return {url: self._all("check_weight_parity", url, token_ids)[0] for url in self.engine_urls}
+
+    def save(self, rollout_id: int) -> str:
+        return self._all("save", rollout_id)[0]
+
+    def weights_checksum(self) -> float:
+        return self._all("weights_checksum")[0]

@@ -1,0 +1,157 @@
+"""Grading of math answers: the last `\\boxed{...}` of a response against a label.
+
+Plain functions, no state. Normalisation is deliberately conservative: it removes formatting
+that never changes a value (spaces, `$`, a trailing `.`, thousands separators, `\\text{}`,
+`\\left`/`\\right`) and compares numbers by value (`65` == `65.0` == `130/2`); anything else
+must match exactly. `is_equiv` is the one place that decides equivalence, so a stronger checker
+(e.g. math-verify) can replace it without touching extraction or the reward functions.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+
+def _scan_braced(text: str, open_idx: int) -> int | None:
+    """Index just past the `}` matching the `{` at `open_idx`, or None if it never closes."""
+    depth = 0
+    i = open_idx
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+            i += 2  # an escaped brace \{ or \} does not count
+            continue
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+def _last_box_start(text: str) -> tuple[int, str] | None:
+    """Position and command of the last `\\boxed` / `\\fbox` that is not part of a longer name."""
+    best: tuple[int, str] | None = None
+    for cmd in _BOX_COMMANDS:
+        start = len(text)
+        while True:
+            i = text.rfind(cmd, 0, start)
+            if i < 0:
+                break
+            after = i + len(cmd)
+            if after < len(text) and text[after].isalpha():  # e.g. \boxedsomething
+                start = i
+                continue
+            if best is None or i > best[0]:
+                best = (i, cmd)
+            break
+    return best
+
+
+def extract_boxed_answer(text: str | None) -> str | None:
+    """Content of the LAST `\\boxed{...}` (balanced braces) or `\\boxed 5` in `text`, else None.
+
+    An unclosed last box (a truncated response) counts as no answer.
+    """
+    if not text:
+        return None
+    found = _last_box_start(text)
+    if found is None:
+        return None
+    i, cmd = found
+    j = i + len(cmd)
+    k = j
+    while k < len(text) and text[k] in " \t":
+        k += 1
+    if k < len(text) and text[k] == "{":
+        end = _scan_braced(text, k)
+        if end is None:
+            return None
+        return text[k + 1 : end - 1]
+    if k > j:  # `\boxed 5`: the argument runs to the next whitespace or `$`
+        m = re.match(r"[^\s$]+", text[k:])
+        return m.group(0) if m else None
+    return None
+
+
+_WRAPPERS = re.compile(r"\\(?:text|textbf|textrm|mathrm|mathbf|mbox)\s*\{")
+_SPACING = re.compile(r"\\left|\\right|\\[!,;: ]|\\quad|\\qquad")
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
+_DECIMAL = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)$")
+_SLASH_FRAC = re.compile(r"^([+-]?\d+)/([+-]?\d+)$")
+_TEX_FRAC = re.compile(r"^([+-]?)\\frac\{([+-]?\d+)\}\{([+-]?\d+)\}$")
+
+
+def _unwrap(s: str) -> str:
+    """`\\text{abc}` -> `abc` (balanced braces, repeatedly)."""
+    while True:
+        m = _WRAPPERS.search(s)
+        if not m:
+            return s
+        end = _scan_braced(s, m.end() - 1)
+        if end is None:
+            return s
+        s = s[: m.start()] + s[m.end() : end - 1] + s[end:]
+
+
+def normalize_answer(answer: str | None) -> str | None:
+    """A conservative canonical form of an answer string (None stays None)."""
+    if answer is None:
+        return None
+    s = str(answer).strip()
+    inner = extract_boxed_answer(s) if "\\boxed" in s or "\\fbox" in s else None
+    if inner is not None:
+        s = inner
+    s = _unwrap(s)
+    s = _SPACING.sub("", s)
+    s = s.replace("$", "")
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\s+", "", s)
+    while s.endswith(".") and not s.endswith(".."):
+        s = s[:-1]
+    if _THOUSANDS.match(s):
+        s = s.replace(",", "")
+    return s
+
+
+def to_number(s: str | None) -> Fraction | None:
+    """The exact value of a normalised integer, decimal or simple fraction, else None."""
+    if not s:
+        return None
+    try:
+        if _DECIMAL.match(s):
+            return Fraction(s)
+        m = _SLASH_FRAC.match(s)
+        if m:
+            return Fraction(int(m.group(1)), int(m.group(2)))
+        m = _TEX_FRAC.match(s)
+        if m:
+            value = Fraction(int(m.group(2)), int(m.group(3)))
+            return -value if m.group(1) == "-" else value
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+def is_equiv(answer: str | None, label: str | None) -> bool:
+    """Whether two answers are the same after conservative normalisation."""
+    a, b = normalize_answer(answer), normalize_answer(label)
+    if a is None or b is None or a == "" or b == "":
+        return False
+    if a == b:
+        return True
+    na, nb = to_number(a), to_number(b)
+    return na is not None and nb is not None and na == nb
+
+
+def grade_math(response: str | None, label: str | None) -> float:
+    """1.0 if the last boxed answer of `response` equals `label`, else 0.0 (no box: 0.0)."""
+    answer = extract_boxed_answer(response)
+    if answer is None or label is None:
+        return 0.0
+    return 1.0 if is_equiv(answer, label) else 0.0

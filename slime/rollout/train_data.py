@@ -1,0 +1,91 @@
+"""Rollout groups -> the columns the trainer consumes, plus rollout metrics.
+
+Reward post-processing (GRPO's group normalisation) lives here, on the rollout side, as in
+slime: a group must be normalised as a whole before the batch is split over trainer ranks.
+A FAILED or ABORTED sample stays in the batch (so groups keep their shape and it is counted)
+but its loss mask is all zeros: it is never trained on.
+"""
+
+from __future__ import annotations
+
+from argparse import Namespace
+from typing import Any
+
+import torch
+
+from slime.algorithms.advantages import group_normalize_rewards
+from slime.utils.types import Sample
+
+NOT_TRAINABLE = (Sample.Status.FAILED, Sample.Status.ABORTED)
+
+
+def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[float], list[float]]:
+    """(raw rewards, rewards the trainer uses). GRPO normalises within each prompt's group."""
+    raw = [s.get_reward_value(args) if s.status not in NOT_TRAINABLE else 0.0 for s in samples]
+    if args.loss_type == "sft_loss":
+        return raw, raw
+    if args.advantage_estimator == "grpo":
+        normed = group_normalize_rewards(
+            torch.tensor(raw, dtype=torch.float32),
+            args.n_samples_per_prompt,
+            std_normalization=not args.disable_grpo_std_normalization,
+        )
+        return raw, normed.tolist()
+    return raw, raw
+
+
+def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[str, Any]:
+    samples = [s for g in groups for s in g]
+    raw_rewards, rewards = post_process_rewards(args, samples)
+    loss_masks = []
+    for s in samples:
+        mask = list(s.loss_mask) if s.loss_mask is not None else [1] * s.response_length
+        if len(mask) != s.response_length:
+            raise ValueError(
+                f"sample {s.index}: loss_mask has {len(mask)} entries but response_length is {s.response_length}"
+            )
+        loss_masks.append([0] * len(mask) if s.status in NOT_TRAINABLE else mask)
+    data: dict[str, Any] = {
+        "tokens": [list(s.tokens) for s in samples],
+        "response_lengths": [s.response_length for s in samples],
+        "loss_masks": loss_masks,
+        "rewards": rewards,
+        "raw_reward": raw_rewards,
+        "truncated": [int(s.status == Sample.Status.TRUNCATED) for s in samples],
+        "sample_indices": [s.index for s in samples],
+    }
+    if all(s.rollout_log_probs is not None for s in samples):
+        data["rollout_log_probs"] = [list(s.rollout_log_probs) for s in samples]
+    return data
+
+
+def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str, Any]) -> dict[str, float]:
+    samples = [s for g in groups for s in g]
+    n = max(1, len(samples))
+    lengths = data["response_lengths"]
+    metrics = {
+        "rollout/raw_reward": sum(data["raw_reward"]) / n,
+        "rollout/response_len/mean": sum(lengths) / n,
+        "rollout/response_len/max": float(max(lengths, default=0)),
+        "rollout/truncated_ratio": sum(data["truncated"]) / n,
+        "rollout/num_samples": float(len(samples)),
+    }
+    for status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED, Sample.Status.FAILED):
+        metrics[f"rollout/status/{status.value}"] = float(sum(s.status == status for s in samples))
+    # Groups whose rewards are all equal give GRPO zero advantage: worth watching.
+    if args.n_samples_per_prompt > 1:
+        flat = [len({round(s.get_reward_value(args), 9) for s in g}) == 1 for g in groups if g]
+        metrics["rollout/zero_std_group_ratio"] = sum(flat) / max(1, len(flat))
+    return metrics
+
+
+def eval_metrics(args: Namespace, results: dict[str, dict[str, Any]]) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for name, res in results.items():
+        rewards = res["rewards"]
+        metrics[f"eval/{name}"] = sum(rewards) / max(1, len(rewards))
+        samples = res.get("samples") or []
+        if samples:
+            metrics[f"eval/{name}/response_len/mean"] = sum(s.response_length for s in samples) / len(samples)
+            metrics[f"eval/{name}/failed"] = float(sum(s.status == Sample.Status.FAILED for s in samples))
+    return metrics

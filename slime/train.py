@@ -1,0 +1,159 @@
+"""The RL loop: rollout -> rewards -> advantages -> train -> weight sync, once per rollout id.
+
+    python -m slime.train --hf-checkpoint DIR --prompt-data train.jsonl --rm-type math ...
+
+Every user error is found by `preflight` before Ray or any engine process starts.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from argparse import Namespace
+from pathlib import Path
+from typing import Sequence
+
+import ray
+
+from slime.arguments import parse_args, save_args
+from slime.errors import SlimeError
+from slime.observability.metrics import MetricsLogger
+from slime.observability.plots import plot_run
+from slime.preflight import preflight
+from slime.ray.placement_group import create_placement, init_ray
+from slime.ray.rollout import RolloutManager
+from slime.ray.train_group import RayTrainGroup
+from slime.utils.progress import StageProgress
+
+logger = logging.getLogger("slime")
+
+
+def _due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
+    last = rollout_id == num_rollout - 1
+    return last or bool(interval and (rollout_id + 1) % interval == 0)
+
+
+def train(args: Namespace) -> dict[str, float]:
+    """Run one training stage; return the last metrics row. `args` come from `parse_args`."""
+    preflight(args)
+    run_dir = Path(args.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_args(args, run_dir / (f"args.{args.stage}.json" if args.stage else "args.json"))
+    print(f"[slime] run directory: {run_dir.resolve()}", flush=True)
+    metrics_log = MetricsLogger(run_dir, use_tensorboard=args.use_tensorboard, stage=args.stage, console=False)
+
+    init_ray(args)
+    placement = create_placement(args)
+    rollout_manager = RolloutManager.options(num_cpus=0).remote(args, placement)
+    actor_model = RayTrainGroup(args, placement)
+    try:
+        return _loop(args, rollout_manager, actor_model, metrics_log)
+    finally:
+        metrics_log.close()
+        _release(rollout_manager, actor_model, placement)
+
+
+def _release(rollout_manager, actor_model: RayTrainGroup, placement) -> None:
+    """Stop engines, kill this stage's actors and free its placement group."""
+    from ray.util.placement_group import remove_placement_group
+
+    try:
+        ray.get(rollout_manager.dispose.remote(), timeout=60)
+    except Exception:  # the manager may already be dead; its engines exit with their owner
+        pass
+    for actor in [*actor_model.actors, rollout_manager]:
+        ray.kill(actor)
+    remove_placement_group(placement.pg)
+
+
+def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_log: MetricsLogger) -> dict[str, float]:
+    start_rollout_id = actor_model.init()
+    actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
+    # The engines start from the checkpoint on disk; push the trainer's (possibly resumed) weights.
+    actor_model.update_weights(weight_version=str(start_rollout_id))
+
+    parity_tokens = _parity_tokens(args) if args.check_weight_update_equal else []
+    progress = StageProgress(args.stage or "train", total=args.num_rollout, initial=start_rollout_id)
+    last: dict[str, float] = {}
+    if args.eval_prompt_data and not args.skip_eval_before_train and start_rollout_id == 0:
+        progress.phase("eval")
+        last = ray.get(rollout_manager.eval.remote(-1))
+        metrics_log.log(0, last)
+        progress.note(last)
+
+    for rollout_id in range(start_rollout_id, args.num_rollout):
+        progress.phase("rollout")
+        rollout_data_ref, rollout_metrics_ref = rollout_manager.generate.options(num_returns=2).remote(rollout_id)
+
+        if args.colocate:
+            ray.get(rollout_manager.offload.remote())
+        progress.phase("train")
+        metrics = {**ray.get(rollout_metrics_ref), **actor_model.train(rollout_id, rollout_data_ref)}
+        if args.colocate:
+            ray.get(rollout_manager.onload.remote())
+
+        progress.phase("sync")
+        metrics["perf/update_weights_time"] = actor_model.update_weights(weight_version=str(rollout_id + 1))
+        if args.check_weight_update_equal:
+            diffs = actor_model.check_weight_parity(parity_tokens)
+            metrics["train/weight_sync_logprob_abs_diff"] = max(diffs.values())
+
+        if _due(args.save_interval, rollout_id, args.num_rollout):
+            progress.phase("save")
+            ckpt = actor_model.save(rollout_id)
+            ray.get(rollout_manager.save.remote(rollout_id, ckpt))
+        if args.eval_prompt_data and _due(args.eval_interval, rollout_id, args.num_rollout):
+            progress.phase("eval")
+            metrics.update(ray.get(rollout_manager.eval.remote(rollout_id)))
+
+        # Logged after the step: step k's row describes rollout k and the weights it produced.
+        metrics_log.log(rollout_id + 1, metrics)
+        progress.step(metrics)
+        last = metrics
+
+    progress.close()
+    return last
+
+
+def _parity_tokens(args: Namespace) -> list[int]:
+    """A fixed token sequence for the engine/trainer log-prob comparison."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+    return tok("The quick brown fox: 12+34=46.", add_special_tokens=False)["input_ids"]
+
+
+def finish_run(args: Namespace) -> None:
+    """Plot the run and say where everything is."""
+    run_dir = Path(args.run_dir)
+    png = plot_run(run_dir / "metrics.jsonl", run_dir / "metrics.png")
+    print(f"[slime] metrics: {(run_dir / 'metrics.jsonl').resolve()}")
+    print(f"[slime] plot:    {png.resolve()}")
+    if args.use_tensorboard:
+        print(f"[slime] tensorboard --logdir {(run_dir / 'tensorboard').resolve()}")
+
+
+def shutdown() -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
+    try:
+        args = parse_args(argv)
+        train(args)
+        finish_run(args)
+        return 0
+    except SlimeError as e:
+        print(f"slime: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("slime: interrupted; stopping engines and actors", file=sys.stderr)
+        return 130
+    finally:
+        shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

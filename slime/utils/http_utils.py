@@ -1,0 +1,128 @@
+"""Async JSON over HTTP for rollout code (slime's `slime.utils.http_utils.post` signature).
+
+One aiohttp session per event loop, with no connection limit, is shared by every call made on
+that loop; it is closed when the loop shuts down its async generators (asyncio.run does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import weakref
+from typing import Any
+
+import aiohttp
+
+from slime.errors import SlimeError
+
+logger = logging.getLogger(__name__)
+
+_sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, Any]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class HTTPRequestError(SlimeError):
+    """The server answered with a 4xx (a bad request), or retries were exhausted."""
+
+    def __init__(self, message: str, status: int | None = None, url: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.url = url
+
+
+async def _session_keeper(session: aiohttp.ClientSession):
+    try:
+        yield
+    finally:
+        await session.close()
+
+
+async def _session() -> aiohttp.ClientSession:
+    loop = asyncio.get_running_loop()
+    entry = _sessions.get(loop)
+    if entry is not None and not entry[0].closed:
+        return entry[0]
+    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, force_close=False)
+    session = aiohttp.ClientSession(
+        connector=connector,
+        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+        trust_env=False,
+    )
+    # An async generator that is still suspended is closed by loop.shutdown_asyncgens(), so the
+    # session is closed cleanly when the loop ends (no "Unclosed client session" warnings).
+    keeper = _session_keeper(session)
+    await keeper.__anext__()
+    _sessions[loop] = (session, keeper)
+    return session
+
+
+async def close_sessions() -> None:
+    """Close this loop's shared session now (optional)."""
+    loop = asyncio.get_running_loop()
+    entry = _sessions.pop(loop, None)
+    if entry is not None:
+        await entry[1].aclose()
+
+
+def _error_message(status: int, text: str) -> str:
+    try:
+        import json
+
+        body = json.loads(text)
+        if isinstance(body, dict):
+            err = body.get("error")
+            if isinstance(err, dict) and err.get("message"):
+                return str(err["message"])
+            for key in ("message", "detail", "error"):
+                if body.get(key):
+                    return str(body[key])
+    except ValueError:
+        pass
+    return text.strip()[:2000] or f"HTTP {status}"
+
+
+async def _request(method: str, url: str, payload: Any, max_retries: int, retry_interval: float) -> Any:
+    last: BaseException | None = None
+    attempts = max(1, int(max_retries))
+    for attempt in range(attempts):
+        try:
+            session = await _session()
+            async with session.request(method, url, json=payload) as resp:
+                text = await resp.text()
+                if resp.status >= 500:
+                    last = HTTPRequestError(f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}",
+                                            resp.status, url)
+                elif resp.status >= 400:
+                    raise HTTPRequestError(f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}",
+                                           resp.status, url)
+                else:
+                    if not text:
+                        return {}
+                    try:
+                        return await resp.json(content_type=None)
+                    except ValueError:
+                        return text
+        except HTTPRequestError:
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            last = e
+        if attempt + 1 < attempts:
+            logger.debug("%s %s failed (%s); retry %d/%d", method, url, last, attempt + 1, attempts - 1)
+            await asyncio.sleep(retry_interval)
+    raise HTTPRequestError(f"{method} {url} failed after {attempts} attempts: {last}", getattr(last, "status", None),
+                           url)
+
+
+async def post(url: str, payload: Any, max_retries: int = 60, retry_interval: float = 1.0) -> Any:
+    """POST `payload` as JSON and return the decoded JSON answer.
+
+    Connection errors and 5xx answers are retried (`max_retries` attempts in all, `retry_interval`
+    seconds apart); a 4xx raises `HTTPRequestError` at once with the server's message.
+    """
+    return await _request("POST", url, payload, max_retries, retry_interval)
+
+
+async def get(url: str, max_retries: int = 1, retry_interval: float = 1.0) -> Any:
+    """GET `url` and return the decoded JSON answer (same error rules as `post`)."""
+    return await _request("GET", url, None, max_retries, retry_interval)

@@ -1,0 +1,83 @@
+"""Argument parsing: slime's names, pass-through, YAML config, and clear errors."""
+
+import pytest
+
+from slime.arguments import parse_args, to_argv
+from slime.errors import SlimeError
+
+BASE = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--num-rollout", "3"]
+
+
+def test_slime_names_and_derived_values():
+    a = parse_args(BASE + ["--eps-clip", "0.1", "--colocate", "--actor-num-gpus-per-node", "2"])
+    assert a.rollout_batch_size == 4 and a.n_samples_per_prompt == 2
+    assert a.global_batch_size == 8 and a.num_steps_per_rollout == 1
+    assert a.eps_clip_high == 0.1  # defaults to --eps-clip
+    assert a.actor_world_size == 2 and a.rollout_num_gpus == 2 and a.num_engines == 2  # colocate: same slots
+
+
+def test_num_steps_per_rollout_from_global_batch():
+    a = parse_args(BASE + ["--global-batch-size", "4", "--micro-batch-size", "2"])
+    assert a.num_steps_per_rollout == 2
+
+
+def test_sglang_passthrough_is_verbatim_but_router_args_are_slimes():
+    a = parse_args(BASE + ["--sglang-dtype", "bfloat16", "--sglang-disable-radix-cache",
+                           "--sglang-mem-fraction-static=0.7", "--sglang-router-ip", "127.0.0.1",
+                           "--sglang-router-port", "30000"])
+    assert a.sglang_args == ["--dtype", "bfloat16", "--disable-radix-cache", "--mem-fraction-static=0.7"]
+    assert a.sglang_router_ip == "127.0.0.1" and a.sglang_router_port == 30000
+
+
+def test_unknown_argument_suggests_closest():
+    with pytest.raises(SlimeError, match=r"unknown argument --rollout-batchsize; did you mean --rollout-batch-size"):
+        parse_args(BASE + ["--rollout-batchsize", "3"])
+    with pytest.raises(SlimeError, match="unknown argument --rollout-batch"):  # no silent prefix matching
+        parse_args(["--rollout-batch", "4", "--num-rollout", "1"])
+
+
+def test_invalid_choice_suggests_closest():
+    with pytest.raises(SlimeError, match=r"--advantage-estimator.*'grpoo'.*did you mean 'grpo'"):
+        parse_args(BASE + ["--advantage-estimator", "grpoo"])
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--global-batch-size", "3"], r"--global-batch-size \(3\) must divide"),
+        (["--global-batch-size", "8", "--micro-batch-size", "3"], r"divisible by --micro-batch-size \(3\)"),
+        (["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"], r"multiple of"),
+        (["--train-backend", "megatron"], r"megatron needs GPUs"),
+        (["--n-samples-per-prompt", "0"], r"--n-samples-per-prompt must be >= 1"),
+    ],
+)
+def test_invalid_combinations_name_the_arguments(extra, message):
+    with pytest.raises(SlimeError, match=message):
+        parse_args(BASE + extra)
+
+
+def test_required_arguments():
+    with pytest.raises(SlimeError, match="--rollout-batch-size is required"):
+        parse_args(["--num-rollout", "1"])
+
+
+def test_yaml_config_supplies_arguments_and_cli_wins(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("rollout_batch_size: 4\nnum-rollout: 7\ncolocate: true\nlr: 1.0e-4\nsglang-dtype: bfloat16\n")
+    a = parse_args(["--config", str(cfg), "--num-rollout", "2"])
+    assert a.rollout_batch_size == 4 and a.num_rollout == 2 and a.colocate and a.lr == 1e-4
+    assert a.sglang_args == ["--dtype", "bfloat16"]
+
+
+def test_yaml_config_unknown_key(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("rollout_batch_size: 4\nnum_rollouts: 7\n")
+    with pytest.raises(SlimeError, match=r"run.yaml: unknown key 'num_rollouts'; did you mean --num-rollout"):
+        parse_args(["--config", str(cfg)])
+
+
+def test_to_argv_round_trip():
+    argv = to_argv({"rollout_batch_size": 4, "num_rollout": 2, "colocate": True, "rollout_shuffle": False,
+                    "eval_prompt_data": ["a", "b.jsonl"]})
+    assert argv == ["--rollout-batch-size", "4", "--num-rollout", "2", "--colocate", "--eval-prompt-data", "a", "b.jsonl"]
+    assert parse_args(argv).eval_prompt_data == ["a", "b.jsonl"]
