@@ -164,9 +164,10 @@ class BatchSampler:
     """Per-row sampling for one batch, with the per-row parameters packed into tensors once.
 
     `rows` are objects with `.params` (SamplingParams) and `.generator` (torch.Generator or None).
-    Rows without a seed draw their noise from `default_generator` in one batched call; seeded
-    rows draw theirs from their own generator, so a seeded request samples the same tokens
-    whatever batch it lands in (up to float noise in the logits).
+    Sampling is by inverse CDF: one uniform number per row and step. Rows without a seed draw it
+    from `default_generator` in one batched call; seeded rows draw theirs from their own
+    generator, so a seeded request samples the same tokens whatever batch it lands in (up to
+    float noise in the logits).
     """
 
     def __init__(self, rows: list[Any], vocab_size: int, default_generator: torch.Generator):
@@ -221,11 +222,18 @@ class BatchSampler:
             cum = sorted_probs.cumsum(dim=-1)
             keep &= (cum - sorted_probs) < self.top_p.unsqueeze(1)  # the top token is always kept
             keep &= sorted_probs >= self.min_p.unsqueeze(1) * sorted_probs[:, :1]
-            sorted_logits = sorted_logits.masked_fill(~keep, float("-inf"))
-            scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
-        probs = torch.softmax(scaled, dim=-1)
-        # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) draws i with probability p_i.
-        noise = torch.empty_like(probs).exponential_(generator=self.default_generator)
+            picked = self._inverse_cdf(sorted_probs * keep)
+            return order.gather(1, picked.unsqueeze(1)).squeeze(1)
+        return self._inverse_cdf(torch.softmax(scaled, dim=-1))
+
+    def _inverse_cdf(self, probs: torch.Tensor) -> torch.Tensor:
+        """One uniform number per row: the first token whose cumulative mass exceeds it.
+
+        `probs` may be unnormalised (truncated); tokens with zero mass are never drawn.
+        """
+        cdf = probs.cumsum(dim=-1)
+        u = torch.rand((probs.shape[0], 1), generator=self.default_generator)
         for i in self.seeded:
-            noise[i].exponential_(generator=self.rows[i].generator)
-        return (probs / noise.clamp_min_(1e-20)).argmax(dim=-1)
+            u[i] = torch.rand(1, generator=self.rows[i].generator)
+        u.mul_(cdf[:, -1:])
+        return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_max_(probs.shape[1] - 1)

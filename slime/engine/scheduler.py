@@ -83,7 +83,12 @@ class Scheduler:
         seed: int = 0,
         deliver: Callable[[list[Req]], None] | None = None,
         weight_version: str = "default",
+        step_delay_s: float = 0.0,
+        compact_fraction: float = 0.1,
     ):
+        self.step_delay_s = step_delay_s
+        # finished rows are dropped from a running batch once they are this fraction of it
+        self.compact_fraction = compact_fraction
         self.runner = runner
         self.max_running = max(1, int(max_running_requests))
         self.batch_wait_s = batch_wait_s
@@ -103,7 +108,9 @@ class Scheduler:
         self._stopped = False
         self._thread = threading.Thread(target=self._loop, name="engine-worker", daemon=True)
         self.batches_run = 0
+        self.rows_run = 0
         self.tokens_generated = 0
+        self.busy_s = 0.0
 
     # ---------------------------------------------------------------- public, any thread
     def start(self) -> None:
@@ -125,6 +132,10 @@ class Scheduler:
             self._waiting.extend(reqs)
             self._cv.notify_all()
 
+    def stats(self) -> dict:
+        return {"batches_run": self.batches_run, "rows_run": self.rows_run,
+                "tokens_generated": self.tokens_generated, "busy_s": round(self.busy_s, 4)}
+
     def load(self) -> dict:
         with self._cv:
             reqs = list(self._waiting) + list(self._running)
@@ -132,33 +143,35 @@ class Scheduler:
                 "num_waiting_reqs": len(self._waiting), "num_running_reqs": len(self._running)}
 
     def abort(self, rids: list[str] | None = None, abort_all: bool = False) -> int:
-        """Abort waiting requests now and running ones at their next decode step."""
+        """Abort waiting requests now and running ones at their next decode step.
+
+        Returns how many requests were hit (waiting + running)."""
         aborted: list[Req] = []
         with self._cv:
+            running = [r for r in self._running if r.finish_reason is None]
             if abort_all:
                 aborted = list(self._waiting)
                 self._waiting.clear()
-                if self._running:
+                hit = len(running)
+                if running:
                     self._abort_all = True
-                    self._interrupt = True
             else:
                 wanted = set(rids or [])
-                keep = deque()
+                keep: deque[Req] = deque()
                 for r in self._waiting:
                     (aborted if r.rid in wanted else keep).append(r)
                 self._waiting = keep
-                running = {r.rid for r in self._running}
-                hit = wanted & running
-                if hit:
-                    self._abort_rids |= hit
-                    self._interrupt = True
-            n = len(aborted) + (len(self._running) if abort_all else len(self._abort_rids))
+                running_hit = wanted & {r.rid for r in running}
+                hit = len(running_hit)
+                self._abort_rids |= running_hit
+            if hit:
+                self._interrupt = True
             self._cv.notify_all()
         for r in aborted:
             r.finish_reason = {"type": "abort", "message": "aborted by request"}
         if aborted:
             self._safe_deliver(aborted)
-        return n
+        return len(aborted) + hit
 
     def pause(self, mode: str = "abort") -> None:
         if mode not in ("abort", "retract", "in_place"):
@@ -226,6 +239,7 @@ class Scheduler:
                 self._running = batch
                 self._interrupt = bool(self._controls or self._abort_all or self._abort_rids
                                        or self._pause_mode or self._stopped)
+            t0 = time.perf_counter()
             try:
                 self._run_batch(batch)
             except _Retract:
@@ -238,6 +252,8 @@ class Scheduler:
                     r.finish_reason = {"type": "abort", "message": f"engine error: {type(e).__name__}: {e}"}
                 self._safe_deliver(failed)
             finally:
+                self.busy_s += time.perf_counter() - t0
+                self.rows_run += len(batch)
                 with self._cv:
                     self._running = []
                     self._abort_rids.clear()
@@ -293,6 +309,7 @@ class Scheduler:
     # ---------------------------------------------------------------- one batch
     def _run_batch(self, batch: list[Req]) -> None:
         runner = self.runner
+        self.batches_run += 1
         version = self.weight_version
         for r in batch:
             r.weight_version = version
@@ -326,6 +343,7 @@ class Scheduler:
         suppress_ids = self._suppress_table(rows, eos)
         logits = last
         tokenizer = runner.tokenizer
+        alive = len(rows)
         while True:
             suppress = None
             if suppress_ids is not None:
@@ -333,8 +351,10 @@ class Scheduler:
             tokens_t, logprobs_t = sampler.sample(logits, suppress)
             tokens = tokens_t.tolist()
             logprobs = logprobs_t.tolist()
-            finished_idx: list[int] = []
+            newly: list[Req] = []
             for i, r in enumerate(rows):
+                if r.finish_reason is not None:  # finished earlier, waiting for compaction
+                    continue
                 t = tokens[i]
                 r.output_ids.append(t)
                 r.output_logprobs.append(logprobs[i])
@@ -348,36 +368,41 @@ class Scheduler:
                 if r.finish_reason is None and n >= p.max_new_tokens:
                     r.finish_reason = {"type": "length", "length": p.max_new_tokens}
                 if r.finish_reason is not None:
-                    finished_idx.append(i)
-            self.tokens_generated += len(rows)
+                    newly.append(r)
+            self.tokens_generated += alive
             if self._interrupt:
-                finished_idx = self._handle_interrupt(rows, finished_idx, state)
-            if finished_idx:
-                self._safe_deliver([rows[i] for i in finished_idx])
-                if len(finished_idx) == len(rows):
+                newly += self._handle_interrupt(rows)
+            if newly:
+                self._safe_deliver(newly)
+                alive -= len(newly)
+                if alive <= 0:
                     break
-                fin = set(finished_idx)
-                keep = [i for i in range(len(rows)) if i not in fin]
-                runner.select_rows(state, keep)
-                sampler.select(keep)
-                keep_t = torch.tensor(keep, dtype=torch.long)
-                tokens_t = tokens_t.index_select(0, keep_t)
-                rows = [rows[i] for i in keep]
-                if suppress_ids is not None:
-                    suppress_ids = self._suppress_table(rows, eos)
+                dead = len(rows) - alive
+                # Finished rows leave the batch when enough of them pile up: dropping rows
+                # copies the KV cache, which costs about as much as ~1/3 of a decode step, so
+                # one at a time is slower than carrying a few dead rows along.
+                if dead >= self.compact_fraction * len(rows):
+                    keep = [i for i, r in enumerate(rows) if r.finish_reason is None]
+                    runner.select_rows(state, keep)
+                    sampler.select(keep)
+                    tokens_t = tokens_t.index_select(0, torch.tensor(keep, dtype=torch.long))
+                    rows = [rows[i] for i in keep]
+                    if suppress_ids is not None:
+                        suppress_ids = self._suppress_table(rows, eos)
                 with self._cv:
-                    self._running = list(rows)
+                    self._running = [r for r in rows if r.finish_reason is None]
+            if self.step_delay_s:
+                time.sleep(self.step_delay_s)
             logits = runner.decode(state, tokens_t)
-        self.batches_run += 1
 
     # ---------------------------------------------------------------- interrupts
-    def _handle_interrupt(self, rows: list[Req], finished_idx: list[int], state) -> list[int]:
+    def _handle_interrupt(self, rows: list[Req]) -> list[Req]:
         """Aborts, pauses and in-place control operations, checked between decode steps.
 
-        Returns the (sorted) positions of rows that are finished now. While the batch is frozen
-        by an in-place pause this does not return; aborted rows are delivered right away.
+        Returns the rows it finished (aborted). While the batch is frozen by an in-place pause
+        this does not return; rows aborted meanwhile are delivered right away.
         """
-        fin = set(finished_idx)
+        aborted: list[Req] = []
         while True:
             with self._cv:
                 abort_all, abort_rids = self._abort_all, set(self._abort_rids)
@@ -390,8 +415,8 @@ class Scheduler:
                     controls = list(self._controls)
                     self._controls.clear()
             newly = []
-            for i, r in enumerate(rows):
-                if i in fin:
+            for r in rows:
+                if r.finish_reason is not None:
                     continue
                 if stopped:
                     r.finish_reason = {"type": "abort", "message": "server shutting down"}
@@ -399,15 +424,15 @@ class Scheduler:
                     r.finish_reason = {"type": "abort", "message": "aborted by request"}
                 else:
                     continue
-                fin.add(i)
                 newly.append(r)
-            if stopped or len(fin) == len(rows):
-                for c in controls:  # not run: give them back to the between-batches loop
+            aborted += newly
+            if stopped or all(r.finish_reason is not None for r in rows):
+                for c in reversed(controls):  # not run here: back to the between-batches loop
                     with self._cv:
                         self._controls.appendleft(c)
                 break
             if mode == "retract" or (mode == "in_place" and any(c[2] for c in controls)):
-                self._retract(rows, fin, controls)  # raises _Retract
+                self._retract(rows, controls)  # raises _Retract
             if mode != "in_place":
                 break
             if newly:
@@ -423,14 +448,12 @@ class Scheduler:
             self._interrupt = bool(
                 self._controls or self._abort_all or self._abort_rids or self._pause_mode or self._stopped
             )
-        return sorted(fin)
+        return aborted
 
-    def _retract(self, rows: list[Req], fin: set[int], controls) -> None:
+    def _retract(self, rows: list[Req], controls) -> None:
         """Put unfinished rows back at the front of the queue and leave the batch."""
-        done = [rows[i] for i in sorted(fin)]
-        if done:
-            self._safe_deliver(done)
-        back = [r for i, r in enumerate(rows) if i not in fin]
+        self._safe_deliver([r for r in rows if r.finish_reason is not None])
+        back = [r for r in rows if r.finish_reason is None]
         with self._cv:
             # control operations already taken off the queue go back, ahead of anything new
             for c in reversed(controls):

@@ -77,9 +77,13 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-wait-ms", type=float, default=0.0,
                    help="wait up to this long for more requests before starting a batch")
     p.add_argument("--weight-version", default="default", help="initial weight_version")
+    p.add_argument("--step-delay-ms", type=float, default=0.0,
+                   help="sleep this long after every decode step (testing aborts and pauses only)")
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process is gone (no orphan servers)")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="accepted for SGLang compatibility; ignored (the CPU engine allocates per batch)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     return p
 
@@ -139,6 +143,7 @@ class EngineState:
             self.runner, max_running_requests=args.max_running_requests,
             batch_wait_s=args.batch_wait_ms / 1000.0, seed=args.random_seed,
             deliver=self._deliver, weight_version=args.weight_version,
+            step_delay_s=args.step_delay_ms / 1000.0,
         )
         self.scheduler.start()
         self.load_time = time.perf_counter() - t0
@@ -410,6 +415,7 @@ def create_app(state: EngineState):
             model_path=state.model_path,
             paused=sch.paused,
             memory_released=sch.released,
+            stats=sch.stats(),
         )
         return ok(info)
 
@@ -650,7 +656,14 @@ def main(argv: list[str] | None = None) -> int:
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         timeout_graceful_shutdown=3, lifespan="on",
     )
-    server = uvicorn.Server(config)
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            # answer in-flight requests now (finish_reason abort, partial output) instead of
+            # letting the graceful shutdown wait for them
+            state.scheduler.abort(abort_all=True)
+            super().handle_exit(sig, frame)
+
+    server = _Server(config)
     server.run()
     state.scheduler.stop()
     return 0

@@ -31,7 +31,9 @@ def init_ray(args: Namespace) -> None:
     if ray.is_initialized():
         return
     os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
-    runtime_env = {"env_vars": dict(WORKER_ENV)}
+    # Hooks are loaded by dotted path inside actors: give workers the driver's import path.
+    pythonpath = os.pathsep.join(dict.fromkeys([os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    runtime_env = {"env_vars": {**WORKER_ENV, "PYTHONPATH": pythonpath}}
     if os.environ.get("RAY_ADDRESS"):
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
         return

@@ -27,8 +27,8 @@ def short_run(tiny_model_dir, task_dir, tmp_path_factory):
     argv = [
         "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--num-rollout", "3", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "8", "--global-batch-size", "16", "--micro-batch-size", "8",
+        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward", "--num-rollout", "3", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
+        "--rollout-max-response-len", "8", "--global-batch-size", "32", "--micro-batch-size", "8",
         "--lr", "1e-3", "--colocate", "--check-weight-update-equal", "--use-tensorboard",
         "--eval-prompt-data", "arith", str(task_dir / "eval.jsonl"), "--eval-temperature", "0",
         "--run-dir", str(run_dir), "--save-interval", "2",

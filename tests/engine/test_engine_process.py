@@ -1,0 +1,116 @@
+"""Server process lifecycle: stop() leaves nothing behind, no orphan when the parent dies,
+launch failures report the server's log."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slime.engine.launcher import EngineLaunchError, EngineProcess
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_stop_leaves_no_process(tiny_model_dir, tmp_path):
+    eng = EngineProcess.start(tiny_model_dir, num_threads=1, log_path=tmp_path / "e.log")
+    with eng:
+        eng.wait_until_healthy(timeout=120)
+        pid = eng.pid
+        assert pid_alive(pid)
+    assert not pid_alive(pid) and eng.proc.returncode is not None
+    eng.stop()  # idempotent
+    assert "ready at" in (tmp_path / "e.log").read_text()
+
+
+def test_server_exits_when_parent_dies(tiny_model_dir, tmp_path):
+    repo = Path(__file__).resolve().parents[2]
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {str(repo)!r})
+        from slime.engine.launcher import EngineProcess
+        e = EngineProcess.start({str(tiny_model_dir)!r}, num_threads=1, log_path={str(tmp_path / 'child.log')!r})
+        e.wait_until_healthy(timeout=120)
+        print(e.pid, flush=True)
+        time.sleep(600)
+    """))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = parent.stdout.readline()
+        assert line.strip(), "the parent did not start the server"
+        server_pid = int(line)
+        assert pid_alive(server_pid)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 15
+        while pid_alive(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(server_pid), "engine server outlived its parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert "parent process" in (tmp_path / "child.log").read_text()
+
+
+def test_launch_failure_reports_log_tail(tmp_path):
+    eng = EngineProcess.start(tmp_path / "no-such-model", num_threads=1, log_path=tmp_path / "bad.log")
+    try:
+        with pytest.raises(EngineLaunchError) as ei:
+            eng.wait_until_healthy(timeout=60)
+        msg = str(ei.value)
+        assert "exited with code" in msg and "no-such-model" in msg
+    finally:
+        eng.stop()
+    assert not eng.is_alive()
+
+
+def test_server_arg_parser_knows_passthrough_names():
+    from slime.engine.server import build_arg_parser
+
+    args = build_arg_parser().parse_args(["--model-path", "m", "--dtype", "bfloat16", "--max-running-requests", "8"])
+    assert args.dtype == "bfloat16" and args.max_running_requests == 8 and args.host == "127.0.0.1"
+    with pytest.raises(SystemExit):
+        build_arg_parser().parse_args(["--model-path", "m", "--no-such-flag", "1"])
+
+
+def test_sigterm_answers_in_flight_requests(tiny_model_dir, tmp_path):
+    import concurrent.futures
+
+    from slime.engine.client import EngineClient
+
+    eng = EngineProcess.start(tiny_model_dir, num_threads=1, log_path=tmp_path / "e.log",
+                              extra_args=["--step-delay-ms", "20"])
+    with eng, concurrent.futures.ThreadPoolExecutor(1) as ex:
+        eng.wait_until_healthy(timeout=120)
+        client = EngineClient(eng.url, timeout=30)
+        fut = ex.submit(client.generate, {"input_ids": [5, 6, 7], "sampling_params": {
+            "max_new_tokens": 200, "temperature": 0, "ignore_eos": True}})
+        deadline = time.monotonic() + 10
+        while client.get_load()["num_tokens"] <= 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        t0 = time.monotonic()
+        eng.stop()
+        r = fut.result(timeout=10)
+        assert r["meta_info"]["finish_reason"]["type"] == "abort"
+        assert time.monotonic() - t0 < 5
+        client.close()
