@@ -115,6 +115,8 @@ def build_parser() -> _Parser:
     g.add_argument("--eval-function-path", type=str, default=None,
                    help="Rollout function for evaluation (default: --rollout-function-path).")
     g.add_argument("--eval-prompt-data", type=str, nargs="+", default=None, help="NAME PATH [NAME PATH ...]")
+    g.add_argument("--eval-input-key", type=str, default=None, help="Default: --input-key.")
+    g.add_argument("--eval-label-key", type=str, default=None, help="Default: --label-key.")
     g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
     g.add_argument("--eval-temperature", type=float, default=None)
     g.add_argument("--eval-top-p", type=float, default=None)
@@ -319,6 +321,10 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 
     if args.eval_prompt_data is not None and len(args.eval_prompt_data) % 2:
         raise SlimeError("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
+    if args.eval_input_key is None:
+        args.eval_input_key = args.input_key
+    if args.eval_label_key is None:
+        args.eval_label_key = args.label_key
     if args.eval_temperature is None:
         args.eval_temperature = args.rollout_temperature
     if args.eval_top_p is None:

@@ -54,7 +54,7 @@ TINY_MODEL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, nu
 TASK = dict(difficulty=2, num_eval=200, seed=0)
 
 COMMON = dict(
-    input_key="prompt", label_key="label", apply_chat_template=True, rollout_shuffle=True,
+    eval_input_key="prompt", eval_label_key="label", apply_chat_template=True, rollout_shuffle=True,
     eval_function_path="slime.rollout.sglang_rollout.generate_rollout",
     rm_type="math", rollout_max_response_len=8, eval_temperature=0.0, n_samples_per_eval_prompt=1,
     colocate=True, adam_beta2=0.999, clip_grad=1.0,
@@ -65,7 +65,7 @@ SFT = dict(
     global_batch_size=64, micro_batch_size=64, lr=3e-3,
 )
 RL = dict(
-    stage="rl", advantage_estimator="grpo", num_rollout=300, rollout_batch_size=32, n_samples_per_prompt=8,
+    stage="rl", input_key="prompt", label_key="label", advantage_estimator="grpo", num_rollout=300, rollout_batch_size=32, n_samples_per_prompt=8,
     global_batch_size=256, micro_batch_size=256, lr=3e-4, eps_clip=0.2, rollout_temperature=1.0,
     eval_interval=50,
 )

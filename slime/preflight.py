@@ -80,11 +80,10 @@ def preflight(args: Namespace) -> None:
     if not args.prompt_data:
         raise SlimeError("--prompt-data is required")
     # Reading every row now catches a malformed line or a missing key before anything starts.
-    sft = args.loss_type == "sft_loss"
-    load_prompt_samples(args.prompt_data, input_key=args.input_key, label_key=None if sft else args.label_key)
+    load_prompt_samples(args.prompt_data, input_key=args.input_key, label_key=args.label_key)
     if args.eval_prompt_data:
         for name, path in zip(args.eval_prompt_data[0::2], args.eval_prompt_data[1::2]):
-            load_prompt_samples(path, input_key=args.input_key, label_key=args.label_key)
+            load_prompt_samples(path, input_key=args.eval_input_key, label_key=args.eval_label_key)
 
     if args.sglang_router_ip is None:
         check_engine_args(args.sglang_args)

@@ -120,7 +120,9 @@ def load_prompt_samples(
     - `input_key` column: a string, or a list of chat messages. With `apply_chat_template`, a
       string becomes `[{"role": "user", "content": s}]` and the prompt is the rendered template
       (with the generation prompt); without it the value is kept as-is (a messages list stays a
-      list: SFT data is loaded that way).
+      list). A conversation that already ends with an assistant turn is SFT data: there is no
+      generation prompt to add, so it stays a messages list either way (the SFT rollout
+      tokenizes it with its loss mask).
     - `label_key` column (if given) is required in every row; `metadata_key` (if given) is
       optional per row and must hold an object (or a JSON string of one).
     - With `max_prompt_len` and a `tokenizer`, prompts longer than that many tokens are dropped
@@ -147,7 +149,8 @@ def load_prompt_samples(
             )
 
         prompt: str | list
-        if apply_chat_template:
+        complete_conversation = isinstance(value, list) and bool(value) and value[-1].get("role") == "assistant"
+        if apply_chat_template and not complete_conversation:
             messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
             try:
                 prompt = tokenizer.apply_chat_template(

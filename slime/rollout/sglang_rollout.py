@@ -180,8 +180,8 @@ def _eval_datasets(args: Namespace) -> dict[str, list[Sample]]:
         for name, path in zip(pairs[0::2], pairs[1::2]):
             state.eval_datasets[name] = load_prompt_samples(
                 path,
-                input_key=args.input_key,
-                label_key=args.label_key,
+                input_key=args.eval_input_key,
+                label_key=args.eval_label_key,
                 tokenizer=state.tokenizer,
                 apply_chat_template=args.apply_chat_template,
                 apply_chat_template_kwargs=args.apply_chat_template_kwargs,
