@@ -19,6 +19,7 @@ from slime.arguments import parse_args, save_args
 from slime.errors import SlimeError
 from slime.observability.metrics import MetricsLogger
 from slime.observability.plots import plot_run
+from slime.observability.timer import timer
 from slime.preflight import preflight
 from slime.ray.placement_group import create_placement, init_ray
 from slime.ray.rollout import RolloutManager
@@ -82,29 +83,35 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_
         progress.note(last)
 
     for rollout_id in range(start_rollout_id, args.num_rollout):
-        progress.phase("rollout")
-        rollout_data_ref, rollout_metrics_ref = rollout_manager.generate.options(num_returns=2).remote(rollout_id)
+        metrics: dict[str, float] = {}
+        with timer("step", metrics):
+            progress.phase("rollout")
+            rollout_data_ref, rollout_metrics_ref = rollout_manager.generate.options(num_returns=2).remote(rollout_id)
+            metrics.update(ray.get(rollout_metrics_ref))
 
-        if args.colocate:
-            ray.get(rollout_manager.offload.remote())
-        progress.phase("train")
-        metrics = {**ray.get(rollout_metrics_ref), **actor_model.train(rollout_id, rollout_data_ref)}
-        if args.colocate:
-            ray.get(rollout_manager.onload.remote())
+            if args.colocate:  # the engine frees its KV cache while the trainer uses the cores
+                ray.get(rollout_manager.offload.remote())
+            progress.phase("train")
+            metrics.update(actor_model.train(rollout_id, rollout_data_ref))
+            if args.colocate:
+                ray.get(rollout_manager.onload.remote())
 
-        progress.phase("sync")
-        metrics["perf/update_weights_time"] = actor_model.update_weights(weight_version=str(rollout_id + 1))
-        if args.check_weight_update_equal:
-            diffs = actor_model.check_weight_parity(parity_tokens)
-            metrics["train/weight_sync_logprob_abs_diff"] = max(diffs.values())
+            save_now = _due(args.save_interval, rollout_id, args.num_rollout)
+            eval_now = bool(args.eval_prompt_data) and _due(args.eval_interval, rollout_id, args.num_rollout)
+            # SFT data never comes from the policy, so the engine needs new weights only to evaluate.
+            if args.loss_type != "sft_loss" or eval_now or rollout_id == args.num_rollout - 1:
+                progress.phase("sync")
+                metrics["perf/update_weights_time"] = actor_model.update_weights(weight_version=str(rollout_id + 1))
+                if args.check_weight_update_equal:
+                    metrics["train/weight_sync_logprob_abs_diff"] = max(actor_model.check_weight_parity(parity_tokens).values())
 
-        if _due(args.save_interval, rollout_id, args.num_rollout):
-            progress.phase("save")
-            ckpt = actor_model.save(rollout_id)
-            ray.get(rollout_manager.save.remote(rollout_id, ckpt))
-        if args.eval_prompt_data and _due(args.eval_interval, rollout_id, args.num_rollout):
-            progress.phase("eval")
-            metrics.update(ray.get(rollout_manager.eval.remote(rollout_id)))
+            if save_now:
+                progress.phase("save")
+                ckpt = actor_model.save(rollout_id)
+                ray.get(rollout_manager.save.remote(rollout_id, ckpt))
+            if eval_now:
+                progress.phase("eval")
+                metrics.update(ray.get(rollout_manager.eval.remote(rollout_id)))
 
         # Logged after the step: step k's row describes rollout k and the weights it produced.
         metrics_log.log(rollout_id + 1, metrics)

@@ -114,3 +114,13 @@ class EngineClient:
 
     def abort(self, rid: str | list[str]) -> dict:
         return self._call("POST", "/abort_request", {"rid": rid})
+
+
+_clients: dict[str, EngineClient] = {}
+
+
+def client_for(url: str) -> EngineClient:
+    """One long-lived client per engine URL in this process (an httpx.Client costs ~10 ms to build)."""
+    if url not in _clients:
+        _clients[url] = EngineClient(url)
+    return _clients[url]

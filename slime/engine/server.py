@@ -443,13 +443,9 @@ def create_app(state: EngineState):
 
     @app.api_route("/flush_cache", methods=["POST", "GET"])
     async def flush_cache():
-        def do():
-            import gc
-
-            gc.collect()
-            return True
-
-        await control(do)
+        # There is no cache between batches (each batch's KV dies with it), so a flush only has
+        # to wait for the running batch. No gc.collect(): it costs ~0.2 s with torch loaded.
+        await control(lambda: True)
         return ok({"success": True, "message": "Cache flushed."})
 
     @app.post("/abort_request")
@@ -495,11 +491,10 @@ def create_app(state: EngineState):
         tags = body.get("tags") if isinstance(body, dict) else None
 
         def do():
-            import gc
-
+            # The batch's KV cache is freed by reference counting when the batch ends;
+            # no gc.collect() (it costs ~0.2 s per call with torch loaded, every training step).
             sch.set_released(True)
             state.release_tags = list(tags or ["kv_cache", "weights"])
-            gc.collect()
 
         await control(do)
         return ok({"success": True, "message": "memory released; generation waits for resume"})

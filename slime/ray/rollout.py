@@ -151,10 +151,10 @@ class RolloutManager:
         return metrics
 
     def _each_engine(self, method: str) -> None:
-        from slime.engine.client import EngineClient
+        from slime.engine.client import client_for
 
         for url in self.engine_urls:
-            getattr(EngineClient(url), method)()
+            getattr(client_for(url), method)()
 
     def offload(self) -> None:
         """Colocated: free the engines' KV cache while the trainer trains."""
