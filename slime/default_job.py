@@ -61,11 +61,11 @@ COMMON = dict(
 )
 SFT = dict(
     stage="sft", loss_type="sft_loss", rollout_function_path="slime.rollout.sft_rollout.generate_rollout",
-    input_key="messages", num_rollout=12, rollout_batch_size=64, n_samples_per_prompt=1,
-    global_batch_size=64, micro_batch_size=64, lr=3e-3,
+    input_key="messages", num_rollout=140, rollout_batch_size=256, n_samples_per_prompt=1,
+    global_batch_size=256, micro_batch_size=256, lr=3e-3, eval_interval=70,
 )
 RL = dict(
-    stage="rl", input_key="prompt", label_key="label", advantage_estimator="grpo", num_rollout=300, rollout_batch_size=32, n_samples_per_prompt=8,
+    stage="rl", input_key="prompt", label_key="label", advantage_estimator="grpo", num_rollout=500, rollout_batch_size=32, n_samples_per_prompt=8,
     global_batch_size=256, micro_batch_size=256, lr=3e-4, eps_clip=0.2, rollout_temperature=1.0,
     eval_interval=50,
 )

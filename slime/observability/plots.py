@@ -104,7 +104,8 @@ def plot_run(metrics_path: str | Path, out_png: str | Path, title: str | None = 
     ax_r.set_ylabel("mean reward")
     ax_r.grid(True, alpha=0.3)
 
-    eval_keys = sorted({k for r in records for k in r if k.startswith("eval/")})
+    # Only the headline score of each eval set (`eval/<name>`), not its extra statistics.
+    eval_keys = sorted({k for r in records for k in r if k.startswith("eval/") and k.count("/") == 1})
     plotted = 0
     for key in eval_keys:
         ex, ey = _series(records, xs, key)
@@ -115,7 +116,7 @@ def plot_run(metrics_path: str | Path, out_png: str | Path, title: str | None = 
         ax_e.legend(loc="best", fontsize="small")
     else:
         ax_e.text(0.5, 0.5, "no eval/* data", ha="center", va="center", transform=ax_e.transAxes)
-    ax_e.set_ylabel("eval")
+    ax_e.set_ylabel("eval score")
     ax_e.set_xlabel("global step")
     ax_e.grid(True, alpha=0.3)
 

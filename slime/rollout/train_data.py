@@ -64,12 +64,13 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
     n = max(1, len(samples))
     lengths = data["response_lengths"]
     metrics = {
-        "rollout/raw_reward": sum(data["raw_reward"]) / n,
         "rollout/response_len/mean": sum(lengths) / n,
         "rollout/response_len/max": float(max(lengths, default=0)),
         "rollout/truncated_ratio": sum(data["truncated"]) / n,
         "rollout/num_samples": float(len(samples)),
     }
+    if args.loss_type != "sft_loss":  # SFT samples are not graded: no reward to report
+        metrics["rollout/raw_reward"] = sum(data["raw_reward"]) / n
     for status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED, Sample.Status.FAILED):
         metrics[f"rollout/status/{status.value}"] = float(sum(s.status == status for s in samples))
     # Groups whose rewards are all equal give GRPO zero advantage: worth watching.
