@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Sequence
 
@@ -23,6 +24,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    # Hooks are loaded by dotted path: modules in the working directory must import, as under
+    # `python -m slime` (a console script does not put the working directory on sys.path).
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     if cmd == "train":
         from slime.default_job import is_default_job, run_default_job
         from slime.train import main as train_main

@@ -64,7 +64,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
         prog="python -m slime.engine.server",
         description="slime's built-in inference engine (a subset of SGLang's HTTP API, CPU).",
     )
-    p.add_argument("--model-path", required=True, help="local HF model directory")
+    p.add_argument("--model-path", "--hf-checkpoint", dest="model_path", required=True,
+                   help="local HF model directory (--hf-checkpoint is slime's name for it)")
     p.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
@@ -103,11 +104,15 @@ _TOP_LEVEL_NEUTRAL: dict[str, Any] = {
     "return_routed_experts": False,
     "custom_logit_processor": None,
     "session_params": None,
+    # sglang-router (0.3.x) fills these in on every request it forwards:
+    "return_bytes": False,
+    "return_entropy": False,
 }
 _TOP_LEVEL_IGNORED = {
     "log_metrics", "modalities", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
     "data_parallel_rank", "routed_dp_rank", "priority", "extra_key", "background", "no_logs",
     "conversation_id", "label", "received_time", "custom_labels", "routing_key",
+    "model",  # sglang-router adds the served model name when it forwards a request
 }
 _TOP_LEVEL = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
               "return_text_in_logprobs"}
@@ -630,7 +635,15 @@ def start_parent_watchdog(parent_pid: int, interval: float = 0.5) -> threading.T
 
 
 def main(argv: list[str] | None = None) -> int:
+    from slime.errors import SlimeError
+    from slime.preflight import check_hf_checkpoint
+
     args = build_arg_parser().parse_args(argv)
+    try:
+        check_hf_checkpoint(args.model_path, "--model-path")
+    except SlimeError as e:
+        print(f"slime serve: error: {e}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=args.log_level.upper(), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -86,6 +86,17 @@ class EngineActor:
             self.process = None
 
 
+def _raise_if_all_failed(groups: list[list[Any]], rollout_id: int) -> None:
+    """A rollout where every sample failed has nothing to train on: stop and say why."""
+    from slime.errors import SlimeError
+    from slime.utils.types import Sample
+
+    samples = [s for g in groups for s in g]
+    if samples and all(s.status == Sample.Status.FAILED for s in samples):
+        first = samples[0].metadata.get("error", "no error recorded")
+        raise SlimeError(f"rollout {rollout_id}: all {len(samples)} samples FAILED; first error: {first}")
+
+
 @ray.remote
 class RolloutManager:
     def __init__(self, args: Namespace, placement: Placement) -> None:
@@ -134,6 +145,7 @@ class RolloutManager:
 
         t0 = time.perf_counter()
         groups = self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False)
+        _raise_if_all_failed(groups, rollout_id)
         data = samples_to_train_data(self.args, groups)
         metrics = rollout_metrics(self.args, groups, data)
         elapsed = time.perf_counter() - t0

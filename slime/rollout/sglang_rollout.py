@@ -122,7 +122,7 @@ async def _generate_group_batched(args: Namespace, group: list[Sample], sampling
     prompt_ids = _prompt_ids(state, group[0])
     payload = {
         "input_ids": [prompt_ids] * len(group),
-        "sampling_params": [dict(sampling_params) for _ in group],
+        "sampling_params": dict(sampling_params),  # one dict for the batch: what sglang-router accepts too
         "return_logprob": True,
     }
     outputs = await post(engine_url(args), payload)
@@ -160,6 +160,8 @@ async def generate_and_rm_group(
             for s in group:
                 s.status = Sample.Status.FAILED
                 s.metadata["error"] = f"{type(e).__name__}: {e}"
+                if not s.tokens:  # keep the prompt so the sample stays well-formed (never trained on)
+                    s.tokens, s.response_length, s.loss_mask = _prompt_ids(state, s), 0, []
     await _reward(args, group)
     return group
 
