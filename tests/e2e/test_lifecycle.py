@@ -1,0 +1,117 @@
+"""Process lifecycle: several ranks and engines, resume from a checkpoint, Ctrl-C leaves no orphans."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+
+
+def _base(tiny_model_dir, task_dir, run_dir) -> list[str]:
+    return [
+        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
+        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
+        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward",
+        "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8",
+        "--global-batch-size", "32", "--micro-batch-size", "8", "--lr", "1e-3", "--colocate",
+        "--run-dir", str(run_dir),
+    ]
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _slime(argv, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True,
+                          timeout=240, **kw)
+
+
+def test_two_fsdp_ranks_and_two_engines_behind_the_router(tiny_model_dir, task_dir, tmp_path):
+    """--actor-num-gpus-per-node 2 --colocate: two gloo/FSDP2 ranks and two engines behind sglang-router."""
+    run_dir = tmp_path / "run"
+    proc = _slime(_base(tiny_model_dir, task_dir, run_dir) + [
+        "--num-rollout", "2", "--actor-num-gpus-per-node", "2", "--check-weight-update-equal"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(run_dir)
+    assert len(rows) == 2
+    for r in rows:
+        assert r["train/weight_sync_logprob_abs_diff"] < 1e-4
+        assert r["train/train_rollout_logprob_abs_diff"] < 1e-4
+        assert r["rollout/status/failed"] == 0 and r["rollout/num_samples"] == 32
+    assert (run_dir / "logs" / "engine_1.log").exists() and (run_dir / "logs" / "router.log").exists()
+
+
+def test_resume_from_checkpoint(tiny_model_dir, task_dir, tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    proc = _slime(_base(tiny_model_dir, task_dir, first) + ["--num-rollout", "2", "--save-interval", "1"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    state = json.loads((first / "checkpoints" / "iter_0000001" / "rollout_state.json").read_text())
+
+    proc = _slime(_base(tiny_model_dir, task_dir, second) + [
+        "--num-rollout", "3", "--load", str(first / "checkpoints"), "--save", str(second / "checkpoints")])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = _rows(second)
+    assert [r["rollout_id"] for r in rows] == [3]  # only the third rollout ran
+    resumed = json.loads((second / "checkpoints" / "iter_0000002" / "rollout_state.json").read_text())
+    # The data source continued from the saved position: 8 more prompts consumed.
+    assert resumed["group_counter"] == state["group_counter"] + 8
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "slime", "train",
+                             *_base(tiny_model_dir, task_dir, run_dir), "--num-rollout", "1000"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.time() < deadline, "no training step within 180 s"
+            time.sleep(0.5)
+        family = _descendants(proc.pid)
+        engines = [p for p in family if "slime.engine.server" in Path(f"/proc/{p}/cmdline").read_text(errors="ignore")]
+        assert engines, "the engine server should be running"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+        assert "interrupted" in proc.stderr.read()
+        deadline = time.time() + 30
+        while any(_alive(p) for p in family) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not [p for p in family if _alive(p)], "processes outlived `slime train`"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
