@@ -31,32 +31,30 @@ def _passthrough_value(sglang_args: list[str], flag: str) -> str | None:
     return None
 
 
-def engine_launch_args(args: Namespace, rank: int, num_threads: int) -> tuple[str, int | None, list[str]]:
-    """(host, port or None for a free one, extra server args) for engine `rank`.
+def engine_launch_args(args: Namespace, rank: int, num_threads: int) -> tuple[str, int | None, int, list[str]]:
+    """(host, port or None for a free one, threads, other server args) for engine `rank`.
 
-    `--sglang-<arg>` values are forwarded verbatim; host/port given there are honoured
-    (port + rank for the rank-th engine) and the thread count is ours unless given.
+    `--sglang-<arg>` values are forwarded verbatim; host, port and thread count given there
+    win over the framework's (port + rank for the rank-th engine).
     """
     extra = list(args.sglang_args)
     host = _passthrough_value(extra, "--host") or "127.0.0.1"
     port = _passthrough_value(extra, "--port")
-    drop = {"--host", "--port"}
+    threads = _passthrough_value(extra, "--num-threads")
+    owned = {"--host", "--port", "--num-threads"}  # passed by the launcher itself
     cleaned: list[str] = []
     skip = False
-    for i, tok in enumerate(extra):
+    for tok in extra:
         if skip:
             skip = False
             continue
-        name = tok.split("=", 1)[0]
-        if name in drop:
+        if tok.split("=", 1)[0] in owned:
             skip = "=" not in tok
             continue
         cleaned.append(tok)
-    if _passthrough_value(cleaned, "--num-threads") is None:
-        cleaned += ["--num-threads", str(num_threads)]
     if _passthrough_value(cleaned, "--random-seed") is None:
         cleaned += ["--random-seed", str(args.seed + rank)]
-    return host, (int(port) + rank if port else None), cleaned
+    return host, (int(port) + rank if port else None), int(threads or num_threads), cleaned
 
 
 @ray.remote
@@ -70,11 +68,11 @@ class EngineActor:
     def start(self) -> str:
         from slime.engine.launcher import EngineProcess
 
-        host, port, extra = engine_launch_args(self.args, self.rank, self.num_threads)
+        host, port, threads, extra = engine_launch_args(self.args, self.rank, self.num_threads)
         log_path = Path(self.args.run_dir) / "logs" / f"engine_{self.rank}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self.process = EngineProcess.start(
-            self.args.hf_checkpoint, host=host, port=port, num_threads=self.num_threads,
+            self.args.hf_checkpoint, host=host, port=port, num_threads=threads,
             extra_args=extra, log_path=str(log_path),
         )
         self.process.wait_until_healthy(timeout=300)

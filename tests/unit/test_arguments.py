@@ -81,3 +81,14 @@ def test_to_argv_round_trip():
                     "eval_prompt_data": ["a", "b.jsonl"]})
     assert argv == ["--rollout-batch-size", "4", "--num-rollout", "2", "--colocate", "--eval-prompt-data", "a", "b.jsonl"]
     assert parse_args(argv).eval_prompt_data == ["a", "b.jsonl"]
+
+
+def test_engine_launch_args_honour_passthrough():
+    from slime.ray.rollout import engine_launch_args
+
+    a = parse_args(BASE + ["--sglang-host", "0.0.0.0", "--sglang-port=31000", "--sglang-dtype", "bfloat16",
+                           "--sglang-num-threads", "3"])
+    assert engine_launch_args(a, rank=1, num_threads=2) == (
+        "0.0.0.0", 31001, 3, ["--dtype", "bfloat16", "--random-seed", str(a.seed + 1)])
+    plain = parse_args(BASE)
+    assert engine_launch_args(plain, rank=0, num_threads=2) == ("127.0.0.1", None, 2, ["--random-seed", str(plain.seed)])
