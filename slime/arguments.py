@@ -25,8 +25,10 @@ from slime.errors import SlimeError
 # --sglang-* names that are slime's own arguments, not engine pass-through.
 SLIME_OWNED_SGLANG_ARGS = ("--sglang-router-ip", "--sglang-router-port", "--sglang-server-concurrency")
 
-ADVANTAGE_ESTIMATORS = ("grpo",)
-LOSS_TYPES = ("policy_loss", "sft_loss")
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "ppo")
+LOSS_TYPES = ("policy_loss", "sft_loss", "custom_loss")
+LR_DECAY_STYLES = ("constant", "linear", "cosine")
+OPD_TYPES = ("sglang", "megatron")
 KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 TRAIN_BACKENDS = ("fsdp", "megatron")
 
@@ -136,10 +138,52 @@ def build_parser() -> _Parser:
     g.add_argument("--calculate-per-token-loss", action="store_true")
     g.add_argument("--use-rollout-logprobs", action="store_true",
                    help="Use the engine's log-probs as the old policy instead of recomputing them.")
+    # The rest of slime's algorithm suite (formulas in slime/algorithms, wiring in the trainer).
+    g.add_argument("--disable-rewards-normalization", action="store_true",
+                   help="Train on raw rewards (no group normalisation for grpo/gspo/rloo/reinforce_plus_plus_baseline).")
+    g.add_argument("--normalize-advantages", action="store_true",
+                   help="Whiten per-token advantages over the rollout (all ranks).")
+    g.add_argument("--gamma", type=float, default=1.0, help="Discount (ppo GAE, reinforce_plus_plus).")
+    g.add_argument("--lambd", type=float, default=1.0, help="GAE lambda (ppo).")
+    g.add_argument("--eps-clip-c", type=float, default=None, help="Dual-clip PPO lower bound (> 1).")
+    g.add_argument("--value-clip", type=float, default=0.2, help="Clip of the critic's value loss (ppo).")
+    g.add_argument("--kl-coef", type=float, default=0.0,
+                   help="KL-to-reference penalty in the per-token reward (ppo, reinforce_plus_plus[_baseline]).")
+    g.add_argument("--use-unbiased-kl", action="store_true", help="Importance-weight the KL loss by pi/pi_old.")
+    g.add_argument("--use-tis", action="store_true", help="Truncated importance sampling for train/rollout mismatch.")
+    g.add_argument("--tis-clip", type=float, default=2.0)
+    g.add_argument("--tis-clip-low", type=float, default=0.0)
+    g.add_argument("--use-opsm", action="store_true", help="Off-policy sequence masking.")
+    g.add_argument("--opsm-delta", type=float, default=1e-4)
+    g.add_argument("--use-opd", action="store_true", help="On-policy distillation (needs --opd-type).")
+    g.add_argument("--opd-type", choices=OPD_TYPES, default=None,
+                   help="megatron: teacher forward in the trainer (--opd-teacher-load); "
+                        "sglang: samples carry teacher_log_probs from the rollout.")
+    g.add_argument("--opd-kl-coef", type=float, default=1.0)
+    g.add_argument("--opd-teacher-load", type=str, default=None, help="Teacher model directory (--opd-type megatron).")
+    g.add_argument("--custom-loss-function-path", type=str, default=None, help="With --loss-type custom_loss.")
+    g.add_argument("--custom-advantage-function-path", type=str, default=None,
+                   help="fn(args, rollout_data) setting rollout_data['advantages'] and ['returns'].")
+    g.add_argument("--ref-update-interval", type=int, default=None,
+                   help="Copy the policy into the reference model every N rollouts.")
+    g.add_argument("--keep-old-actor", action="store_true",
+                   help="Keep a copy of the weights the engines serve; old log-probs come from it.")
+    g.add_argument("--num-critic-only-steps", type=int, default=0, help="ppo: first N rollouts train the critic only.")
+    g.add_argument("--critic-load", type=str, default=None, help="ppo critic backbone (default: --hf-checkpoint).")
+    g.add_argument("--critic-lr", type=float, default=None, help="Default: --lr.")
+    g.add_argument("--critic-lr-warmup-iters", type=int, default=0)
+    g.add_argument("--overlong-buffer-len", type=int, default=None,
+                   help="DAPO soft overlong penalty over the last N tokens of --rollout-max-response-len.")
+    g.add_argument("--overlong-penalty-factor", type=float, default=1.0)
 
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("adam",), default="adam")
     g.add_argument("--lr", type=float, default=1e-6)
+    g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default="constant")
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-iters", type=int, default=None,
+                   help="Default: all optimizer steps of the run (num_rollout x steps per rollout).")
+    g.add_argument("--min-lr", type=float, default=0.0)
     g.add_argument("--weight-decay", type=float, default=0.0)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.98)
@@ -148,6 +192,10 @@ def build_parser() -> _Parser:
     g.add_argument("--global-batch-size", type=int, default=None, help="Samples per optimizer step.")
     g.add_argument("--micro-batch-size", type=int, default=1)
     g.add_argument("--num-steps-per-rollout", type=int, default=None)
+    g.add_argument("--use-dynamic-batch-size", action="store_true",
+                   help="Micro-batches packed (no padding) up to --max-tokens-per-gpu tokens; ignores --micro-batch-size.")
+    g.add_argument("--max-tokens-per-gpu", type=int, default=None)
+    g.add_argument("--log-probs-chunk-size", type=int, default=-1, help="Rows per fp32 log-softmax chunk (-1: all).")
     g.add_argument("--seed", type=int, default=1234)
 
     g = p.add_argument_group("logging")
@@ -311,7 +359,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
             f"--global-batch-size ({args.global_batch_size}) must divide --rollout-batch-size x "
             f"--n-samples-per-prompt ({args.rollout_batch_size} x {args.n_samples_per_prompt} = {samples_per_rollout})"
         )
-    if args.global_batch_size % (args.micro_batch_size * args.actor_world_size):
+    if not args.use_dynamic_batch_size and args.global_batch_size % (args.micro_batch_size * args.actor_world_size):
         raise SlimeError(
             f"--global-batch-size ({args.global_batch_size}) must be divisible by --micro-batch-size "
             f"({args.micro_batch_size}) x data-parallel size ({args.actor_world_size}, from --actor-num-nodes x "
@@ -333,7 +381,98 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         args.eval_max_response_len = args.rollout_max_response_len
     if (args.sglang_router_ip is None) != (args.sglang_router_port is None):
         raise SlimeError("--sglang-router-ip and --sglang-router-port must be given together")
+    check_algorithm_args(args)
     return args
+
+
+def _need(cond: bool, message: str) -> None:
+    if not cond:
+        raise SlimeError(message)
+
+
+def check_algorithm_args(args: argparse.Namespace) -> None:
+    """Cross-argument checks of the algorithm suite; each message names both arguments."""
+    est, loss = args.advantage_estimator, args.loss_type
+    sft_rollout = args.rollout_function_path.endswith("sft_rollout.generate_rollout")
+    if args.use_dynamic_batch_size:
+        _need(args.max_tokens_per_gpu is not None and args.max_tokens_per_gpu >= 1,
+              "--use-dynamic-batch-size needs --max-tokens-per-gpu (>= 1)")
+        _need(args.global_batch_size % args.actor_world_size == 0,
+              f"--global-batch-size ({args.global_batch_size}) must be divisible by the data-parallel size "
+              f"({args.actor_world_size}) with --use-dynamic-batch-size")
+    else:
+        _need(args.max_tokens_per_gpu is None, "--max-tokens-per-gpu only applies with --use-dynamic-batch-size")
+    _need(args.log_probs_chunk_size == -1 or args.log_probs_chunk_size >= 1,
+          f"--log-probs-chunk-size must be -1 (no chunking) or >= 1, got {args.log_probs_chunk_size}")
+    # loss types and hooks
+    _need((loss == "custom_loss") == (args.custom_loss_function_path is not None),
+          "--loss-type custom_loss and --custom-loss-function-path go together")
+    if loss == "sft_loss":
+        for flag, on in (("--use-tis", args.use_tis), ("--use-opsm", args.use_opsm), ("--use-opd", args.use_opd),
+                         ("--use-kl-loss", args.use_kl_loss), ("--normalize-advantages", args.normalize_advantages),
+                         ("--custom-advantage-function-path", args.custom_advantage_function_path)):
+            _need(not on, f"{flag} has no effect with --loss-type sft_loss (no advantages, no policy ratio)")
+        _need(est != "ppo", "--advantage-estimator ppo needs --loss-type policy_loss, not --loss-type sft_loss")
+    # mismatch correction needs the engine's log-probs
+    if args.use_tis or args.use_rollout_logprobs:
+        flag = "--use-tis" if args.use_tis else "--use-rollout-logprobs"
+        _need(not sft_rollout, f"{flag} needs rollout log-probs, which --rollout-function-path "
+                               f"{args.rollout_function_path} (SFT data) does not produce")
+    _need(args.tis_clip >= args.tis_clip_low >= 0,
+          f"--tis-clip ({args.tis_clip}) must be >= --tis-clip-low ({args.tis_clip_low}) >= 0")
+    _need(not (args.use_rollout_logprobs and args.keep_old_actor),
+          "--use-rollout-logprobs and --keep-old-actor both choose the old policy; use one")
+    _need(args.eps_clip_c is None or args.eps_clip_c > 1.0,
+          f"--eps-clip-c (dual clip) must be > 1.0, got {args.eps_clip_c}")
+    _need(args.eps_clip > 0 and args.eps_clip_high > 0, "--eps-clip and --eps-clip-high must be > 0")
+    _need(0.0 <= args.gamma <= 1.0 and 0.0 <= args.lambd <= 1.0,
+          f"--gamma ({args.gamma}) and --lambd ({args.lambd}) must be in [0, 1]")
+    # KL in the reward only enters estimators with per-token rewards
+    if args.kl_coef != 0.0:
+        _need(est in ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"),
+              f"--kl-coef shapes per-token rewards of ppo / reinforce_plus_plus[_baseline]; "
+              f"--advantage-estimator {est} ignores it (use --use-kl-loss with --kl-loss-coef)")
+    _need(not args.use_unbiased_kl or args.use_kl_loss, "--use-unbiased-kl modifies the KL loss: add --use-kl-loss")
+    needs_ref = args.use_kl_loss or args.kl_coef != 0.0
+    if args.ref_update_interval is not None:
+        _need(args.ref_update_interval >= 1, f"--ref-update-interval must be >= 1, got {args.ref_update_interval}")
+        _need(needs_ref, "--ref-update-interval needs a reference model: add --use-kl-loss or --kl-coef")
+    # critic
+    if est == "ppo":
+        if args.critic_load is None:
+            args.critic_load = args.hf_checkpoint
+        _need(args.critic_load is not None,
+              "--advantage-estimator ppo needs a critic: give --critic-load (or --hf-checkpoint to start it from)")
+        if args.critic_lr is None:
+            args.critic_lr = args.lr
+    else:
+        for flag, on in (("--num-critic-only-steps", args.num_critic_only_steps),
+                         ("--critic-load", args.critic_load), ("--critic-lr", args.critic_lr),
+                         ("--critic-lr-warmup-iters", args.critic_lr_warmup_iters)):
+            _need(not on, f"{flag} configures the critic, which only --advantage-estimator ppo uses (got {est})")
+    _need(args.num_critic_only_steps >= 0, "--num-critic-only-steps must be >= 0")
+    args.use_critic = est == "ppo"
+    # on-policy distillation
+    if args.use_opd:
+        _need(args.opd_type is not None, "--use-opd needs --opd-type (megatron: teacher in the trainer; sglang: from rollout)")
+        if args.opd_type == "megatron":
+            _need(args.opd_teacher_load is not None, "--opd-type megatron needs --opd-teacher-load (the teacher model)")
+    else:
+        _need(args.opd_type is None and args.opd_teacher_load is None,
+              "--opd-type / --opd-teacher-load need --use-opd")
+    # DAPO overlong penalty
+    if args.overlong_buffer_len is not None:
+        _need(1 <= args.overlong_buffer_len <= args.rollout_max_response_len,
+              f"--overlong-buffer-len ({args.overlong_buffer_len}) must be in [1, --rollout-max-response-len "
+              f"({args.rollout_max_response_len})]")
+    # learning-rate schedule
+    _need(args.lr_warmup_iters >= 0 and args.critic_lr_warmup_iters >= 0, "--lr-warmup-iters must be >= 0")
+    _need(0.0 <= args.min_lr <= args.lr, f"--min-lr ({args.min_lr}) must be in [0, --lr ({args.lr})]")
+    total_steps = args.num_rollout * args.num_steps_per_rollout
+    if args.lr_decay_iters is None:
+        args.lr_decay_iters = total_steps
+    _need(args.lr_decay_iters > args.lr_warmup_iters or args.lr_decay_style == "constant",
+          f"--lr-decay-iters ({args.lr_decay_iters}) must exceed --lr-warmup-iters ({args.lr_warmup_iters})")
 
 
 def save_args(args: argparse.Namespace, path: str | os.PathLike) -> None:

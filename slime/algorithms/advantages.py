@@ -16,12 +16,23 @@ Where we differ from slime on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-__all__ = ["group_normalize_rewards", "expand_to_tokens"]
+__all__ = [
+    "group_normalize_rewards",
+    "rloo_rewards",
+    "expand_to_tokens",
+    "reinforce_plus_plus_returns",
+    "reinforce_plus_plus_baseline_advantages",
+    "ppo_token_rewards",
+    "gae_advantages_and_returns",
+    "masked_whiten",
+    "opd_penalize_advantages",
+    "dapo_overlong_penalty",
+]
 
 
 def group_normalize_rewards(
@@ -78,4 +89,160 @@ def expand_to_tokens(sample_advantages: Tensor | Sequence[float], response_lengt
         if int(length) < 0:
             raise ValueError(f"response length must be >= 0, got {length}")
         out.append(a.expand(int(length)).clone())
+    return out
+
+
+def rloo_rewards(rewards: Tensor | Sequence[float], group_size: int) -> Tensor:
+    """RLOO (https://arxiv.org/abs/2402.14740): ``A_i = r_i - mean_{j != i} r_j`` within each group.
+
+    Equals ``(r_i - mean_g) * G / (G - 1)``; a group of one has no baseline and gets 0.
+    """
+    centered = group_normalize_rewards(rewards, group_size, std_normalization=False)
+    if group_size == 1:
+        return torch.zeros_like(centered)
+    return centered * (group_size / (group_size - 1))
+
+
+def _last_trained_index(mask: Tensor) -> int | None:
+    idx = torch.nonzero(torch.as_tensor(mask).to(torch.bool), as_tuple=True)[0]
+    return int(idx[-1]) if idx.numel() else None
+
+
+def reinforce_plus_plus_returns(
+    rewards: Sequence[float],
+    kl: Sequence[Tensor],
+    loss_masks: Sequence[Tensor | Sequence[int]],
+    kl_coef: float,
+    gamma: float,
+) -> list[Tensor]:
+    """REINFORCE++ (https://arxiv.org/abs/2501.03262) returns, one tensor per sample.
+
+    Token rewards ``r_t = -kl_coef * kl_t``, plus the sample's reward on its last *trained* token;
+    ``G_t = r_t + gamma * G_{t+1}``. A fully masked sample (never trained on) gets only the KL part.
+    """
+    out = []
+    for reward, kl_i, mask in zip(rewards, kl, loss_masks, strict=True):
+        token_rewards = -kl_coef * kl_i.to(torch.float32).clone()
+        last = _last_trained_index(mask)
+        if last is not None:
+            token_rewards[last] += float(reward)
+        returns = torch.zeros_like(token_rewards)
+        running = 0.0
+        for t in range(token_rewards.shape[0] - 1, -1, -1):
+            running = token_rewards[t] + gamma * running
+            returns[t] = running
+        out.append(returns)
+    return out
+
+
+def reinforce_plus_plus_baseline_advantages(
+    rewards: Sequence[float], kl: Sequence[Tensor], kl_coef: float
+) -> list[Tensor]:
+    """REINFORCE++-baseline: the (group-mean-subtracted) reward on every token, minus ``kl_coef * kl_t``."""
+    return [float(r) - kl_coef * kl_i.to(torch.float32) for r, kl_i in zip(rewards, kl, strict=True)]
+
+
+def ppo_token_rewards(rewards: Sequence[float], kl: Sequence[Tensor], kl_coef: float) -> list[Tensor]:
+    """PPO's per-token rewards (slime): ``-kl_coef * kl_t``, plus the reward on the last response token."""
+    out = []
+    for reward, kl_i in zip(rewards, kl, strict=True):
+        r = -kl_coef * kl_i.to(torch.float32).clone()
+        if r.numel():
+            r[-1] += float(reward)
+        out.append(r)
+    return out
+
+
+def gae_advantages_and_returns(
+    token_rewards: Sequence[Tensor], values: Sequence[Tensor], gamma: float, lambd: float
+) -> tuple[list[Tensor], list[Tensor]]:
+    """Generalized advantage estimation per sample (value after the last token is 0).
+
+    ``delta_t = r_t + gamma * V_{t+1} - V_t``, ``A_t = delta_t + gamma * lambd * A_{t+1}``,
+    ``returns_t = A_t + V_t`` (the critic's regression target).
+    """
+    advantages, returns = [], []
+    for r, v in zip(token_rewards, values, strict=True):
+        r, v = r.to(torch.float32), v.detach().to(torch.float32)
+        if r.shape != v.shape:
+            raise ValueError(f"token rewards {tuple(r.shape)} and values {tuple(v.shape)} differ in shape")
+        next_v = torch.cat([v[1:], v.new_zeros(1)]) if v.numel() else v
+        deltas = r + gamma * next_v - v
+        adv = torch.zeros_like(deltas)
+        running = 0.0
+        for t in range(deltas.shape[0] - 1, -1, -1):
+            running = deltas[t] + gamma * lambd * running
+            adv[t] = running
+        advantages.append(adv)
+        returns.append(adv + v)
+    return advantages, returns
+
+
+def masked_whiten(
+    values: Tensor,
+    mask: Tensor,
+    *,
+    shift_mean: bool = True,
+    eps: float = 1e-8,
+    all_reduce_sum: Callable[[Tensor], Tensor] | None = None,
+) -> Tensor:
+    """``(x - mean) / sqrt(var + eps)`` with mean and *unbiased* variance over the unmasked entries.
+
+    ``--normalize-advantages`` (slime's ``distributed_masked_whiten``): ``all_reduce_sum`` sums the
+    statistics ``[sum, sum of squares, count]`` over data-parallel ranks, so every rank whitens with
+    the global statistics. With ``shift_mean=False`` the mean is added back. No unmasked entry: the
+    values are returned unchanged (nothing is trained on them).
+    """
+    m = mask.to(torch.float64)
+    x = values.to(torch.float64)
+    stats = torch.stack([(x * m).sum(), (x * x * m).sum(), m.sum()])
+    if all_reduce_sum is not None:
+        stats = all_reduce_sum(stats)
+    total, total_sq, count = (float(v) for v in stats)
+    if count == 0:
+        return values.clone()
+    mean = total / count
+    var = total_sq / count - mean * mean
+    if count >= 2:
+        var = var * count / (count - 1)
+    var = max(var, 0.0)
+    out = (x - mean) / (var + eps) ** 0.5
+    if not shift_mean:
+        out = out + mean
+    return out.to(values.dtype)
+
+
+def opd_penalize_advantages(
+    advantages: Sequence[Tensor], student_log_probs: Sequence[Tensor], teacher_log_probs: Sequence[Tensor],
+    opd_kl_coef: float,
+) -> tuple[list[Tensor], list[Tensor]]:
+    """On-policy distillation (slime's OPD): ``A_t - opd_kl_coef * (log pi_student - log pi_teacher)``.
+
+    The per-token reverse-KL estimate pulls the policy toward the teacher on the tokens it sampled;
+    it is orthogonal to the advantage estimator. Returns ``(advantages, reverse_kl)``.
+    """
+    new_adv, reverse_kl = [], []
+    for a, s, t in zip(advantages, student_log_probs, teacher_log_probs, strict=True):
+        rk = s.detach().to(torch.float32) - torch.as_tensor(t, dtype=torch.float32)
+        new_adv.append(a - opd_kl_coef * rk)
+        reverse_kl.append(rk)
+    return new_adv, reverse_kl
+
+
+def dapo_overlong_penalty(
+    response_lengths: Sequence[int], max_response_len: int, buffer_len: int, penalty_factor: float = 1.0
+) -> list[float]:
+    """DAPO's soft overlong punishment (https://arxiv.org/abs/2503.14476), added to the reward.
+
+    With ``L_exp = max_response_len - buffer_len``: 0 for ``|y| <= L_exp``,
+    ``(L_exp - |y|) / buffer_len * penalty_factor`` inside the buffer, ``-penalty_factor`` beyond
+    ``max_response_len``.
+    """
+    if buffer_len < 1 or buffer_len > max_response_len:
+        raise ValueError(f"buffer_len must be in [1, max_response_len={max_response_len}], got {buffer_len}")
+    expected = max_response_len - buffer_len
+    out = []
+    for n in response_lengths:
+        exceed = int(n) - expected
+        out.append(0.0 if exceed <= 0 else -min(exceed / buffer_len, 1.0) * penalty_factor)
     return out

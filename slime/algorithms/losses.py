@@ -31,6 +31,11 @@ __all__ = [
     "sum_of_token",
     "reduce_loss",
     "policy_loss_ppo_clip",
+    "ppo_clip_from_kl",
+    "sequence_ppo_kl",
+    "tis_weights",
+    "opsm_mask",
+    "value_loss_clipped",
     "sft_loss",
 ]
 
@@ -217,6 +222,28 @@ def policy_loss_ppo_clip(
             f"advantages {tuple(advantages.shape)}"
         )
     ppo_kl = old_log_probs - log_probs
+    pg_losses, clipfrac = ppo_clip_from_kl(ppo_kl, advantages, eps_clip, eps_clip_high, eps_clip_c)
+    return pg_losses, clipfrac, ppo_kl
+
+
+def ppo_clip_from_kl(
+    ppo_kl: Tensor,
+    advantages: Tensor,
+    eps_clip: float,
+    eps_clip_high: float | None = None,
+    eps_clip_c: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The PPO-clip loss of :func:`policy_loss_ppo_clip` from ``ppo_kl = old - new`` (token or sequence level).
+
+    GSPO passes the sequence-level ``ppo_kl`` of :func:`sequence_ppo_kl`, so the ratio is
+    ``exp(mean_t(new - old))`` for every token of a sample. Returns ``(pg_losses, clipfrac)``.
+    """
+    if eps_clip_high is None:
+        eps_clip_high = eps_clip
+    if eps_clip_c is not None and not eps_clip_c > 1.0:
+        raise ValueError(f"eps_clip_c (dual-clip lower bound) must be > 1.0, got {eps_clip_c}")
+    if ppo_kl.shape != advantages.shape:
+        raise ValueError(f"shape mismatch: ppo_kl {tuple(ppo_kl.shape)}, advantages {tuple(advantages.shape)}")
     ratio = torch.exp(-ppo_kl)
     pg_losses1 = -ratio * advantages
     pg_losses2 = -ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high) * advantages
@@ -225,7 +252,85 @@ def policy_loss_ppo_clip(
     if eps_clip_c is not None:
         pg_losses3 = -eps_clip_c * advantages
         pg_losses = torch.where(advantages < 0, torch.minimum(pg_losses, pg_losses3), pg_losses)
-    return pg_losses, clipfrac, ppo_kl
+    return pg_losses, clipfrac
+
+
+def _per_sample_masked_mean(
+    x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
+) -> list[Tensor]:
+    return [_masked_sum(x_i, m_i) / m_i.sum().clamp_min(1).to(x.dtype) for x_i, m_i in _split(x, response_lengths, loss_masks)]
+
+
+def sequence_ppo_kl(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    response_lengths: Sequence[int],
+    loss_masks: Sequence[Tensor | Sequence[int]],
+) -> Tensor:
+    """GSPO (https://arxiv.org/abs/2507.18071): each sample's masked mean of ``old - new``, on all its tokens.
+
+    Packed ``[total_tokens]`` in, packed out; gradients flow through every trained token of the sample.
+    A fully masked sample gets 0 (ratio 1).
+    """
+    means = _per_sample_masked_mean(old_log_probs - log_probs, response_lengths, loss_masks)
+    parts = [m.expand(int(n)) for m, n in zip(means, response_lengths)]
+    return torch.cat(parts) if parts else log_probs.new_zeros(0)
+
+
+def tis_weights(
+    train_log_probs: Tensor, rollout_log_probs: Tensor, clip: float, clip_low: float = 0.0
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Truncated importance sampling for the train/rollout mismatch (https://fengyao.notion.site/off-policy-rl).
+
+    ``w = clamp(exp(train - rollout), clip_low, clip)`` multiplies the per-token policy loss (no gradient
+    through ``w``). Metrics (per token): ``tis`` (the raw ratio), ``tis_clipfrac`` (1 where clamping
+    changed it), ``tis_abs`` (``|ratio - 1|``).
+    """
+    if clip < clip_low:
+        raise ValueError(f"tis clip ({clip}) must be >= tis clip low ({clip_low})")
+    ratio = torch.exp(train_log_probs.detach() - rollout_log_probs.detach())
+    w = ratio.clamp(min=clip_low, max=clip)
+    return w, {"tis": ratio, "tis_clipfrac": (w != ratio).to(ratio.dtype), "tis_abs": (ratio - 1).abs()}
+
+
+def opsm_mask(
+    log_probs: Tensor,
+    old_log_probs: Tensor,
+    advantages: Tensor,
+    response_lengths: Sequence[int],
+    loss_masks: Sequence[Tensor | Sequence[int]],
+    delta: float,
+) -> Tensor:
+    """Off-policy sequence masking (slime's ``--use-opsm``): 0 on the trained tokens with a negative
+    advantage of a sample whose masked mean ``old - new`` exceeds ``delta``; 1 elsewhere.
+
+    Such a sample has drifted too far from the policy that generated it for its negative signal to be
+    trusted. Returned packed and detached; the fraction of zeros is ``train/opsm_clipfrac``.
+    """
+    seq_kl = _per_sample_masked_mean((old_log_probs - log_probs).detach(), response_lengths, loss_masks)
+    pieces = []
+    for (a_i, m_i), kl_i in zip(_split(advantages.detach(), response_lengths, loss_masks), seq_kl):
+        drop = (a_i < 0) & m_i & bool(kl_i > delta)
+        pieces.append(1.0 - drop.to(log_probs.dtype))
+    return torch.cat(pieces) if pieces else log_probs.new_zeros(0)
+
+
+def value_loss_clipped(
+    values: Tensor, old_values: Tensor, returns: Tensor, value_clip: float
+) -> tuple[Tensor, Tensor]:
+    """PPO's clipped value loss per token: ``max((V - R)^2, (V_old + clip(V - V_old, +-value_clip) - R)^2)``.
+
+    Returns ``(loss, clipfrac)``; ``clipfrac`` is 1 where ``|V - V_old| > value_clip``.
+    """
+    if not (values.shape == old_values.shape == returns.shape):
+        raise ValueError(
+            f"shape mismatch: values {tuple(values.shape)}, old_values {tuple(old_values.shape)}, returns {tuple(returns.shape)}"
+        )
+    old_values, returns = old_values.detach(), returns.detach()
+    clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+    loss = torch.maximum((values - returns).square(), (clipped - returns).square())
+    clipfrac = ((values - old_values).abs() > value_clip).to(values.dtype)
+    return loss, clipfrac
 
 
 def sft_loss(
