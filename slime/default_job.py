@@ -14,13 +14,11 @@ Extra command-line arguments apply to the RL stage (`--run-dir`, `--use-tensorbo
 from __future__ import annotations
 
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
 from slime.arguments import parse_args, to_argv
-from slime.errors import SlimeError
 
 SHARED_FLAGS = ("--run-dir", "--use-tensorboard", "--seed", "--colocate")
 
@@ -87,36 +85,29 @@ def _shared(argv: Sequence[str]) -> list[str]:
 
 
 def run_default_job(argv: Sequence[str]) -> int:
-    from slime.train import finish_run, shutdown, train
+    from slime.train import finish_run, run_cli, train
 
-    argv = list(argv)
-    try:
+    def body() -> None:
+        user = list(argv)
+        if not any(a.split("=", 1)[0] == "--run-dir" for a in user):
+            user += ["--run-dir", os.path.join("runs", "default-" + time.strftime("%Y%m%d-%H%M%S"))]
+        shared = _shared(user)
         model_dir, data_dir = ensure_assets(assets_dir())
-        if not any(a.split("=", 1)[0] == "--run-dir" for a in argv):
-            argv += ["--run-dir", os.path.join("runs", "default-" + time.strftime("%Y%m%d-%H%M%S"))]
-        shared = _shared(argv)
-        evals = ["--eval-prompt-data", "arith", str(data_dir / "eval.jsonl")]
-        base = to_argv(COMMON) + evals + ["--hf-checkpoint", str(model_dir)]
+        base = to_argv(COMMON) + ["--eval-prompt-data", "arith", str(data_dir / "eval.jsonl"),
+                                  "--hf-checkpoint", str(model_dir)]
         ckpts = Path(parse_args(base + to_argv(RL) + shared).run_dir) / "checkpoints"
+        sft_args = parse_args(base + to_argv(SFT) + shared + [
+            "--prompt-data", str(data_dir / "sft.jsonl"), "--save", str(ckpts / "sft")])
+        # Both stages are parsed before anything runs: a typo in the user's arguments costs no SFT time.
+        sft_ckpt = ckpts / "sft" / f"iter_{sft_args.num_rollout - 1:07d}"
+        rl_args = parse_args(base + to_argv(RL) + [
+            "--prompt-data", str(data_dir / "train.jsonl"), "--skip-eval-before-train",
+            "--hf-checkpoint", str(sft_ckpt), "--save", str(ckpts / "rl")] + user)
 
-        sft_args = parse_args(base + to_argv(SFT) + ["--prompt-data", str(data_dir / "sft.jsonl"), "--save", str(ckpts / "sft")] + shared)
         t0 = time.time()
         train(sft_args)
-        sft_ckpt = str(Path(sft_args.save) / f"iter_{sft_args.num_rollout - 1:07d}")
-
-        rl_args = parse_args(
-            base + to_argv(RL) + ["--prompt-data", str(data_dir / "train.jsonl"), "--skip-eval-before-train",
-                                  "--hf-checkpoint", sft_ckpt, "--save", str(ckpts / "rl")] + argv
-        )
         train(rl_args)
         finish_run(rl_args)
         print(f"[slime] default job finished in {time.time() - t0:.0f} s")
-        return 0
-    except SlimeError as e:
-        print(f"slime: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("slime: interrupted; stopping engines and actors", file=sys.stderr)
-        return 130
-    finally:
-        shutdown()
+
+    return run_cli(body)

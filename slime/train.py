@@ -11,7 +11,7 @@ import logging
 import sys
 from argparse import Namespace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import ray
 
@@ -145,12 +145,12 @@ def shutdown() -> None:
         ray.shutdown()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run_cli(body: Callable[[], None]) -> int:
+    """Run a command's body the way every `slime` command ends: a user error is one line
+    (no traceback), Ctrl-C stops cleanly, and Ray (with every actor and engine) always stops."""
     logging.basicConfig(level=logging.INFO, format="[%(name)s] %(message)s")
     try:
-        args = parse_args(argv)
-        train(args)
-        finish_run(args)
+        body()
         return 0
     except SlimeError as e:
         print(f"slime: error: {e}", file=sys.stderr)
@@ -160,6 +160,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     finally:
         shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def body() -> None:
+        args = parse_args(argv)
+        train(args)
+        finish_run(args)
+
+    return run_cli(body)
 
 
 if __name__ == "__main__":
