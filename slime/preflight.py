@@ -31,6 +31,21 @@ def check_hf_checkpoint(path: str | None, arg: str) -> None:
         raise SlimeError(f"{arg} {path}: no weight files (*.safetensors or *.bin)")
 
 
+def check_context_length(args: Namespace) -> None:
+    """Prompt + response must fit the model's context: say so now, not as 400s mid-rollout."""
+    config = json.loads((Path(args.hf_checkpoint) / "config.json").read_text())
+    context = config.get("max_position_embeddings")
+    if not context:
+        return
+    for arg, value in (("--rollout-max-response-len", args.rollout_max_response_len),
+                       ("--eval-max-response-len", args.eval_max_response_len)):
+        if value >= context:
+            raise SlimeError(
+                f"{arg} {value} does not fit the model's context length {context} "
+                f"(max_position_embeddings in {args.hf_checkpoint}/config.json); use a smaller value"
+            )
+
+
 def check_engine_args(sglang_args: list[str]) -> None:
     """Validate `--sglang-*` pass-through against the built-in engine's own parser."""
     from slime.engine.server import build_arg_parser
@@ -56,6 +71,7 @@ def preflight(args: Namespace) -> None:
     from slime.rollout.rm_hub import validate_rm_type
 
     check_hf_checkpoint(args.hf_checkpoint, "--hf-checkpoint")
+    check_context_length(args)
     if args.use_kl_loss:
         check_hf_checkpoint(args.ref_load, "--ref-load")
     if args.load:
@@ -86,4 +102,9 @@ def preflight(args: Namespace) -> None:
             load_prompt_samples(path, input_key=args.eval_input_key, label_key=args.eval_label_key)
 
     if args.sglang_router_ip is None:
-        check_engine_args(args.sglang_args)
+        if getattr(args, "rollout_backend", "builtin") == "sglang":
+            from slime.engine.sglang_backend import validate_sglang_args
+
+            validate_sglang_args(args.sglang_args)  # against sglang.launch_server's own parser
+        else:
+            check_engine_args(args.sglang_args)

@@ -48,7 +48,10 @@ def train(args: Namespace) -> dict[str, float]:
     rollout_manager = RolloutManager.options(num_cpus=0).remote(args, placement)
     actor_model = RayTrainGroup(args, placement)
     try:
-        return _loop(args, rollout_manager, actor_model, metrics_log)
+        rollout_ready = rollout_manager.init.remote()  # engines start while the trainer loads its model
+        start_rollout_id = actor_model.init()
+        ray.get(rollout_ready)
+        return _loop(args, rollout_manager, actor_model, metrics_log, start_rollout_id)
     finally:
         metrics_log.close()
         _release(rollout_manager, actor_model, placement)
@@ -67,8 +70,8 @@ def _release(rollout_manager, actor_model: RayTrainGroup, placement) -> None:
     remove_placement_group(placement.pg)
 
 
-def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_log: MetricsLogger) -> dict[str, float]:
-    start_rollout_id = actor_model.init()
+def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_log: MetricsLogger,
+          start_rollout_id: int) -> dict[str, float]:
     actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
     # The engines start from the checkpoint on disk; push the trainer's (possibly resumed) weights.
     actor_model.update_weights(weight_version=str(start_rollout_id))
@@ -87,7 +90,7 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_
         with timer("step", metrics):
             progress.phase("rollout")
             rollout_data_ref, rollout_metrics_ref = rollout_manager.generate.options(num_returns=2).remote(rollout_id)
-            metrics.update(ray.get(rollout_metrics_ref))
+            metrics.update(_get_rollout_metrics(rollout_metrics_ref, rollout_data_ref))
 
             if args.colocate:  # the engine frees its KV cache while the trainer uses the cores
                 ray.get(rollout_manager.offload.remote())
@@ -101,6 +104,8 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_
             # SFT data never comes from the policy, so the engine needs new weights only to evaluate.
             if args.loss_type != "sft_loss" or eval_now or rollout_id == args.num_rollout - 1:
                 progress.phase("sync")
+                # live engines only: one that died was removed from the router by the engine watcher
+                actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
                 metrics["perf/update_weights_time"] = actor_model.update_weights(weight_version=str(rollout_id + 1))
                 if args.check_weight_update_equal:
                     metrics["train/weight_sync_logprob_abs_diff"] = max(actor_model.check_weight_parity(parity_tokens).values())
@@ -120,6 +125,18 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_
 
     progress.close()
     return last
+
+
+def _get_rollout_metrics(metrics_ref, data_ref) -> dict[str, float]:
+    try:
+        return ray.get(metrics_ref)
+    except Exception:
+        # Both refs carry the same error; consume the second so Ray does not report it again.
+        try:
+            ray.get(data_ref)
+        except Exception:
+            pass
+        raise
 
 
 def _parity_tokens(args: Namespace) -> list[int]:
@@ -153,7 +170,8 @@ def run_cli(body: Callable[[], None]) -> int:
         body()
         return 0
     except SlimeError as e:
-        print(f"slime: error: {e}", file=sys.stderr)
+        # Raised inside an actor, it arrives wrapped in Ray's remote traceback: print the cause.
+        print(f"slime: error: {getattr(e, 'cause', None) or e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("slime: interrupted; stopping engines and actors", file=sys.stderr)

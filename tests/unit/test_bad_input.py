@@ -29,7 +29,7 @@ def argv(tiny_model_dir, task_dir, tmp_path):
     return [
         "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
         "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
-        "--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
+        "--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
         "--run-dir", str(tmp_path / "run"),
     ]
 
@@ -99,3 +99,8 @@ def test_cli_prints_one_clean_line(tmp_path):
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("slime: error: --hf-checkpoint") and "Traceback" not in proc.stderr
+
+
+def test_response_longer_than_the_context(argv, capsys):
+    _fails_early(argv + ["--rollout-max-response-len", "4096"], capsys, "--rollout-max-response-len 4096",
+                 "context length 256")
