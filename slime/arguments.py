@@ -33,6 +33,8 @@ KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 TRAIN_BACKENDS = ("fsdp", "megatron")
 
 DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
+# sglang-router's policies (kept in sync with slime.engine.router.ROUTER_POLICIES, tested)
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing", "manual")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -111,6 +113,12 @@ def build_parser() -> _Parser:
                    help="Max in-flight requests per engine from the rollout client.")
     g.add_argument("--sglang-router-ip", type=str, default=None, help="Use an existing router/engine at this address.")
     g.add_argument("--sglang-router-port", type=int, default=None)
+    g.add_argument("--router-policy", choices=ROUTER_POLICIES, default="cache_aware",
+                   help="sglang-router's policy in front of several engines (consistent_hashing or manual: "
+                        "session affinity by the X-SMG-Routing-Key header).")
+    g.add_argument("--rollout-backend", choices=("sglang", "builtin"), default=None,
+                   help="Engine servers: real SGLang (GPUs) or the built-in CPU engine "
+                        "(default: sglang when CUDA and the sglang package are present, else builtin).")
 
     g = p.add_argument_group("eval")
     g.add_argument("--eval-interval", type=int, default=None)
@@ -221,7 +229,8 @@ def _split_passthrough(argv: Sequence[str], known_options: set[str]) -> tuple[li
         name = tok.split("=", 1)[0]
         if name.startswith("--sglang-") and name not in known_options:
             passthrough.append("--" + tok[len("--sglang-"):])
-            if "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            # every value up to the next option (`--sglang-cuda-graph-bs 1 2 4` takes three)
+            while "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 passthrough.append(argv[i + 1])
                 i += 1
         else:
@@ -381,6 +390,10 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         args.eval_max_response_len = args.rollout_max_response_len
     if (args.sglang_router_ip is None) != (args.sglang_router_port is None):
         raise SlimeError("--sglang-router-ip and --sglang-router-port must be given together")
+    if args.rollout_backend is None:
+        from slime.engine.sglang_backend import default_rollout_backend
+
+        args.rollout_backend = default_rollout_backend()
     check_algorithm_args(args)
     return args
 

@@ -12,7 +12,7 @@ import json
 import logging
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,6 +35,7 @@ class DecodeState:
     mask: torch.Tensor  # [B, capacity] long, 1 = real token; only [:, :length] is in use
     length: int  # columns in use (= cache sequence length)
     next_pos: torch.Tensor  # [B, 1] long: position id of the next token per row
+    shared: list[bool] = field(default_factory=list)  # row's prefill was shared with an earlier row
 
 
 class ModelRunner:
@@ -46,7 +47,9 @@ class ModelRunner:
         context_length: int | None = None,
         tokenizer_path: str | None = None,
         trust_remote_code: bool = False,
+        share_prefix: bool = True,
     ):
+        self.share_prefix = share_prefix
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -142,7 +145,27 @@ class ModelRunner:
 
         Returns (last-position logits [B, V] fp32, all logits [B, L, V] fp32 or None, state).
         In the all-logits tensor row b's prompt occupies columns L - len(prompts[b]) .. L - 1.
+
+        Prefix sharing (SGLang's radix-cache idea, for exactly repeated prompts): the `n`
+        samples of one prompt are prefilled once and their KV rows copied, so a GRPO group
+        costs one prompt's prefill. `state.shared[b]` says whether row b reused another's.
         """
+        unique: dict[tuple[int, ...], int] = {}
+        src = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        if self.share_prefix and len(unique) < len(prompts):
+            last, all_logits, state = self._prefill([list(p) for p in unique], max_new, full_logits)
+            idx = torch.tensor(src, dtype=torch.long)
+            state.cache.batch_select_indices(idx)  # repeated indices copy the shared rows
+            state.mask = state.mask.index_select(0, idx)
+            state.next_pos = state.next_pos.index_select(0, idx)
+            first_row = {u: src.index(u) for u in set(src)}
+            state.shared = [first_row[u] != row for row, u in enumerate(src)]
+            return last.index_select(0, idx), (None if all_logits is None else all_logits.index_select(0, idx)), state
+        return self._prefill(prompts, max_new, full_logits)
+
+    def _prefill(
+        self, prompts: list[list[int]], max_new: int, full_logits: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None, DecodeState]:
         b = len(prompts)
         max_len = max(len(p) for p in prompts)
         capacity = max_len + max(max_new, 0) + 1
@@ -159,7 +182,8 @@ class ModelRunner:
         all_logits = logits.float() if full_logits else None
         last = logits[:, -1].float()
         lengths = torch.tensor([[len(p)] for p in prompts], dtype=torch.long)
-        return last, all_logits, DecodeState(cache=cache, mask=mask, length=max_len, next_pos=lengths)
+        return last, all_logits, DecodeState(cache=cache, mask=mask, length=max_len, next_pos=lengths,
+                                             shared=[False] * b)
 
     @torch.inference_mode()
     def decode(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:

@@ -1,39 +1,122 @@
-"""The router in front of several engines: the real `sglang-router` (Rust, from PyPI).
+"""The router in front of several engines, its runtime membership, and the engine watcher.
 
-Launched on 127.0.0.1 with its metrics port on 127.0.0.1 too (both default to 0.0.0.0).
-A later issue adds the policy flag, runtime membership and a built-in fallback.
+* `start_router(args, worker_urls)` launches the real `sglang-router` (Rust, PyPI) with
+  `--router-policy`, on 127.0.0.1 with its prometheus port on 127.0.0.1 too (both default to
+  0.0.0.0 there). It runs as `python -m slime.engine.router`, which goes through
+  sglang_router's Python API: its CLI does not offer `consistent_hashing`, the API does.
+  If `sglang-router` is not installed, a log line says so and slime's own small dispatcher
+  (`slime.engine.dispatcher`: round robin, routing-key stickiness) takes its place.
+* Both speak the same membership API: `GET /workers`, `POST /workers {"url"}`,
+  `DELETE /workers/{id}`; `RouterProcess.add_worker/remove_worker` use it.
+* `EngineWatcher` probes each engine and removes one that stopped accepting connections, so
+  retried requests (the rollout client retries connection errors and 5xx) land on live ones.
+* Session affinity: requests carrying `X-SMG-Routing-Key: <session_id>` stick to one engine
+  under `consistent_hashing` or `manual` (and always under the built-in dispatcher).
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from argparse import Namespace
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterable
 
 import httpx
 
 from slime.errors import SlimeError
 
+logger = logging.getLogger(__name__)
 
-def _free_port() -> int:
+# slime's default is sglang-router's default (`cache_aware`).
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing", "manual")
+DEFAULT_ROUTER_POLICY = "cache_aware"
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return s.getsockname()[1]
 
 
-@dataclass
+def sglang_router_available() -> bool:
+    try:
+        import sglang_router  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 class RouterProcess:
-    host: str
-    port: int
-    proc: subprocess.Popen
+    """A running router (sglang-router or the built-in dispatcher) and its membership API."""
+
+    def __init__(self, kind: str, host: str, port: int, proc: subprocess.Popen, log_path: Path | None,
+                 metrics_port: int | None = None):
+        self.kind, self.host, self.port, self.proc = kind, host, port, proc
+        self.log_path, self.metrics_port = log_path, metrics_port
+        self._client = httpx.Client(timeout=10.0, trust_env=False)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    def wait_until_healthy(self, timeout: float = 60.0) -> "RouterProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise SlimeError(f"{self.kind} exited with code {self.proc.returncode}; see {self.log_path}")
+            try:
+                if self._client.get(self.url + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        self.stop()
+        raise SlimeError(f"{self.kind} did not become healthy in {timeout:.0f} s; see {self.log_path}")
+
+    # ---- membership
+    def workers(self) -> list[dict]:
+        """[{"id", "url", "is_healthy", ...}] as the router reports them."""
+        resp = self._client.get(self.url + "/workers")
+        resp.raise_for_status()
+        return list(resp.json().get("workers", []))
+
+    def worker_urls(self) -> list[str]:
+        return [w["url"] for w in self.workers()]
+
+    def add_worker(self, url: str, timeout: float = 30.0) -> str:
+        """Register `url`; returns its worker id once the router lists it (registration is async)."""
+        resp = self._client.post(self.url + "/workers", json={"url": url})
+        if resp.status_code >= 400:
+            raise SlimeError(f"router refused worker {url}: HTTP {resp.status_code} {resp.text[:300]}")
+        worker_id = resp.json().get("worker_id")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if url in self.worker_urls():
+                return worker_id
+            time.sleep(0.05)
+        raise SlimeError(f"router did not list worker {url} within {timeout:.0f} s; see {self.log_path}")
+
+    def remove_worker(self, url: str, timeout: float = 10.0) -> bool:
+        """Deregister `url`; False if the router did not have it."""
+        ids = [w["id"] for w in self.workers() if w["url"] == url]
+        if not ids:
+            return False
+        for worker_id in ids:
+            resp = self._client.delete(f"{self.url}/workers/{worker_id}")
+            if resp.status_code >= 400 and resp.status_code != 404:
+                raise SlimeError(f"router refused to remove {url}: HTTP {resp.status_code} {resp.text[:300]}")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and url in self.worker_urls():
+            time.sleep(0.05)
+        return True
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -43,32 +126,185 @@ class RouterProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._client.close()
 
 
-def start_router(args: Namespace, worker_urls: list[str], policy: str = "round_robin") -> RouterProcess:
+def sglang_router_command(policy: str, host: str, port: int, metrics_port: int, worker_urls: Iterable[str],
+                          model_path: str | None = None) -> list[str]:
+    """`python -m slime.engine.router ...`: sglang-router through its Python API, bound to `host`."""
+    if policy not in ROUTER_POLICIES:
+        raise SlimeError(f"--router-policy {policy!r}: choose from {', '.join(ROUTER_POLICIES)}")
+    cmd = [sys.executable, "-m", "slime.engine.router", "--parent-pid", str(os.getpid()),
+           "--host", host, "--port", str(port), "--prometheus-host", host, "--prometheus-port", str(metrics_port),
+           "--policy", policy]
+    if model_path:  # lets cache_aware tokenize token-id requests
+        cmd += ["--model-path", str(model_path)]
+    urls = list(worker_urls)
+    if urls:
+        cmd += ["--worker-urls", *urls]
+    return cmd
+
+
+def dispatcher_command(host: str, port: int, worker_urls: Iterable[str]) -> list[str]:
+    urls = list(worker_urls)
+    cmd = [sys.executable, "-m", "slime.engine.dispatcher", "--parent-pid", str(os.getpid()),
+           "--host", host, "--port", str(port)]
+    return cmd + (["--worker-urls", *urls] if urls else [])
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    pkg_root = str(Path(__file__).resolve().parents[2])  # the child imports this very package
+    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def start_router(args: Namespace, worker_urls: list[str], policy: str | None = None,
+                 log_dir: str | os.PathLike | None = None) -> RouterProcess:
+    """Start the router for `worker_urls` (sglang-router, or the built-in dispatcher without it)."""
+    policy = policy or getattr(args, "router_policy", None) or DEFAULT_ROUTER_POLICY
+    host = "127.0.0.1"
+    port = _free_port(host)
+    log_dir = Path(log_dir or Path(args.run_dir) / "logs")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    if sglang_router_available():
+        kind, metrics_port = "sglang-router", _free_port(host)
+        cmd = sglang_router_command(policy, host, port, metrics_port, worker_urls,
+                                    model_path=getattr(args, "hf_checkpoint", None))
+        log_path = log_dir / "router.log"
+    else:
+        logger.warning("sglang-router is not installed (pip install sglang-router); using slime's built-in "
+                       "round-robin dispatcher instead (--router-policy %s is not applied; requests with "
+                       "%s still stick to one engine)", policy, ROUTING_KEY_HEADER)
+        kind, metrics_port = "builtin-dispatcher", None
+        cmd = dispatcher_command(host, port, worker_urls)
+        log_path = log_dir / "dispatcher.log"
+    with open(log_path, "ab") as log:
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env())
+    router = RouterProcess(kind, host, port, proc, log_path, metrics_port).wait_until_healthy()
+    # Registration is asynchronous in sglang-router: wait until every worker is listed.
+    deadline = time.monotonic() + 60
+    while set(worker_urls) - set(router.worker_urls()):
+        if time.monotonic() > deadline:
+            router.stop()
+            raise SlimeError(f"{kind} did not register every engine within 60 s; see {log_path}")
+        time.sleep(0.05)
+    logger.info("%s (policy %s) at %s fronts %d engines", kind, policy, router.url, len(worker_urls))
+    return router
+
+
+# --------------------------------------------------------------------------------- engine watcher
+class EngineWatcher:
+    """Removes engines that stopped accepting connections from the router.
+
+    Every `interval` seconds each engine's `/health` is probed; `failures` consecutive refused
+    connections (the process is gone, not merely busy) remove it from the router and call
+    `on_removed(url)`. A slow answer never counts: a busy engine is not a dead one.
+    """
+
+    def __init__(self, router: RouterProcess, engine_urls: Iterable[str], *, interval: float = 1.0,
+                 failures: int = 2, on_removed: Callable[[str], None] | None = None):
+        self.router, self.interval, self.failures, self.on_removed = router, interval, failures, on_removed
+        self.urls = list(engine_urls)
+        self.removed: list[str] = []
+        self._strikes = {u: 0 for u in self.urls}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="engine-watcher", daemon=True)
+
+    def start(self) -> "EngineWatcher":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+
+    def check_once(self, client: httpx.Client) -> None:
+        for url in list(self.urls):
+            try:
+                client.get(url + "/health")
+                self._strikes[url] = 0
+            except (httpx.ConnectError, httpx.RemoteProtocolError):
+                self._strikes[url] += 1
+            except httpx.HTTPError:  # a timeout: busy, not dead
+                continue
+            if self._strikes[url] >= self.failures:
+                logger.warning("engine %s stopped accepting connections; removing it from the router", url)
+                try:
+                    self.router.remove_worker(url)
+                except (httpx.HTTPError, SlimeError) as e:
+                    logger.warning("could not remove %s from the router: %s", url, e)
+                    continue
+                self.urls.remove(url)
+                self.removed.append(url)
+                if self.on_removed is not None:
+                    self.on_removed(url)
+
+    def _run(self) -> None:
+        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as client:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.check_once(client)
+                except Exception:  # noqa: BLE001 - the watcher must outlive a bad probe
+                    logger.exception("engine watcher probe failed")
+
+
+# --------------------------------------------------------------------------------- router process
+def _watch_parent(parent_pid: int) -> None:
+    """Fork a tiny watchdog: when `parent_pid` dies, SIGTERM this process (then SIGKILL).
+
+    sglang-router's `start()` holds the GIL while it serves, so a thread cannot do this.
+    """
+    router_pid = os.getpid()
+    if os.fork() != 0:
+        return
     try:
-        import sglang_router  # noqa: F401
-    except ImportError as e:
-        raise SlimeError(
-            "several engines need a router: `pip install sglang-router` (or use --rollout-num-gpus equal to "
-            "--rollout-num-gpus-per-engine for one engine)"
-        ) from e
-    host, port, metrics_port = "127.0.0.1", _free_port(), _free_port()
-    log = open(Path(args.run_dir) / "logs" / "router.log", "ab")
-    cmd = [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port),
-           "--prometheus-host", host, "--prometheus-port", str(metrics_port), "--policy", policy,
-           "--model-path", args.hf_checkpoint, "--worker-urls", *worker_urls]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    router = RouterProcess(host, port, proc)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SlimeError(f"sglang-router exited with code {proc.returncode}; see {log.name}")
-        try:
-            if httpx.get(router.url + "/health", timeout=1).status_code == 200:
-                return router
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    router.stop()
-    raise SlimeError(f"sglang-router did not become healthy in 60 s; see {log.name}")
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != router_pid:  # the router itself is gone
+                os._exit(0)
+            try:
+                os.kill(parent_pid, 0)
+                with open(f"/proc/{parent_pid}/stat") as f:
+                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                        raise ProcessLookupError
+            except (ProcessLookupError, FileNotFoundError):
+                break
+            except OSError:
+                pass
+        os.kill(router_pid, signal.SIGTERM)
+        time.sleep(5)
+        os.kill(router_pid, signal.SIGKILL)
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m slime.engine.router --parent-pid P --policy POLICY <sglang-router args>`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    policy, parent_pid, rest = DEFAULT_ROUTER_POLICY, None, []
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--policy":
+            policy, i = argv[i + 1], i + 2
+        elif argv[i] == "--parent-pid":
+            parent_pid, i = int(argv[i + 1]), i + 2
+        else:
+            rest.append(argv[i])
+            i += 1
+    from sglang_router.launch_router import launch_router, parse_router_args
+
+    router_args = parse_router_args(rest)
+    router_args.policy = policy  # consistent_hashing exists only here, not in the CLI's choices
+    if parent_pid:
+        _watch_parent(parent_pid)
+    launch_router(router_args)
+
+
+if __name__ == "__main__":
+    main()

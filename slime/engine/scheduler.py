@@ -55,6 +55,7 @@ class Req:
     stop_ids: frozenset = frozenset()
     created: float = field(default_factory=time.perf_counter)
     weight_version: str = ""
+    cached_tokens: int = 0  # prompt tokens whose prefill was shared with another request
     error: BaseException | None = None
     delivered: bool = False
     # delivery: the server sets these
@@ -320,6 +321,8 @@ class Scheduler:
         max_new = max(r.params.max_new_tokens - len(r.output_ids) for r in rows)
         prompts = [r.input_ids + r.output_ids for r in rows]
         last, all_logits, state = runner.prefill(prompts, max_new, full_logits=any(need_input_lp))
+        for r, shared, p in zip(rows, state.shared, prompts):
+            r.cached_tokens = len(p) if shared else 0
         if all_logits is not None:
             width = all_logits.shape[1]
             for i, r in enumerate(rows):

@@ -83,6 +83,8 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process is gone (no orphan servers)")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="do not share the prefill of identical prompts in a batch (SGLang's flag name)")
     p.add_argument("--mem-fraction-static", type=float, default=None,
                    help="accepted for SGLang compatibility; ignored (the CPU engine allocates per batch)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
@@ -142,6 +144,7 @@ class EngineState:
         self.runner = ModelRunner(
             args.model_path, dtype=args.dtype, context_length=args.context_length,
             tokenizer_path=args.tokenizer_path, trust_remote_code=args.trust_remote_code,
+            share_prefix=not args.disable_radix_cache,
         )
         self.model_path = args.model_path
         self.scheduler = Scheduler(
@@ -183,7 +186,7 @@ class EngineState:
             "finish_reason": fr,
             "prompt_tokens": len(r.input_ids),
             "completion_tokens": len(r.output_ids),
-            "cached_tokens": 0,
+            "cached_tokens": r.cached_tokens,
             "weight_version": r.weight_version or self.scheduler.weight_version,
             "e2e_latency": time.perf_counter() - r.created,
         }

@@ -61,16 +61,23 @@ def engine_launch_args(args: Namespace, rank: int, num_threads: int) -> tuple[st
 class EngineActor:
     """Owns one engine server process; Ray decides where it runs."""
 
-    def __init__(self, args: Namespace, rank: int, num_threads: int) -> None:
+    def __init__(self, args: Namespace, rank: int, num_threads: int, base_gpu_id: int = 0) -> None:
         self.args, self.rank, self.num_threads = args, rank, num_threads
+        self.base_gpu_id = base_gpu_id  # the engine's first GPU slot (its bundle), for SGLang
         self.process = None
 
     def start(self) -> str:
         from slime.engine.launcher import EngineProcess
 
-        host, port, threads, extra = engine_launch_args(self.args, self.rank, self.num_threads)
         log_path = Path(self.args.run_dir) / "logs" / f"engine_{self.rank}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        if getattr(self.args, "rollout_backend", "builtin") == "sglang":  # real SGLang on GPUs (not run here)
+            from slime.engine.sglang_backend import start_sglang_server
+
+            self.process = start_sglang_server(self.args, self.rank, self.base_gpu_id, log_path)
+            self.process.wait_until_healthy(timeout=1200)
+            return self.process.url
+        host, port, threads, extra = engine_launch_args(self.args, self.rank, self.num_threads)
         self.process = EngineProcess.start(
             self.args.hf_checkpoint, host=host, port=port, num_threads=threads,
             extra_args=extra, log_path=str(log_path),
@@ -98,16 +105,24 @@ def _raise_if_all_failed(groups: list[list[Any]], rollout_id: int) -> None:
 @ray.remote
 class RolloutManager:
     def __init__(self, args: Namespace, placement: Placement) -> None:
+        # Set-up happens in init(): an error there reaches the driver as the error it is
+        # (a failing actor constructor only surfaces as "actor died").
+        self.args, self.placement = args, placement
+        self.engines: list[Any] = []
+        self.router = None
+        self.watcher = None
+
+    def init(self) -> None:
         from slime.data.data_source import RolloutDataSource
         from slime.utils.misc import load_function
 
-        self.args = args
+        args, placement = self.args, self.placement
         _, engine_threads = thread_budget(args)
         if args.sglang_router_ip is None:
             self.engines = [
                 EngineActor.options(
                     num_cpus=placement.engine_cpus, scheduling_strategy=placement.strategy(bundle)
-                ).remote(args, rank, engine_threads)
+                ).remote(args, rank, engine_threads, base_gpu_id=bundle)
                 for rank, bundle in enumerate(placement.engine_bundles)
             ]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
@@ -115,10 +130,12 @@ class RolloutManager:
             if len(self.engine_urls) == 1:
                 host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
             else:
-                from slime.engine.router import start_router
+                from slime.engine.router import EngineWatcher, start_router
 
-                self.router = start_router(args, self.engine_urls)
+                self.router = start_router(args, self.engine_urls)  # --router-policy
                 host, port = self.router.host, self.router.port
+                # An engine that dies is removed from the router; retried requests go to live ones.
+                self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
             args.sglang_router_ip, args.sglang_router_port = host, int(port)
         else:  # an external router/engine the user runs
             self.engines, self.router = [], None
@@ -136,7 +153,13 @@ class RolloutManager:
                 self.data_source.load(str(state))
 
     def get_engine_urls(self) -> list[str]:
+        """The live engines (one removed by the engine watcher is gone from here too)."""
         return list(self.engine_urls)
+
+    def _engine_removed(self, url: str) -> None:
+        logger.warning("engine %s died and was removed from the router; %d engines remain", url,
+                       len(self.engine_urls) - 1)
+        self.engine_urls = [u for u in self.engine_urls if u != url]
 
     def generate(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
         from slime.rollout.train_data import rollout_metrics, samples_to_train_data
@@ -163,7 +186,7 @@ class RolloutManager:
     def _each_engine(self, method: str) -> None:
         from slime.engine.client import client_for
 
-        for url in self.engine_urls:
+        for url in list(self.engine_urls):
             getattr(client_for(url), method)()
 
     def offload(self) -> None:
@@ -178,6 +201,8 @@ class RolloutManager:
         self.data_source.save(os.path.join(directory, "rollout_state.json"))
 
     def dispose(self) -> None:
+        if self.watcher is not None:
+            self.watcher.stop()
         if self.router is not None:
             self.router.stop()
         ray.get([e.stop.remote() for e in self.engines])

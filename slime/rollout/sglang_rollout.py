@@ -19,7 +19,7 @@ from typing import Any
 
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.utils.async_utils import run
-from slime.utils.http_utils import post
+from slime.utils.http_utils import post, session_headers
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -112,7 +112,7 @@ async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, A
     state = GenerateState(args)
     prompt_ids = _prompt_ids(state, sample)
     payload = {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True}
-    output = await post(engine_url(args), payload)
+    output = await post(engine_url(args), payload, headers=session_headers(sample.session_id))
     return _apply_output(sample, prompt_ids, output)
 
 
@@ -125,7 +125,7 @@ async def _generate_group_batched(args: Namespace, group: list[Sample], sampling
         "sampling_params": dict(sampling_params),  # one dict for the batch: what sglang-router accepts too
         "return_logprob": True,
     }
-    outputs = await post(engine_url(args), payload)
+    outputs = await post(engine_url(args), payload, headers=session_headers(group[0].session_id))
     for sample, output in zip(group, outputs):
         _apply_output(sample, prompt_ids, output)
 

@@ -13,25 +13,40 @@ from typing import Any
 
 import torch
 
-from slime.algorithms.advantages import group_normalize_rewards
+from slime.algorithms.advantages import dapo_overlong_penalty, group_normalize_rewards, rloo_rewards
 from slime.utils.types import Sample
 
 NOT_TRAINABLE = (Sample.Status.FAILED, Sample.Status.ABORTED)
 
 
 def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[float], list[float]]:
-    """(raw rewards, rewards the trainer uses). GRPO normalises within each prompt's group."""
+    """(raw rewards, rewards the trainer uses), slime's ``_post_process_rewards``.
+
+    The DAPO overlong penalty (``--overlong-buffer-len``) is added first; then, per prompt group,
+    grpo / gspo subtract the mean and divide by the std (mean only with
+    ``--disable-grpo-std-normalization``), reinforce_plus_plus_baseline subtracts the mean, rloo
+    subtracts the mean of the *other* samples. ``--disable-rewards-normalization`` skips the group
+    step; ppo and reinforce_plus_plus always see the (penalised) rewards.
+    """
     raw = [s.get_reward_value(args) if s.status not in NOT_TRAINABLE else 0.0 for s in samples]
     if args.loss_type == "sft_loss":
         return raw, raw
-    if args.advantage_estimator == "grpo":
-        normed = group_normalize_rewards(
-            torch.tensor(raw, dtype=torch.float32),
-            args.n_samples_per_prompt,
-            std_normalization=not args.disable_grpo_std_normalization,
-        )
-        return raw, normed.tolist()
-    return raw, raw
+    rewards = list(raw)
+    if getattr(args, "overlong_buffer_len", None):
+        penalty = dapo_overlong_penalty([s.response_length for s in samples], args.rollout_max_response_len,
+                                        args.overlong_buffer_len, args.overlong_penalty_factor)
+        rewards = [r + p for r, p in zip(rewards, penalty)]
+    est, g = args.advantage_estimator, args.n_samples_per_prompt
+    if getattr(args, "disable_rewards_normalization", False) or est in ("ppo", "reinforce_plus_plus"):
+        return raw, rewards
+    t = torch.tensor(rewards, dtype=torch.float32)
+    if est in ("grpo", "gspo"):
+        t = group_normalize_rewards(t, g, std_normalization=not args.disable_grpo_std_normalization)
+    elif est == "reinforce_plus_plus_baseline":
+        t = group_normalize_rewards(t, g, std_normalization=False)
+    elif est == "rloo":
+        t = rloo_rewards(t, g)
+    return raw, t.tolist()
 
 
 def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[str, Any]:
@@ -56,6 +71,11 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
     }
     if all(s.rollout_log_probs is not None for s in samples):
         data["rollout_log_probs"] = [list(s.rollout_log_probs) for s in samples]
+    # On-policy distillation with a served teacher (--opd-type sglang): a hook fills these.
+    teacher = [getattr(s, "teacher_log_probs", None) or (s.train_metadata or {}).get("teacher_log_probs")
+               for s in samples]
+    if samples and all(t is not None for t in teacher):
+        data["teacher_log_probs"] = [list(t) for t in teacher]
     return data
 
 
@@ -71,6 +91,10 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
     }
     if args.loss_type != "sft_loss":  # SFT samples are not graded: no reward to report
         metrics["rollout/raw_reward"] = sum(data["raw_reward"]) / n
+        if getattr(args, "overlong_buffer_len", None):
+            penalty = dapo_overlong_penalty(lengths, args.rollout_max_response_len, args.overlong_buffer_len,
+                                            args.overlong_penalty_factor)
+            metrics["rollout/overlong_penalty"] = sum(penalty) / n
     for status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED, Sample.Status.FAILED):
         metrics[f"rollout/status/{status.value}"] = float(sum(s.status == status for s in samples))
     # Groups whose rewards are all equal give GRPO zero advantage: worth watching.

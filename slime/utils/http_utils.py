@@ -82,13 +82,14 @@ def _error_message(status: int, text: str) -> str:
     return text.strip()[:2000] or f"HTTP {status}"
 
 
-async def _request(method: str, url: str, payload: Any, max_retries: int, retry_interval: float) -> Any:
+async def _request(method: str, url: str, payload: Any, max_retries: int, retry_interval: float,
+                   headers: dict[str, str] | None = None) -> Any:
     last: BaseException | None = None
     attempts = max(1, int(max_retries))
     for attempt in range(attempts):
         try:
             session = await _session()
-            async with session.request(method, url, json=payload) as resp:
+            async with session.request(method, url, json=payload, headers=headers) as resp:
                 text = await resp.text()
                 if resp.status >= 500:
                     last = HTTPRequestError(f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}",
@@ -114,15 +115,31 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
                            url)
 
 
-async def post(url: str, payload: Any, max_retries: int = 60, retry_interval: float = 1.0) -> Any:
+async def post(url: str, payload: Any, max_retries: int = 60, retry_interval: float = 1.0,
+               headers: dict[str, str] | None = None) -> Any:
     """POST `payload` as JSON and return the decoded JSON answer.
 
     Connection errors and 5xx answers are retried (`max_retries` attempts in all, `retry_interval`
-    seconds apart); a 4xx raises `HTTPRequestError` at once with the server's message.
+    seconds apart); a 4xx raises `HTTPRequestError` at once with the server's message. `headers`
+    are sent with every attempt (e.g. `session_headers(session_id)` for router session affinity).
     """
-    return await _request("POST", url, payload, max_retries, retry_interval)
+    return await _request("POST", url, payload, max_retries, retry_interval, headers)
 
 
-async def get(url: str, max_retries: int = 1, retry_interval: float = 1.0) -> Any:
+async def get(url: str, max_retries: int = 1, retry_interval: float = 1.0,
+              headers: dict[str, str] | None = None) -> Any:
     """GET `url` and return the decoded JSON answer (same error rules as `post`)."""
-    return await _request("GET", url, None, max_retries, retry_interval)
+    return await _request("GET", url, None, max_retries, retry_interval, headers)
+
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+
+
+def session_headers(session_id: str | None) -> dict[str, str] | None:
+    """The router's routing-key header for one multi-turn trajectory (None without a session).
+
+    With `--router-policy consistent_hashing` (or `manual`, or the built-in dispatcher) every
+    request carrying the same key lands on the same engine, as slime does for multi-turn rollouts:
+    `await post(url, payload, headers=session_headers(sample.session_id))`.
+    """
+    return {ROUTING_KEY_HEADER: str(session_id)} if session_id is not None else None

@@ -39,6 +39,9 @@ class Sample:
     metadata: dict[str, Any] = field(default_factory=dict)
     # train_metadata: extra per-sample data a custom loss may need
     train_metadata: dict[str, Any] | None = None
+    # session_id: one multi-turn trajectory; its requests carry it in the router's routing-key
+    # header (`X-SMG-Routing-Key`), so `--router-policy consistent_hashing` keeps it on one engine
+    session_id: str | None = None
 
     def get_reward_value(self, args: Any) -> float:
         """The scalar reward; a dict reward is read at `args.reward_key` (slime's convention)."""

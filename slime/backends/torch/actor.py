@@ -4,6 +4,10 @@ One rank is a plain module; several ranks form a gloo process group and the mode
 sharded with FSDP2 `fully_shard`, so scaling out is a configuration change. Each rank
 takes its slice of every global batch; gradients are averaged by FSDP (or are local when
 there is one rank), so the loss is normalised by the per-rank share of the global batch.
+
+Models a rank may hold besides the policy: the reference (KL loss or KL in the reward), the
+old actor (`--keep-old-actor`), the OPD teacher (`--opd-type megatron`) and the PPO critic
+(`slime/backends/torch/critic.py`). The RL math is in `slime/backends/torch/loss.py`.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ import ray
 import torch
 import torch.distributed as dist
 
-from slime.algorithms.advantages import expand_to_tokens
-from slime.algorithms.kl import compute_approx_kl
-from slime.algorithms.losses import policy_loss_ppo_clip, reduce_loss, sft_loss
-from slime.backends.torch.batching import make_micro_batch, pack, response_log_probs
+from slime.algorithms.losses import reduce_loss, sft_loss
+from slime.backends.torch.batching import (
+    build_micro_batch, make_micro_batch, pack, plan_micro_batches, response_log_probs,
+)
+from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
+from slime.backends.torch.optim import build_optimizer
 from slime.utils.threads import configure_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -52,20 +58,45 @@ class TrainActor:
         self.model.config.use_cache = False
         if self.world_size > 1:
             self._shard(self.model)
-        self.ref_model = None
-        if self.args.use_kl_loss:
-            self.ref_model = AutoModelForCausalLM.from_pretrained(self.args.ref_load, dtype=torch.float32)
-            self.ref_model.eval().requires_grad_(False)
+        a = self.args
 
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=self.args.lr, betas=(self.args.adam_beta1, self.args.adam_beta2),
-            eps=self.args.adam_eps, weight_decay=self.args.weight_decay,
-        )
+        def frozen(path: str) -> torch.nn.Module:
+            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+
+        self.ref_model = frozen(a.ref_load) if (a.use_kl_loss or a.kl_coef != 0.0) else None
+        self.teacher_model = frozen(a.opd_teacher_load) if (a.use_opd and a.opd_type == "megatron") else None
+        # The weights the engines serve; the policy drifts from them during a rollout's steps.
+        self.old_actor = frozen(a.hf_checkpoint) if a.keep_old_actor else None
+        self.critic = None
+        if a.use_critic:
+            from slime.backends.torch.critic import Critic
+
+            self.critic = Critic(a, self.world_size, lambda m: self._shard_module(m))
+
+        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), a, lr=a.lr, warmup=a.lr_warmup_iters)
         self.pad_id = self.model.config.pad_token_id or 0
         start = 0
         if self.args.load:
             start = checkpoint.load(self, self.args.load)
+        self._snapshot_old_actor()
         return start
+
+    def _shard_module(self, module: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import fully_shard
+
+        fully_shard(module)
+
+    def _snapshot_old_actor(self) -> None:
+        if self.old_actor is not None:
+            self.old_actor.load_state_dict(self._full_state_every_rank())
+
+    def _full_state_every_rank(self) -> dict[str, torch.Tensor]:
+        """Full weights on every rank (the frozen copies are unsharded on each rank)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        if self.world_size == 1:
+            return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
 
     def _shard(self, model: torch.nn.Module) -> None:
         from torch.distributed.fsdp import fully_shard
@@ -82,15 +113,86 @@ class TrainActor:
         per_rank = size // self.world_size
         return list(range(start + self.rank * per_rank, start + (self.rank + 1) * per_rank))
 
+    def _plan(self, data: dict[str, Any], indices: list[int]) -> list[list[int]]:
+        a = self.args
+        return plan_micro_batches(data, indices, a.micro_batch_size,
+                                  a.max_tokens_per_gpu if a.use_dynamic_batch_size else None)
+
+    def _micro_batch(self, data: dict[str, Any], indices: list[int]):
+        return build_micro_batch(data, indices, self.args.use_dynamic_batch_size, self.pad_id)
+
     @torch.no_grad()
     def _forward_only(self, data: dict[str, Any], indices: list[int], model: torch.nn.Module) -> list[torch.Tensor]:
         out: list[torch.Tensor] = []
-        mbs = self.args.micro_batch_size
-        for i in range(0, len(indices), mbs):
-            mb = make_micro_batch(data, indices[i : i + mbs], self.pad_id)
-            lp, _ = response_log_probs(model, mb, self.args.rollout_temperature)
+        was_training = model.training
+        model.eval()
+        for mb_indices in self._plan(data, indices):
+            mb = self._micro_batch(data, mb_indices)
+            lp, _ = response_log_probs(model, mb, self.args.rollout_temperature,
+                                       chunk_size=self.args.log_probs_chunk_size)
             out += list(torch.split(lp, mb.response_lengths))
+        model.train(was_training)
         return out
+
+    def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world_size > 1:
+            t = t.clone()
+            dist.all_reduce(t)
+        return t
+
+    def _prepare_rl_data(self, data: dict[str, Any], mine: list[int]) -> dict[str, float]:
+        """Old / reference / teacher log-probs, critic values, advantages and returns for this rank's samples."""
+        args = self.args
+        extra: dict[str, float] = {}
+        if args.use_rollout_logprobs:
+            old = [torch.as_tensor(data["rollout_log_probs"][i], dtype=torch.float32) for i in mine]
+        else:
+            old = self._forward_only(data, mine, self.old_actor if self.old_actor is not None else self.model)
+            data["train_log_probs"] = dict(zip(mine, old))
+        data["old_log_probs"] = dict(zip(mine, old))
+        if self.ref_model is not None:
+            data["ref_log_probs"] = dict(zip(mine, self._forward_only(data, mine, self.ref_model)))
+        rollout_data: dict[str, Any] = {
+            "log_probs": old,
+            "rewards": [data["rewards"][i] for i in mine],
+            "loss_masks": [data["loss_masks"][i] for i in mine],
+            "response_lengths": [data["response_lengths"][i] for i in mine],
+        }
+        if self.ref_model is not None:
+            rollout_data["ref_log_probs"] = [data["ref_log_probs"][i] for i in mine]
+        if "rollout_log_probs" in data:
+            rollout_data["rollout_log_probs"] = [torch.as_tensor(data["rollout_log_probs"][i]) for i in mine]
+        if self.teacher_model is not None:
+            rollout_data["teacher_log_probs"] = self._forward_only(data, mine, self.teacher_model)
+        elif "teacher_log_probs" in data:
+            rollout_data["teacher_log_probs"] = [data["teacher_log_probs"][i] for i in mine]
+        if self.critic is not None:
+            rollout_data["values"] = self.critic.values(data, mine)
+            data["values"] = dict(zip(mine, rollout_data["values"]))
+        compute_advantages_and_returns(args, rollout_data, self._sum_over_ranks)
+        data["advantages"] = dict(zip(mine, rollout_data["advantages"]))
+        data["returns"] = dict(zip(mine, rollout_data["returns"]))
+
+        masks = [torch.as_tensor(m, dtype=torch.bool) for m in rollout_data["loss_masks"]]
+
+        def token_mean(xs: list[torch.Tensor]) -> float:
+            s = self._sum_over_ranks(torch.tensor([sum(float(x[m].sum()) for x, m in zip(xs, masks)),
+                                                   float(sum(int(m.sum()) for m in masks))], dtype=torch.float64))
+            return float(s[0] / max(float(s[1]), 1.0))
+
+        adv = rollout_data["advantages"]
+        mean = token_mean(adv)
+        extra["rollout/advantages"] = mean
+        extra["rollout/advantages_std"] = max(token_mean([(a - mean) ** 2 for a in adv]), 0.0) ** 0.5
+        extra["rollout/returns"] = token_mean(rollout_data["returns"])
+        if self.critic is not None:
+            extra["rollout/values"] = token_mean(rollout_data["values"])
+        if "opd_reverse_kl" in rollout_data:
+            extra["train/opd_reverse_kl"] = token_mean(rollout_data["opd_reverse_kl"])
+        if "rollout_log_probs" in data:
+            diffs = [(o - r).abs() for o, r in zip(old, rollout_data["rollout_log_probs"])]
+            extra["train/train_rollout_logprob_abs_diff"] = token_mean(diffs)
+        return extra
 
     def train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         """One rollout's worth of optimizer steps. Returns rank-averaged metrics."""
@@ -99,60 +201,53 @@ class TrainActor:
         n = len(data["tokens"])
         mine = [i for s in range(0, n, args.global_batch_size) for i in self._my_slice(s, args.global_batch_size)]
         extra: dict[str, float] = {}
-
-        if args.loss_type == "policy_loss":
-            # Old policy = the weights that generated (recomputed here, or the engine's own log-probs).
-            old = {}
-            if args.use_rollout_logprobs:
-                old = {i: torch.as_tensor(data["rollout_log_probs"][i]) for i in mine}
-            else:
-                was_training = self.model.training
-                self.model.eval()
-                old = dict(zip(mine, self._forward_only(data, mine, self.model)))
-                self.model.train(was_training)
-            data["old_log_probs"] = old
-            if self.ref_model is not None:
-                data["ref_log_probs"] = dict(zip(mine, self._forward_only(data, mine, self.ref_model)))
-            adv = expand_to_tokens(torch.as_tensor(data["rewards"], dtype=torch.float32), data["response_lengths"])
-            data["advantages"] = {i: adv[i] for i in mine}
-            if "rollout_log_probs" in data:
-                diffs = [(old[i] - torch.as_tensor(data["rollout_log_probs"][i])).abs() for i in mine]
-                masks = [torch.as_tensor(data["loss_masks"][i], dtype=torch.bool) for i in mine]
-                tot = sum(float(d[m].sum()) for d, m in zip(diffs, masks))
-                cnt = sum(int(m.sum()) for m in masks)
-                extra["train/train_rollout_logprob_abs_diff"] = tot / max(cnt, 1)
+        if args.loss_type != "sft_loss":
+            extra = self._prepare_rl_data(data, mine)
+        critic_only = self.critic is not None and rollout_id < args.num_critic_only_steps
 
         sums: dict[str, float] = {}
         per_rank_gbs = args.global_batch_size // self.world_size
         for step_start in range(0, len(mine), per_rank_gbs):
             step_indices = mine[step_start : step_start + per_rank_gbs]
-            for k, v in self._optimizer_step(data, step_indices).items():
+            reduce_kw = self._reduce_kw(data, step_indices)
+            step_metrics: dict[str, float] = {}
+            if self.critic is not None:
+                step_metrics.update(self.critic.train_step(data, step_indices, reduce_kw))
+            if not critic_only:
+                step_metrics.update(self._optimizer_step(data, step_indices, reduce_kw))
+            for k, v in step_metrics.items():
                 sums[k] = sums.get(k, 0.0) + v
         steps = max(1, len(mine) // per_rank_gbs)
         metrics = {k: v / steps for k, v in sums.items()}
         metrics.update(extra)
         metrics = self._all_reduce_mean(metrics)
-        metrics["train/lr"] = self.optimizer.param_groups[0]["lr"]
+        if args.ref_update_interval and self.ref_model is not None and (rollout_id + 1) % args.ref_update_interval == 0:
+            self.ref_model.load_state_dict(self._full_state_every_rank())
         metrics["perf/train_time"] = time.perf_counter() - t0
-        for key in ("old_log_probs", "ref_log_probs", "advantages"):
+        for key in ("old_log_probs", "train_log_probs", "ref_log_probs", "advantages", "returns", "values"):
             data.pop(key, None)
         return metrics
 
-    def _optimizer_step(self, data: dict[str, Any], indices: list[int]) -> dict[str, float]:
+    def _reduce_kw(self, data: dict[str, Any], indices: list[int]) -> dict[str, Any]:
+        """Global-batch denominators of slime's two reductions (same for every micro-batch of the step)."""
         args = self.args
         num_tokens = float(sum(sum(data["loss_masks"][i]) for i in indices))
         if args.calculate_per_token_loss and self.world_size > 1:
             t = torch.tensor([num_tokens])
             dist.all_reduce(t)
             num_tokens = float(t) / self.world_size  # FSDP averages grads over ranks
-        reduce_kw = dict(calculate_per_token_loss=args.calculate_per_token_loss,
-                         num_samples=len(indices), num_tokens=max(num_tokens, 1.0))
+        return dict(calculate_per_token_loss=args.calculate_per_token_loss,
+                    num_samples=len(indices), num_tokens=max(num_tokens, 1.0))
+
+    def _optimizer_step(self, data: dict[str, Any], indices: list[int], reduce_kw: dict[str, Any]) -> dict[str, float]:
+        args = self.args
         stats: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for i in range(0, len(indices), args.micro_batch_size):
-            mb = make_micro_batch(data, indices[i : i + args.micro_batch_size], self.pad_id)
+        for mb_indices in self._plan(data, indices):
+            mb = self._micro_batch(data, mb_indices)
             masks = mb.loss_masks
-            log_probs, entropy = response_log_probs(self.model, mb, args.rollout_temperature, with_entropy=True)
+            log_probs, entropy = response_log_probs(self.model, mb, args.rollout_temperature, with_entropy=True,
+                                                    chunk_size=args.log_probs_chunk_size)
 
             def red(x: torch.Tensor) -> torch.Tensor:
                 return reduce_loss(x, mb.response_lengths, masks, **reduce_kw)
@@ -160,19 +255,10 @@ class TrainActor:
             if args.loss_type == "sft_loss":
                 loss = sft_loss(log_probs, mb.response_lengths, masks, **reduce_kw)
                 parts = {"train/loss": loss}
+            elif args.loss_type == "custom_loss":
+                loss, parts = self._custom_loss(data, mb, red)
             else:
-                old = pack(data["old_log_probs"], mb.indices)
-                adv = pack(data["advantages"], mb.indices)
-                pg, clipfrac, ppo_kl = policy_loss_ppo_clip(log_probs, old, adv, args.eps_clip, args.eps_clip_high)
-                pg_loss, entropy_loss = red(pg), red(entropy)
-                loss = pg_loss - args.entropy_coef * entropy_loss
-                parts = {"train/pg_loss": pg_loss, "train/pg_clipfrac": red(clipfrac), "train/ppo_kl": red(ppo_kl),
-                         "train/entropy_loss": entropy_loss}
-                if self.ref_model is not None:
-                    ref = pack(data["ref_log_probs"], mb.indices)
-                    kl_loss = red(compute_approx_kl(log_probs, ref, args.kl_loss_type))
-                    loss = loss + args.kl_loss_coef * kl_loss
-                    parts["train/kl_loss"] = kl_loss
+                loss, parts = policy_loss(args, data, mb, log_probs, entropy, red)
                 parts["train/loss"] = loss
             loss.backward()
             for k, v in parts.items():  # each part is already this micro-batch's share of the step
@@ -181,13 +267,33 @@ class TrainActor:
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
         grad_norm = float(grad_norm)
+        stats["train/lr"] = self.optimizer.param_groups[0]["lr"]
         if math.isfinite(grad_norm):
             self.optimizer.step()
         else:
             logger.warning("non-finite grad norm (%s): optimizer step skipped", grad_norm)
+        self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         stats["train/grad_norm"] = grad_norm
         return stats
+
+    def _custom_loss(self, data: dict[str, Any], mb, red) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``--custom-loss-function-path``: ``fn(args, batch, logits, sum_of_sample_mean) -> (loss, metrics)``.
+
+        ``logits`` are the response-aligned logits ``[sum R_i, V]`` (row j predicts response token j;
+        not divided by the temperature); ``batch`` holds this micro-batch's per-sample lists.
+        """
+        from slime.utils.misc import load_function
+
+        fn = load_function(self.args.custom_loss_function_path, arg_name="--custom-loss-function-path")
+        logits = mb.forward(self.model)[mb.rows, mb.cols]
+        batch = {"response_lengths": mb.response_lengths, "loss_masks": mb.loss_masks,
+                 "response_tokens": list(torch.split(mb.targets, mb.response_lengths)),
+                 **{k: [data[k][i] for i in mb.indices] for k in ("old_log_probs", "ref_log_probs", "advantages",
+                                                                  "returns", "rollout_log_probs", "rewards")
+                    if k in data}}
+        loss, metrics = fn(self.args, batch, logits, red)
+        return loss, {(k if k.startswith("train/") else f"train/{k}"): v for k, v in metrics.items()}
 
     def _all_reduce_mean(self, metrics: dict[str, float]) -> dict[str, float]:
         if self.world_size == 1:
@@ -214,6 +320,7 @@ class TrainActor:
         state = self.full_state_dict()
         if self.is_rank0():
             push_weights(engine_urls, state, weight_version=weight_version)
+        self._snapshot_old_actor()  # the engines now serve these weights
         return time.perf_counter() - t0
 
     def check_weight_parity(self, engine_url: str, token_ids: list[int]) -> float:

@@ -47,13 +47,16 @@ def save(actor: "TrainActor", rollout_id: int) -> str:
     model_state = actor.full_state_dict()
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     optim_state = get_optimizer_state_dict(actor.model, actor.optimizer, options=opts)
+    critic_state = actor.critic.state() if actor.critic is not None else None
     if actor.is_rank0():
         out.mkdir(parents=True, exist_ok=True)
         module = actor.model
         module.save_pretrained(out, state_dict=model_state, safe_serialization=True)
         AutoTokenizer.from_pretrained(actor.args.hf_checkpoint).save_pretrained(out)
-        torch.save({"optimizer": optim_state, "rollout_id": rollout_id,
+        torch.save({"optimizer": optim_state, "rollout_id": rollout_id, "scheduler": actor.scheduler.state_dict(),
                     "rng": torch.get_rng_state()}, out / "trainer_state.pt")
+        if critic_state is not None:  # value head + backbone + its optimizer, to resume PPO
+            torch.save(critic_state, out / "critic_state.pt")
         (Path(actor.args.save) / TRACKER).write_text(f"{rollout_id}\n")
     if actor.world_size > 1:
         dist.barrier()
@@ -78,4 +81,8 @@ def load(actor: "TrainActor", load_path: str) -> int:
     set_model_state_dict(actor.model, weights, options=opts)
     set_optimizer_state_dict(actor.model, actor.optimizer, state["optimizer"], options=opts)
     torch.set_rng_state(state["rng"])
+    if "scheduler" in state:
+        actor.scheduler.load_state_dict(state["scheduler"])
+    if actor.critic is not None and (ckpt / "critic_state.pt").exists():
+        actor.critic.load_state(torch.load(ckpt / "critic_state.pt", map_location="cpu", weights_only=False))
     return int(state["rollout_id"]) + 1

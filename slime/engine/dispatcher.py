@@ -1,0 +1,197 @@
+"""A small built-in HTTP dispatcher, used when `sglang-router` is not installed.
+
+    python -m slime.engine.dispatcher --host 127.0.0.1 --port P --worker-urls http://127.0.0.1:A ...
+
+* Requests go round robin over healthy workers; a request with `X-SMG-Routing-Key` always goes
+  to the same worker while the membership is unchanged (rendezvous hashing), as sglang-router's
+  `consistent_hashing` does.
+* A worker that refuses the connection is marked unhealthy and the request is retried on another;
+  a background probe of `/health` brings it back when it answers again.
+* `/flush_cache` goes to every worker; `/health` answers for the dispatcher itself.
+* Membership as sglang-router: `GET /workers`, `POST /workers {"url"}`, `DELETE /workers/{id}`.
+* It exits when `--parent-pid` dies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import itertools
+import logging
+import os
+import sys
+import uuid
+
+import aiohttp
+from aiohttp import web
+
+logger = logging.getLogger("slime.dispatcher")
+
+ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+_CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+
+
+class Worker:
+    def __init__(self, url: str):
+        self.id, self.url, self.healthy = str(uuid.uuid4()), url.rstrip("/"), True
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "url": self.url, "is_healthy": self.healthy}
+
+
+class Dispatcher:
+    def __init__(self, worker_urls: list[str], health_interval: float = 1.0):
+        self.workers: dict[str, Worker] = {}
+        for url in worker_urls:
+            self.add(url)
+        self.health_interval = health_interval
+        self._rr = itertools.count()
+        self.session: aiohttp.ClientSession | None = None
+
+    def add(self, url: str) -> Worker:
+        for w in self.workers.values():
+            if w.url == url.rstrip("/"):
+                return w
+        w = Worker(url)
+        self.workers[w.id] = w
+        return w
+
+    def pick(self, routing_key: str | None, exclude: set[str]) -> Worker | None:
+        live = [w for w in self.workers.values() if w.healthy and w.id not in exclude]
+        if not live:
+            return None
+        if routing_key:  # rendezvous hashing: the key stays put unless its worker leaves
+            return max(live, key=lambda w: hashlib.sha256(f"{routing_key}|{w.url}".encode()).digest())
+        return live[next(self._rr) % len(live)]
+
+    # ---- handlers
+    async def forward(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        key = request.headers.get(ROUTING_KEY_HEADER)
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        tried: set[str] = set()
+        while True:
+            worker = self.pick(key, tried)
+            if worker is None:
+                return web.json_response({"error": {"message": "no healthy worker"}}, status=503)
+            tried.add(worker.id)
+            try:
+                async with self.session.request(request.method, worker.url + request.path_qs, data=body,
+                                                headers=headers) as resp:
+                    data = await resp.read()
+                    return web.Response(body=data, status=resp.status,
+                                        content_type=resp.content_type or "application/json")
+            except _CONNECT_ERRORS as e:  # the worker is gone or going: try another one
+                logger.warning("worker %s failed (%s); marked unhealthy, retrying elsewhere", worker.url, e)
+                worker.healthy = False
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        async def one(w: Worker):
+            try:
+                async with self.session.post(w.url + "/flush_cache") as resp:
+                    return w.url, resp.status
+            except _CONNECT_ERRORS as e:
+                return w.url, f"error: {e}"
+
+        results = dict(await asyncio.gather(*(one(w) for w in list(self.workers.values()))))
+        ok = all(v == 200 for v in results.values())
+        return web.json_response({"success": ok, "workers": results}, status=200 if ok else 500)
+
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({})
+
+    async def list_workers(self, request: web.Request) -> web.Response:
+        ws = [w.to_json() for w in self.workers.values()]
+        return web.json_response({"workers": ws, "total": len(ws)})
+
+    async def add_worker(self, request: web.Request) -> web.Response:
+        try:
+            body = await request.json()
+            url = body["url"]
+            assert isinstance(url, str) and url.startswith("http")
+        except Exception:  # noqa: BLE001
+            return web.json_response({"error": {"message": 'expected {"url": "http://host:port"}'}}, status=400)
+        w = self.add(url)
+        logger.info("worker %s added (%s)", w.url, w.id)
+        return web.json_response({"status": "accepted", "worker_id": w.id, "url": w.url}, status=202)
+
+    async def remove_worker(self, request: web.Request) -> web.Response:
+        w = self.workers.pop(request.match_info["worker_id"], None)
+        if w is None:
+            return web.json_response({"error": {"message": "no such worker"}}, status=404)
+        logger.info("worker %s removed", w.url)
+        return web.json_response({"status": "accepted", "worker_id": w.id}, status=202)
+
+    async def _probe(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval)
+            for w in list(self.workers.values()):
+                if w.healthy:
+                    continue
+                try:
+                    async with self.session.get(w.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            w.healthy = True
+                            logger.info("worker %s is healthy again", w.url)
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    pass
+
+    def app(self, parent_pid: int | None = None) -> web.Application:
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/workers", self.list_workers)
+        app.router.add_post("/workers", self.add_worker)
+        app.router.add_delete("/workers/{worker_id}", self.remove_worker)
+        app.router.add_route("*", "/flush_cache", self.flush_cache)
+        app.router.add_route("*", "/{tail:.*}", self.forward)
+
+        async def on_startup(app):
+            self.session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                trust_env=False)
+            app["tasks"] = [asyncio.create_task(self._probe())]
+            if parent_pid:
+                app["tasks"].append(asyncio.create_task(_watch_parent(parent_pid)))
+
+        async def on_cleanup(app):
+            for t in app["tasks"]:
+                t.cancel()
+            await self.session.close()
+
+        app.on_startup.append(on_startup)
+        app.on_cleanup.append(on_cleanup)
+        return app
+
+
+async def _watch_parent(pid: int) -> None:
+    while True:
+        await asyncio.sleep(0.5)
+        try:
+            os.kill(pid, 0)
+            with open(f"/proc/{pid}/stat") as f:  # a zombie is dead for our purpose
+                alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (ProcessLookupError, FileNotFoundError):
+            alive = False
+        except OSError:
+            alive = True
+        if not alive:
+            logger.warning("parent process %d is gone; exiting", pid)
+            os._exit(0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m slime.engine.dispatcher")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, required=True)
+    p.add_argument("--worker-urls", nargs="*", default=[])
+    p.add_argument("--parent-pid", type=int, default=None)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    d = Dispatcher(args.worker_urls)
+    logger.info("dispatcher on http://%s:%d over %d workers", args.host, args.port, len(d.workers))
+    web.run_app(d.app(args.parent_pid), host=args.host, port=args.port, print=None, access_log=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Engines behind a router, with real processes: sglang-router (policies, membership, session
+affinity), the built-in fallback dispatcher, and an engine killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+from argparse import Namespace
+
+import httpx
+import pytest
+
+from engine_test_utils import start_engine
+from slime.engine.router import EngineWatcher, start_router
+from slime.utils.http_utils import close_sessions, post, session_headers
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture(scope="module")
+def two_engines(tiny_model_dir, tmp_path_factory):
+    engines = [start_engine(tiny_model_dir, log_dir=tmp_path_factory.mktemp(f"engine{i}")) for i in range(2)]
+    yield engines
+    for e in engines:
+        e.stop()
+
+
+def _args(tmp_path, model_dir, policy: str) -> Namespace:
+    return Namespace(run_dir=str(tmp_path), hf_checkpoint=str(model_dir), router_policy=policy)
+
+
+def _rows(engines) -> list[int]:
+    return [httpx.get(e.url + "/get_server_info").json()["stats"]["rows_run"] for e in engines]
+
+
+def _gen(ids, max_new_tokens=4):
+    return {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens,
+                                                  "temperature": 1.0},
+            "return_logprob": True}
+
+
+def _run(coro):
+    async def wrapped():
+        try:
+            return await coro
+        finally:
+            await close_sessions()
+
+    return asyncio.run(wrapped())
+
+
+def _listen_ips(port: int) -> set[str]:
+    """IPs with a listening TCP socket on `port` (from /proc/net/tcp{,6})."""
+    ips = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            local, state = fields[1], fields[3]
+            ip_hex, port_hex = local.rsplit(":", 1)
+            if state != "0A" or int(port_hex, 16) != port:
+                continue
+            if len(ip_hex) == 8:
+                ips.add(".".join(str(int(ip_hex[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+            else:
+                ips.add("::" if set(ip_hex) == {"0"} else ip_hex)
+    return ips
+
+
+def _session_spread(router_url, engines, sessions: int, per_session: int) -> list[list[int]]:
+    """Per session, how many rows each engine ran for it (requests sent one after another)."""
+    spread = []
+    for s in range(sessions):
+        before = _rows(engines)
+        for k in range(per_session):
+            _run(post(router_url + "/generate", _gen([7, 8, 9 + k]), headers=session_headers(f"traj-{s}")))
+        spread.append([b - a for a, b in zip(before, _rows(engines))])
+    return spread
+
+
+def test_sglang_router_serves_both_engines_and_binds_loopback(two_engines, tiny_model_dir, tmp_path):
+    urls = [e.url for e in two_engines]
+    router = start_router(_args(tmp_path, tiny_model_dir, "round_robin"), urls)
+    try:
+        assert router.kind == "sglang-router"
+        assert sorted(router.worker_urls()) == sorted(urls)
+        before = _rows(two_engines)
+
+        async def many():
+            return await asyncio.gather(*(post(router.url + "/generate", _gen([[5, 6, k]] * 2)) for k in range(8)))
+
+        outs = _run(many())
+        assert all(len(o) == 2 and o[0]["meta_info"]["completion_tokens"] == 4 for o in outs)
+        served = [b - a for a, b in zip(before, _rows(two_engines))]
+        assert sum(served) == 16 and all(n > 0 for n in served), served
+        assert httpx.post(router.url + "/flush_cache").status_code == 200
+        # the router, its metrics port and the engines listen on loopback only
+        for port in (router.port, router.metrics_port, *(e.port for e in two_engines)):
+            assert _listen_ips(port) == {"127.0.0.1"}, (port, _listen_ips(port))
+    finally:
+        router.stop()
+
+
+@pytest.mark.parametrize("policy", ["consistent_hashing", "manual"])
+def test_session_affinity_by_routing_key(two_engines, tiny_model_dir, tmp_path, policy):
+    router = start_router(_args(tmp_path, tiny_model_dir, policy), [e.url for e in two_engines])
+    try:
+        spread = _session_spread(router.url, two_engines, sessions=8, per_session=3)
+    finally:
+        router.stop()
+    # every request of a session ran on one engine, and the sessions used both engines
+    assert all(sorted(s) == [0, 3] for s in spread), spread
+    assert {s.index(3) for s in spread} == {0, 1}, spread
+
+
+def test_fallback_dispatcher_without_sglang_router(two_engines, tiny_model_dir, tmp_path, monkeypatch, caplog):
+    monkeypatch.setitem(sys.modules, "sglang_router", None)  # `import sglang_router` now fails
+    urls = [e.url for e in two_engines]
+    with caplog.at_level(logging.WARNING, logger="slime.engine.router"):
+        router = start_router(_args(tmp_path, tiny_model_dir, "round_robin"), urls)
+    try:
+        assert router.kind == "builtin-dispatcher"
+        assert [r.message for r in caplog.records if "sglang-router is not installed" in r.message]
+        assert _listen_ips(router.port) == {"127.0.0.1"}
+        before = _rows(two_engines)
+        for k in range(4):  # round robin: 2 requests each
+            _run(post(router.url + "/generate", _gen([5, 6, k])))
+        assert [b - a for a, b in zip(before, _rows(two_engines))] == [2, 2]
+        flushed = httpx.post(router.url + "/flush_cache").json()
+        assert flushed["success"] and sorted(flushed["workers"]) == sorted(urls)
+        spread = _session_spread(router.url, two_engines, sessions=6, per_session=2)
+        assert all(sorted(s) == [0, 2] for s in spread), spread
+        # membership: remove one engine, everything goes to the other; add it back
+        assert router.remove_worker(urls[1]) and router.worker_urls() == [urls[0]]
+        before = _rows(two_engines)
+        for k in range(3):
+            _run(post(router.url + "/generate", _gen([5, 6, k])))
+        assert [b - a for a, b in zip(before, _rows(two_engines))] == [3, 0]
+        router.add_worker(urls[1])
+        assert sorted(router.worker_urls()) == sorted(urls)
+        bad = httpx.post(router.url + "/generate", json={"input_ids": [1], "sampling_params": {"nope": 1}})
+        assert bad.status_code == 400  # the engine's 400 comes back as it is
+    finally:
+        router.stop()
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["sglang-router", "dispatcher"])
+def test_engine_killed_mid_run_is_removed_and_requests_are_retried(two_engines, tiny_model_dir, tmp_path,
+                                                                   monkeypatch, fallback):
+    if fallback:
+        monkeypatch.setitem(sys.modules, "sglang_router", None)
+    doomed = start_engine(tiny_model_dir, "--step-delay-ms", "20", log_dir=tmp_path)
+    survivor = two_engines[0]
+    router = start_router(_args(tmp_path, tiny_model_dir, "consistent_hashing"), [survivor.url, doomed.url])
+    watcher = EngineWatcher(router, [survivor.url, doomed.url], interval=0.3).start()
+    try:
+        doomed_before = _rows([doomed])[0]
+
+        async def rollout():
+            async def one(i):
+                return await post(router.url + "/generate", _gen([4, 5, i], max_new_tokens=24),
+                                  retry_interval=0.3, headers=session_headers(f"s{i}"))
+
+            tasks = [asyncio.create_task(one(i)) for i in range(12)]
+            await asyncio.sleep(0.4)
+            in_flight = httpx.get(doomed.url + "/get_load").json()["num_reqs"]
+            os.kill(doomed.pid, signal.SIGKILL)  # a crash, mid-decode
+            return in_flight, await asyncio.gather(*tasks)
+
+        in_flight, outs = _run(rollout())
+        # the doomed engine had work in flight when it died, and no request was lost
+        assert doomed_before == 0 and in_flight > 0 and doomed.proc.wait(timeout=10) == -signal.SIGKILL
+        assert len(outs) == 12 and all(o["meta_info"]["completion_tokens"] == 24 for o in outs)
+        deadline = time.time() + 10
+        while watcher.removed != [doomed.url] and time.time() < deadline:
+            time.sleep(0.1)
+        assert watcher.removed == [doomed.url]
+        assert router.worker_urls() == [survivor.url]
+        out = _run(post(router.url + "/generate", _gen([1, 2, 3]), headers=session_headers("s1")))
+        assert out["meta_info"]["completion_tokens"] == 4
+    finally:
+        watcher.stop()
+        router.stop()
+        doomed.stop()

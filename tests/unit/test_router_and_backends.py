@@ -1,0 +1,186 @@
+"""--router-policy, --rollout-backend, SGLang command construction and argument validation,
+router command lines, and the session routing-key header (no server processes)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.machinery
+import sys
+import types
+
+import pytest
+
+from slime.arguments import ROUTER_POLICIES, parse_args
+from slime.errors import SlimeError
+
+BASE = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--num-rollout", "3"]
+
+
+def test_router_policy_argument():
+    from slime.engine import router
+
+    assert ROUTER_POLICIES == router.ROUTER_POLICIES
+    assert parse_args(BASE).router_policy == "cache_aware"  # slime's (sglang-router's) default
+    assert parse_args(BASE + ["--router-policy", "consistent_hashing"]).router_policy == "consistent_hashing"
+    with pytest.raises(SlimeError, match="--router-policy.*did you mean 'consistent_hashing'"):
+        parse_args(BASE + ["--router-policy", "consistent_hash"])
+
+
+def test_rollout_backend_default_and_choice(monkeypatch):
+    from slime.engine import sglang_backend
+
+    assert parse_args(BASE).rollout_backend == "builtin"  # no CUDA, no sglang here
+    assert parse_args(BASE + ["--rollout-backend", "sglang"]).rollout_backend == "sglang"
+    with pytest.raises(SlimeError, match="--rollout-backend"):
+        parse_args(BASE + ["--rollout-backend", "vllm"])
+    monkeypatch.setattr(sglang_backend, "sglang_installed", lambda: True)
+    monkeypatch.setattr(sglang_backend, "cuda_available", lambda: False)
+    assert parse_args(BASE).rollout_backend == "builtin"
+    monkeypatch.setattr(sglang_backend, "cuda_available", lambda: True)
+    assert parse_args(BASE).rollout_backend == "sglang"
+    monkeypatch.setattr(sglang_backend, "sglang_installed", lambda: False)
+    assert parse_args(BASE).rollout_backend == "builtin"
+
+
+def test_sglang_server_command_forwards_every_sglang_arg_verbatim():
+    from slime.engine.sglang_backend import sglang_server_command
+
+    a = parse_args(BASE + ["--hf-checkpoint", "/models/qwen", "--rollout-num-gpus", "4",
+                           "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.7",
+                           "--sglang-enable-dp-attention", "--sglang-dtype=bfloat16", "--sglang-cuda-graph-bs", "1",
+                           "2", "4"])
+    host, cmd = sglang_server_command(a, rank=1, base_gpu_id=2, port=31234)
+    assert host == "127.0.0.1"
+    assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    assert cmd[3:] == ["--model-path", "/models/qwen", "--host", "127.0.0.1", "--port", "31234",
+                       "--tp-size", "2", "--base-gpu-id", "2",
+                       "--mem-fraction-static", "0.7", "--enable-dp-attention", "--dtype=bfloat16",
+                       "--cuda-graph-bs", "1", "2", "4", "--random-seed", str(a.seed + 1)]
+
+
+def test_sglang_server_command_host_port_and_owned_args():
+    from slime.engine.sglang_backend import sglang_server_command
+
+    a = parse_args(BASE + ["--hf-checkpoint", "m", "--sglang-host", "0.0.0.0", "--sglang-port", "30000",
+                           "--sglang-random-seed", "7"])
+    host, cmd = sglang_server_command(a, rank=3, base_gpu_id=3, port=1)
+    assert host == "0.0.0.0"
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd.count("--host") == 1
+    assert cmd[cmd.index("--port") + 1] == "30003" and cmd.count("--port") == 1
+    assert cmd[cmd.index("--random-seed") + 1] == "7" and cmd.count("--random-seed") == 1
+    for flag, names in [("--sglang-tp-size", "--rollout-num-gpus-per-engine"), ("--sglang-model-path", "--hf-checkpoint"),
+                        ("--sglang-base-gpu-id", "placement")]:
+        b = parse_args(BASE + ["--hf-checkpoint", "m", flag, "2"])
+        with pytest.raises(SlimeError, match=f"{flag}.*{names}"):
+            sglang_server_command(b, rank=0, base_gpu_id=0, port=1)
+
+
+@pytest.fixture
+def fake_sglang(monkeypatch):
+    """A stand-in `sglang` package whose ServerArgs parser has a few of SGLang's arguments."""
+
+    class ServerArgs:
+        @staticmethod
+        def add_cli_args(parser: argparse.ArgumentParser) -> None:
+            parser.add_argument("--model-path", required=True)
+            parser.add_argument("--host")
+            parser.add_argument("--port", type=int)
+            parser.add_argument("--mem-fraction-static", type=float)
+            parser.add_argument("--dtype", choices=["auto", "bfloat16", "float16"])
+            parser.add_argument("--enable-dp-attention", action="store_true")
+
+    pkg = types.ModuleType("sglang")
+    pkg.__spec__ = importlib.machinery.ModuleSpec("sglang", None, is_package=True)
+    srt = types.ModuleType("sglang.srt")
+    server_args = types.ModuleType("sglang.srt.server_args")
+    server_args.ServerArgs = ServerArgs
+    for name, mod in [("sglang", pkg), ("sglang.srt", srt), ("sglang.srt.server_args", server_args)]:
+        monkeypatch.setitem(sys.modules, name, mod)
+    return ServerArgs
+
+
+def test_sglang_args_validated_against_sglangs_own_parser(fake_sglang):
+    from slime.engine.sglang_backend import validate_sglang_args
+
+    validate_sglang_args(["--mem-fraction-static", "0.8", "--dtype", "bfloat16", "--enable-dp-attention"])
+    with pytest.raises(SlimeError, match="unknown engine argument --sglang-mem-fraction.*did you mean "
+                                         "--sglang-mem-fraction-static"):
+        validate_sglang_args(["--mem-fraction", "0.8"])
+    with pytest.raises(SlimeError, match="invalid --sglang-\\* arguments.*--dtype"):
+        validate_sglang_args(["--dtype", "int3"])
+    with pytest.raises(SlimeError, match="--sglang-tp-size is set by the framework"):
+        validate_sglang_args(["--tp-size", "2"])
+
+
+def test_builtin_engine_args_still_validated_against_the_builtin_parser(fake_sglang):
+    """With sglang importable, the builtin backend still checks the builtin engine's parser."""
+    from slime.preflight import check_engine_args
+
+    check_engine_args(["--max-running-requests", "8"])
+    with pytest.raises(SlimeError, match="the built-in engine has no --enable-dp-attention"):
+        check_engine_args(["--enable-dp-attention"])
+
+
+def test_sglang_backend_without_sglang_says_so():
+    from slime.engine.sglang_backend import sglang_installed, validate_sglang_args
+
+    assert not sglang_installed()
+    with pytest.raises(SlimeError, match="--rollout-backend sglang needs the `sglang` package"):
+        validate_sglang_args([])
+
+
+def test_router_command_lines_bind_loopback():
+    from slime.engine.router import dispatcher_command, sglang_router_command
+
+    cmd = sglang_router_command("consistent_hashing", "127.0.0.1", 1000, 1001, ["http://127.0.0.1:5"], "/m")
+    assert cmd[1:3] == ["-m", "slime.engine.router"]
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--prometheus-host") + 1] == "127.0.0.1"
+    assert cmd[cmd.index("--policy") + 1] == "consistent_hashing"
+    assert cmd[cmd.index("--worker-urls") + 1:] == ["http://127.0.0.1:5"]
+    with pytest.raises(SlimeError, match="--router-policy"):
+        sglang_router_command("fastest", "127.0.0.1", 1, 2, [])
+    d = dispatcher_command("127.0.0.1", 1000, [])
+    assert d[1:3] == ["-m", "slime.engine.dispatcher"] and d[d.index("--host") + 1] == "127.0.0.1"
+
+
+def test_sglang_router_python_api_takes_consistent_hashing():
+    """sglang-router's CLI lacks consistent_hashing; `slime.engine.router` sets it on RouterArgs."""
+    pytest.importorskip("sglang_router")
+    from sglang_router.launch_router import parse_router_args
+    from sglang_router.router import policy_from_str
+
+    ra = parse_router_args(["--host", "127.0.0.1", "--port", "1"])
+    ra.policy = "consistent_hashing"
+    ra._validate_router_args()
+    assert policy_from_str(ra.policy) is not None
+
+
+def test_default_generate_sends_the_session_routing_key(tiny_model_dir, monkeypatch):
+    from slime.rollout import sglang_rollout
+    from slime.utils.types import Sample
+
+    seen = []
+
+    async def fake_post(url, payload, max_retries=60, retry_interval=1.0, headers=None):
+        seen.append(headers)
+        n = len(payload["input_ids"]) if isinstance(payload["input_ids"][0], list) else None
+        one = {"text": "x", "output_ids": [5], "meta_info": {"finish_reason": {"type": "stop"},
+                                                            "output_token_logprobs": [[-0.1, 5, None]]}}
+        return [one] * n if n else one
+
+    monkeypatch.setattr(sglang_rollout, "post", fake_post)
+    args = parse_args(BASE + ["--hf-checkpoint", str(tiny_model_dir), "--sglang-router-ip", "127.0.0.1",
+                              "--sglang-router-port", "1"])
+    sglang_rollout.GenerateState.reset()
+    try:
+        params = sglang_rollout.sampling_params_from_args(args, evaluation=False)
+        s = Sample(tokens=[1, 2, 3], session_id="traj-7")
+        asyncio.run(sglang_rollout.generate(args, s, params))
+        asyncio.run(sglang_rollout.generate(args, Sample(tokens=[1, 2]), params))
+        group = [Sample(tokens=[1, 2], session_id="traj-9"), Sample(tokens=[1, 2], session_id="traj-9")]
+        asyncio.run(sglang_rollout._generate_group_batched(args, group, params))
+    finally:
+        sglang_rollout.GenerateState.reset()
+    assert seen == [{"X-SMG-Routing-Key": "traj-7"}, None, {"X-SMG-Routing-Key": "traj-9"}]
+    assert s.tokens == [1, 2, 3, 5] and s.session_id == "traj-7"
