@@ -71,6 +71,10 @@ def main() -> None:
         t1 = time.time()
         try:
             train(args)
+        except Exception as e:  # one failing estimator must not lose the others' results
+            results.append((est, f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"))
+            print(f"{est}: FAILED ({e})", flush=True)
+            continue
         finally:
             shutdown()
         rows = _rows(run_dir)
@@ -84,7 +88,11 @@ def main() -> None:
           f"from one SFT warm start ({sft_acc:.3f}); {os.cpu_count()} cores")
     print("| estimator | held-out after SFT | after RL (mean of last 2 evals) | gain | s/step | train s/step | wall (s) |")
     print("|---|---|---|---|---|---|---|")
-    for est, evals, step, train_s, wall in results:
+    for est, *res in results:
+        if len(res) == 1:
+            print(f"| {est} | {sft_acc:.3f} | {res[0]} | | | | |")
+            continue
+        evals, step, train_s, wall = res
         final = statistics.mean(evals[-2:]) if evals else float("nan")
         print(f"| {est} | {sft_acc:.3f} | {final:.3f} | {final - sft_acc:+.3f} | {step:.3f} | {train_s:.3f} | {wall:.0f} |")
 

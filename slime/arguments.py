@@ -73,6 +73,12 @@ def build_parser() -> _Parser:
     g.add_argument("--colocate", action="store_true",
                    help="Engines and trainers share the machine and take turns (engine frees its KV cache while training).")
     g.add_argument("--train-backend", choices=TRAIN_BACKENDS, default="fsdp")
+    g.add_argument("--update-weight-mode", choices=["tensor", "distributed"], default="tensor",
+                   help="Weight sync into engines: 'tensor' posts safetensors bytes to /update_weights_from_tensor; "
+                        "'distributed' broadcasts over a gloo group (/init_weights_update_group + "
+                        "/update_weights_from_distributed), as slime does for non-colocated engines.")
+    g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024 ** 2,
+                   help="Bytes per bucket of a distributed weight update (one HTTP call per bucket).")
     g.add_argument("--train-num-threads", type=int, default=None,
                    help="torch threads per trainer process (default: cores shared without oversubscription).")
 
@@ -99,6 +105,31 @@ def build_parser() -> _Parser:
     g.add_argument("--rm-type", type=str, default=None)
     g.add_argument("--custom-rm-path", type=str, default=None)
     g.add_argument("--reward-key", type=str, default=None, help="Key of a dict reward to train on.")
+    g.add_argument("--group-rm", action="store_true",
+                   help="Call the reward (--custom-rm-path or --rm-type) once per group with the whole group.")
+    g.add_argument("--rm-url", type=str, default=None, help="The reward service of --rm-type remote_rm.")
+    g.add_argument("--rm-timeout", type=float, default=120.0, help="Seconds per remote_rm request.")
+    g.add_argument("--rm-max-retries", type=int, default=10, help="remote_rm attempts per sample, in all.")
+    g.add_argument("--rm-retry-interval", type=float, default=1.0,
+                   help="remote_rm back-off: this many seconds x 2^attempt (at most 30).")
+    g.add_argument("--sandbox-timeout", type=float, default=10.0, help="--rm-type code: wall seconds per run.")
+    g.add_argument("--sandbox-cpu-time", type=float, default=5.0, help="--rm-type code: CPU seconds per run.")
+    g.add_argument("--sandbox-memory-mb", type=int, default=1024, help="--rm-type code: address-space limit.")
+    g.add_argument("--sandbox-concurrency", type=int, default=2, help="--rm-type code: programs run at once.")
+    g.add_argument("--dynamic-sampling-filter-path", type=str, default=None,
+                   help="fn(args, samples) -> bool | DynamicFilterOutput; dropped groups are replaced "
+                        "(e.g. slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std).")
+    g.add_argument("--over-sampling-batch-size", type=int, default=None,
+                   help="Prompts fetched at a time while dynamic sampling refills (default --rollout-batch-size).")
+    g.add_argument("--custom-reward-post-process-path", type=str, default=None,
+                   help="fn(args, samples) -> (raw_rewards, rewards), replacing group normalisation.")
+    g.add_argument("--custom-convert-samples-to-train-data-path", type=str, default=None,
+                   help="fn(args, samples, raw_rewards, rewards) -> train data dict.")
+    g.add_argument("--rollout-data-postprocess-path", type=str, default=None,
+                   help="fn(args, rollout_id, rollout_data), on each trainer rank after advantages.")
+    g.add_argument("--max-failed-sample-ratio", type=float, default=0.5,
+                   help="Stop the run when more than this fraction of a rollout's samples FAILED "
+                        "(a hook or reward that raised); failed samples are never trained on.")
     g.add_argument("--num-rollout", type=int, default=None)
     g.add_argument("--rollout-batch-size", type=int, default=None, help="Prompts per rollout.")
     g.add_argument("--n-samples-per-prompt", type=int, default=1)
@@ -415,6 +446,8 @@ def check_algorithm_args(args: argparse.Namespace) -> None:
               f"({args.actor_world_size}) with --use-dynamic-batch-size")
     else:
         _need(args.max_tokens_per_gpu is None, "--max-tokens-per-gpu only applies with --use-dynamic-batch-size")
+    _need(args.update_weight_buffer_size >= 1,
+          f"--update-weight-buffer-size must be >= 1 byte, got {args.update_weight_buffer_size}")
     _need(args.log_probs_chunk_size == -1 or args.log_probs_chunk_size >= 1,
           f"--log-probs-chunk-size must be -1 (no chunking) or >= 1, got {args.log_probs_chunk_size}")
     # loss types and hooks

@@ -66,6 +66,70 @@ def check_engine_args(sglang_args: list[str]) -> None:
         raise SlimeError(f"invalid --sglang-* arguments: {' '.join(sglang_args)}") from e
 
 
+# Each hook argument, with how slime calls it (positional names, keyword arguments passed) and
+# whether slime awaits it. A hook must accept that call; both sync and async functions work
+# everywhere here (an awaitable result is awaited), a superset of slime's rules.
+HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "rollout_function_path": (("args", "rollout_id", "data_source"), ("evaluation",)),
+    "eval_function_path": (("args", "rollout_id", "data_source"), ("evaluation",)),
+    "custom_generate_function_path": (("args", "sample", "sampling_params"), ()),
+    "custom_rm_path": (("args", "sample_or_samples"), ()),
+    "dynamic_sampling_filter_path": (("args", "samples"), ()),
+    "custom_reward_post_process_path": (("args", "samples"), ()),
+    "custom_convert_samples_to_train_data_path": (("args", "samples", "raw_rewards", "rewards"), ()),
+    "rollout_data_postprocess_path": (("args", "rollout_id", "rollout_data"), ()),
+}
+
+
+def check_hook(arg: str, path: str) -> None:
+    """Import the hook and check it accepts the call slime makes; else one line naming arg and path."""
+    import inspect
+
+    flag = "--" + arg.replace("_", "-")
+    fn = load_function(path, arg_name=flag)
+    if not callable(fn):
+        raise SlimeError(f"{flag} {path}: not callable (it is a {type(fn).__name__})")
+    positional, keywords = HOOK_CALLS[arg]
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # a builtin or C function: nothing to check
+    try:
+        sig.bind(*positional, **{k: None for k in keywords})
+    except TypeError as e:
+        call = ", ".join([*positional, *(f"{k}=..." for k in keywords)])
+        raise SlimeError(f"{flag} {path}: signature {fn.__name__}{sig} cannot be called as "
+                         f"{fn.__name__}({call}) ({e})") from None
+
+
+def check_hooks(args: Namespace) -> None:
+    for arg in HOOK_CALLS:
+        path = getattr(args, arg, None)
+        if path:
+            check_hook(arg, path)
+
+
+def check_reward_args(args: Namespace) -> None:
+    ratio = getattr(args, "max_failed_sample_ratio", 0.5)
+    if ratio is not None and not 0.0 <= ratio <= 1.0:
+        raise SlimeError(f"--max-failed-sample-ratio must be in [0, 1], got {ratio}")
+    over = getattr(args, "over_sampling_batch_size", None)
+    if over is not None and over < 1:
+        raise SlimeError(f"--over-sampling-batch-size must be >= 1, got {over}")
+    if over is not None and not getattr(args, "dynamic_sampling_filter_path", None):
+        raise SlimeError("--over-sampling-batch-size only applies with --dynamic-sampling-filter-path")
+    for name in ("rm_timeout", "rm_max_retries", "sandbox_timeout", "sandbox_cpu_time", "sandbox_memory_mb",
+                 "sandbox_concurrency"):
+        value = getattr(args, name, None)
+        if value is not None and value <= 0:
+            raise SlimeError(f"--{name.replace('_', '-')} must be > 0, got {value}")
+    rm_type = (getattr(args, "rm_type", None) or "").removeprefix("boxed_")
+    if rm_type == "remote_rm" and not getattr(args, "custom_rm_path", None):
+        url = getattr(args, "rm_url", None)
+        if not url or not url.startswith(("http://", "https://")):
+            raise SlimeError(f"--rm-type remote_rm needs --rm-url http://HOST:PORT/PATH (got {url!r})")
+
+
 def preflight(args: Namespace) -> None:
     from slime.data.dataset import load_prompt_samples
     from slime.rollout.rm_hub import validate_rm_type
@@ -79,12 +143,8 @@ def preflight(args: Namespace) -> None:
 
         latest_dir(args.load)
 
-    for arg in ("rollout_function_path", "eval_function_path", "custom_generate_function_path", "custom_rm_path"):
-        path = getattr(args, arg)
-        if path:
-            fn = load_function(path, arg_name="--" + arg.replace("_", "-"))
-            if not callable(fn):
-                raise SlimeError(f"--{arg.replace('_', '-')} {path}: not callable")
+    check_hooks(args)
+    check_reward_args(args)
 
     if args.loss_type == "policy_loss" and not args.custom_rm_path:
         if args.rm_type is None:

@@ -97,6 +97,26 @@ class EngineClient:
             payload["weight_version"] = weight_version
         return self._call("POST", "/update_weights_from_disk", payload)
 
+    def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
+                                  world_size: int, group_name: str = "weight_update_group",
+                                  backend: str = "gloo") -> dict:
+        return self._call("POST", "/init_weights_update_group", {
+            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
+            "world_size": world_size, "group_name": group_name, "backend": backend,
+        })
+
+    def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str = "weight_update_group", flush_cache: bool = True,
+                                        weight_version: str | None = None) -> dict:
+        payload: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                                   "flush_cache": flush_cache}
+        if weight_version is not None:
+            payload["weight_version"] = weight_version
+        return self._call("POST", "/update_weights_from_distributed", payload)
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
+        return self._call("POST", "/destroy_weights_update_group", {"group_name": group_name}, timeout=10.0)
+
     def release_memory_occupation(self, tags: list[str] | None = None) -> dict:
         return self._call("POST", "/release_memory_occupation", {"tags": tags} if tags else {})
 

@@ -213,6 +213,41 @@ class ModelRunner:
             state.mask = state.mask[:, first:]
             state.length -= first
 
+    @torch.inference_mode()
+    def merge(self, state: DecodeState, other: DecodeState) -> bool:
+        """Append `other`'s rows (a fresh prefill) to a running batch, in place (continuous batching).
+
+        Both are left-padded; the shorter side gets more left padding (masked out) so the cache
+        columns line up. Returns False (and changes nothing) for caches this cannot pad.
+        """
+        layers_a = getattr(state.cache, "layers", None)
+        layers_b = getattr(other.cache, "layers", None)
+        if not layers_a or not layers_b or len(layers_a) != len(layers_b):
+            return False
+        if not all(type(layer).__name__ == "DynamicLayer" and getattr(layer, "keys", None) is not None
+                   and layer.keys.dim() == 4 for layer in (*layers_a, *layers_b)):
+            return False
+        la, lb = state.length, other.length
+        width = max(la, lb)
+
+        def pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
+            if n == 0:
+                return t
+            return torch.cat([t.new_zeros((*t.shape[:-2], n, t.shape[-1])), t], dim=-2)
+
+        for a, b in zip(layers_a, layers_b):
+            a.keys = torch.cat([pad_left(a.keys, width - la), pad_left(b.keys, width - lb)], dim=0)
+            a.values = torch.cat([pad_left(a.values, width - la), pad_left(b.values, width - lb)], dim=0)
+        room = max(state.mask.shape[1] - la, other.mask.shape[1] - lb)
+        mask = torch.zeros((state.mask.shape[0] + other.mask.shape[0], width + room), dtype=torch.long)
+        mask[: state.mask.shape[0], width - la: width] = state.mask[:, :la]
+        mask[state.mask.shape[0]:, width - lb: width] = other.mask[:, :lb]
+        state.mask = mask
+        state.length = width
+        state.next_pos = torch.cat([state.next_pos, other.next_pos], dim=0)
+        state.shared = list(state.shared) + list(other.shared)
+        return True
+
     @staticmethod
     def _crop_left(cache, n: int) -> bool:
         layers = getattr(cache, "layers", None)

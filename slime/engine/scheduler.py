@@ -3,8 +3,10 @@
 Requests wait in a FIFO queue. One worker thread (the asyncio loop of the HTTP server stays free
 to accept requests) takes up to `max_running_requests` of them and runs them as one batch:
 left-padded prefill, then batched decode steps with a KV cache. Rows finish independently and
-leave the batch (their KV rows are dropped). Requests that arrive meanwhile wait for the next
-batch. Control operations (weight updates, flush, memory release) run on the same thread between
+leave the batch (their KV rows are dropped). Continuous batching: requests that arrive meanwhile
+are prefilled between decode steps and their KV rows merged into the running batch (re-padded on
+the left), up to `max_running_requests` rows; admission stops while a control operation, pause
+or abort is pending, so those still run between batches. Control operations (weight updates, flush, memory release) run on the same thread between
 batches, so weights never change inside a batch unless a client asked for that explicitly
 (`pause_generation` mode `in_place` followed by an update with `flush_cache: false`).
 
@@ -86,7 +88,10 @@ class Scheduler:
         weight_version: str = "default",
         step_delay_s: float = 0.0,
         compact_fraction: float = 0.1,
+        continuous: bool = True,
     ):
+        # continuous batching: waiting requests join the running batch between decode steps
+        self.continuous = continuous
         self.step_delay_s = step_delay_s
         # finished rows are dropped from a running batch once they are this fraction of it
         self.compact_fraction = compact_fraction
@@ -308,15 +313,15 @@ class Scheduler:
             logger.exception("delivering %d results failed", len(reqs))
 
     # ---------------------------------------------------------------- one batch
-    def _run_batch(self, batch: list[Req]) -> None:
+    def _prefill_rows(self, rows: list[Req]):
+        """Prefill `rows`; deliver those with nothing to generate. Returns (rows left, last logits, state)
+        or None when no row is left."""
         runner = self.runner
-        self.batches_run += 1
         version = self.weight_version
-        for r in batch:
+        for r in rows:
             r.weight_version = version
         # Requests with nothing to generate (max_new_tokens reached, e.g. 0) still get a prefill
         # when they asked for input log-probs.
-        rows = batch
         need_input_lp = [r.return_logprob and r.logprob_start_len >= 0 and r.input_logprobs is None for r in rows]
         max_new = max(r.params.max_new_tokens - len(r.output_ids) for r in rows)
         prompts = [r.input_ids + r.output_ids for r in rows]
@@ -336,10 +341,32 @@ class Scheduler:
             self._safe_deliver(done_now)
             keep = [i for i, r in enumerate(rows) if not r.finished]
             if not keep:
-                return
+                return None
             runner.select_rows(state, keep)
             last = last.index_select(0, torch.tensor(keep))
             rows = [rows[i] for i in keep]
+        return rows, last, state
+
+    def _admit(self, batch: list[Req], rows: list[Req], alive: int) -> list[Req]:
+        """Continuous batching: take waiting requests into the running batch (between decode steps)."""
+        with self._cv:
+            if self._interrupt or not self._can_start_batch():
+                return []
+            n = min(self.max_running - alive, len(self._waiting))
+            if n <= 0:
+                return []
+            new = [self._waiting.popleft() for _ in range(n)]
+            self._running = [r for r in rows if r.finish_reason is None] + new
+        batch.extend(new)  # the caller's list: failures and stats see admitted rows too
+        return new
+
+    def _run_batch(self, batch: list[Req]) -> None:
+        runner = self.runner
+        self.batches_run += 1
+        got = self._prefill_rows(list(batch))
+        if got is None:
+            return
+        rows, last, state = got
 
         sampler = BatchSampler(rows, runner.vocab_size, self.generator)
         eos = runner.eos_token_ids
@@ -347,6 +374,7 @@ class Scheduler:
         logits = last
         tokenizer = runner.tokenizer
         alive = len(rows)
+        steps_since_admit = 0
         while True:
             suppress = None
             if suppress_ids is not None:
@@ -397,6 +425,29 @@ class Scheduler:
             if self.step_delay_s:
                 time.sleep(self.step_delay_s)
             logits = runner.decode(state, tokens_t)
+            steps_since_admit += 1
+            if (self._waiting and self.continuous and alive < self.max_running
+                    and (steps_since_admit >= 4 or len(self._waiting) >= self.max_running - alive)):
+                new = self._admit(batch, rows, alive)
+                if new:
+                    steps_since_admit = 0
+                    got = self._prefill_rows(new)
+                    if got is not None:
+                        new_rows, new_last, new_state = got
+                        if runner.merge(state, new_state):
+                            rows = rows + new_rows
+                            logits = torch.cat([logits, new_last], dim=0)
+                            alive += len(new_rows)
+                            sampler._set_rows(rows)
+                            suppress_ids = self._suppress_table(rows, eos)
+                        else:  # cannot merge this cache type: back to the front of the queue
+                            self.continuous = False
+                            with self._cv:
+                                for r in reversed(new_rows):
+                                    self._waiting.appendleft(r)
+                                self._running = [r for r in rows if r.finish_reason is None]
+                            for r in new_rows:
+                                batch.remove(r)
 
     # ---------------------------------------------------------------- interrupts
     def _handle_interrupt(self, rows: list[Req]) -> list[Req]:

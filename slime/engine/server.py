@@ -17,6 +17,10 @@ Endpoints (SGLang names and shapes):
   POST /release_memory_occupation, /resume_memory_occupation
   POST /update_weights_from_tensor {"serialized_named_tensors": [base64 safetensors], ...}
   POST /update_weights_from_disk {"model_path"}
+  POST /init_weights_update_group {"master_address", "master_port", "rank_offset", "world_size",
+                                   "group_name", "backend": "gloo"}
+  POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", ...}
+  POST /destroy_weights_update_group {"group_name"}
 
 Errors a client causes answer HTTP 400 with {"error": {"message": ...}, "success": false}.
 The log-prob semantics are documented in `slime.engine.sampling`.
@@ -156,6 +160,9 @@ class EngineState:
         self.scheduler.start()
         self.load_time = time.perf_counter() - t0
         self.release_tags: list[str] = []
+        # torch.distributed groups for update_weights_from_distributed, by group_name
+        self.weight_groups: dict[str, Any] = {}
+        self.weight_group_locks: dict[str, asyncio.Lock] = {}
 
     # called on the worker thread
     def _deliver(self, reqs) -> None:
@@ -597,6 +604,127 @@ def create_app(state: EngineState):
         if resp.status_code == 200:
             state.model_path = path
         return resp
+
+    # ------------------------------------------------------------ distributed weight update
+    def _int_field(body: dict, key: str, lo: int, hi: int | None = None) -> int:
+        v = body.get(key)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+            raise BadRequest(f"{key} must be an integer {rng}, got {v!r}")
+        return v
+
+    def _group_name(body: dict) -> str:
+        from slime.sync.distributed import DEFAULT_GROUP_NAME
+
+        name = body.get("group_name", DEFAULT_GROUP_NAME)
+        if not isinstance(name, str) or not name:
+            raise BadRequest(f"group_name must be a non-empty string, got {name!r}")
+        return name
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        from slime.sync.distributed import create_gloo_group
+
+        try:
+            body = await read_json(request, allow_empty=False)
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+            addr = body.get("master_address")
+            if not isinstance(addr, str) or not addr:
+                raise BadRequest(f"master_address must be a host name or address, got {addr!r}")
+            port = _int_field(body, "master_port", 1, 65535)
+            world = _int_field(body, "world_size", 2)
+            rank = _int_field(body, "rank_offset", 1, world - 1)  # one rank per engine (no tensor parallel)
+            name = _group_name(body)
+            backend = body.get("backend", "gloo")
+            if backend != "gloo":
+                raise BadRequest(f"backend {backend!r} is not available in the built-in (CPU) engine; use 'gloo'")
+            if name in state.weight_groups:
+                raise BadRequest(f"weight update group {name!r} already exists; destroy it first")
+        except BadRequest as e:
+            return error(str(e))
+        timeout = float(body.get("timeout", 120)) if isinstance(body.get("timeout", 120), (int, float)) else 120.0
+        try:
+            pg = await asyncio.to_thread(create_gloo_group, addr, port, rank, world, name, timeout)
+        except Exception as e:  # noqa: BLE001 - rendezvous failed (wrong address/port, timeout)
+            return error(f"init_weights_update_group: cannot join {name!r} at {addr}:{port} as rank {rank} "
+                         f"of {world}: {type(e).__name__}: {e}")
+        state.weight_groups[name] = pg
+        state.weight_group_locks[name] = asyncio.Lock()
+        return ok({"success": True, "message": f"joined weight update group {name!r} as rank {rank} of {world}"})
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request):
+        try:
+            body = await read_json(request)
+            name = _group_name(body if isinstance(body, dict) else {})
+            if name not in state.weight_groups:
+                raise BadRequest(f"no weight update group {name!r}")
+        except BadRequest as e:
+            return error(str(e))
+        pg = state.weight_groups.pop(name)
+        state.weight_group_locks.pop(name, None)
+        pg.shutdown()
+        return ok({"success": True, "message": f"weight update group {name!r} destroyed"})
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        import torch
+
+        from slime.sync.distributed import parse_dtype
+
+        try:
+            body = await read_json(request, allow_empty=False)
+            if not isinstance(body, dict):
+                raise BadRequest("body must be a JSON object")
+            names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+            for key, v in (("names", names), ("dtypes", dtypes), ("shapes", shapes)):
+                if not isinstance(v, list) or not v:
+                    raise BadRequest(f"{key} must be a non-empty list")
+            if not len(names) == len(dtypes) == len(shapes):
+                raise BadRequest(f"names, dtypes and shapes must have equal lengths, got "
+                                 f"{len(names)}, {len(dtypes)}, {len(shapes)}")
+            specs = []
+            for n, d, sh in zip(names, dtypes, shapes):
+                if not isinstance(n, str):
+                    raise BadRequest(f"names must be strings, got {n!r}")
+                try:
+                    dt = parse_dtype(d)
+                except ValueError as e:
+                    raise BadRequest(f"dtype of {n!r}: {e}") from None
+                if not isinstance(sh, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0
+                                                       for x in sh):
+                    raise BadRequest(f"shape of {n!r} must be a list of non-negative integers, got {sh!r}")
+                specs.append((n, dt, sh))
+            name = _group_name(body)
+            if name not in state.weight_groups:
+                raise BadRequest(f"no weight update group {name!r}; call /init_weights_update_group first")
+            fmt = body.get("load_format")
+            if fmt is not None:
+                raise BadRequest(f"load_format {fmt!r} is not supported by update_weights_from_distributed")
+        except BadRequest as e:
+            return error(str(e))
+        pg = state.weight_groups[name]
+
+        def receive():
+            # Every tensor announced is received, even ones the model will reject, so the
+            # sender's broadcasts complete and the group stays usable.
+            out = {}
+            for n, dt, sh in specs:
+                t = torch.empty(sh, dtype=dt)
+                pg.broadcast(t, root=0)
+                out[n] = t
+            return out
+
+        async with state.weight_group_locks[name]:
+            try:
+                named = await asyncio.to_thread(receive)
+            except Exception as e:  # noqa: BLE001
+                state.weight_groups.pop(name, None)  # a broken group is not reused
+                state.weight_group_locks.pop(name, None)
+                return error(f"update_weights_from_distributed: broadcast in {name!r} failed: "
+                             f"{type(e).__name__}: {e}", 500)
+        return await _apply_update(named, body, "update_weights_from_distributed")
 
     return app
 

@@ -91,15 +91,30 @@ class EngineActor:
             self.process = None
 
 
-def _raise_if_all_failed(groups: list[list[Any]], rollout_id: int) -> None:
-    """A rollout where every sample failed has nothing to train on: stop and say why."""
+def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: float | None) -> None:
+    """Stop the run when too many of a rollout's samples FAILED (a broken hook or reward service).
+
+    Up to `--max-failed-sample-ratio` of the samples may fail (they are kept, never trained on, and
+    counted in `rollout/status/failed`); above it, or when every sample failed, the run stops and
+    names the first error.
+    """
     from slime.errors import SlimeError
     from slime.utils.types import Sample
 
     samples = [s for g in groups for s in g]
-    if samples and all(s.status == Sample.Status.FAILED for s in samples):
-        first = samples[0].metadata.get("error", "no error recorded")
-        raise SlimeError(f"rollout {rollout_id}: all {len(samples)} samples FAILED; first error: {first}")
+    failed = [s for s in samples if s.status == Sample.Status.FAILED]
+    if not samples or not failed:
+        return
+    ratio = len(failed) / len(samples)
+    limit = 1.0 if max_ratio is None else max_ratio
+    if ratio > limit or len(failed) == len(samples):
+        first = failed[0].metadata.get("error", "no error recorded")
+        raise SlimeError(
+            f"rollout {rollout_id}: {len(failed)} of {len(samples)} samples FAILED ({ratio:.0%}), more than "
+            f"--max-failed-sample-ratio {limit:g} allows; first error: {first}"
+        )
+    logger.warning("rollout %d: %d of %d samples FAILED (first: %s)", rollout_id, len(failed), len(samples),
+                   failed[0].metadata.get("error"))
 
 
 @ray.remote
@@ -165,10 +180,14 @@ class RolloutManager:
         from slime.rollout.train_data import rollout_metrics, samples_to_train_data
 
         t0 = time.perf_counter()
-        groups = self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False)
-        _raise_if_all_failed(groups, rollout_id)
+        from slime.rollout.base_types import unwrap_train_output
+
+        groups, extra_metrics = unwrap_train_output(
+            self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False))
+        check_failed_samples(groups, rollout_id, getattr(self.args, "max_failed_sample_ratio", None))
         data = samples_to_train_data(self.args, groups)
         metrics = rollout_metrics(self.args, groups, data)
+        metrics.update(extra_metrics)
         elapsed = time.perf_counter() - t0
         metrics["perf/rollout_time"] = elapsed
         metrics["perf/tokens_per_s"] = sum(data["response_lengths"]) / max(elapsed, 1e-9)
@@ -178,8 +197,12 @@ class RolloutManager:
         from slime.rollout.train_data import eval_metrics
 
         t0 = time.perf_counter()
-        results = self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True)
+        from slime.rollout.base_types import unwrap_eval_output
+
+        results, extra_metrics = unwrap_eval_output(
+            self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True))
         metrics = eval_metrics(self.args, results)
+        metrics.update(extra_metrics)
         metrics["perf/eval_time"] = time.perf_counter() - t0
         return metrics
 

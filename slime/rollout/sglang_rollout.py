@@ -13,10 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import inspect
 import logging
+import traceback
 from argparse import Namespace
 from typing import Any
 
+from slime.errors import SlimeError
+from slime.rollout.base_types import RolloutFnTrainOutput
+from slime.rollout.filter_hub.base_types import DynamicFilterOutput
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.utils.async_utils import run
 from slime.utils.http_utils import post, session_headers
@@ -130,15 +135,78 @@ async def _generate_group_batched(args: Namespace, group: list[Sample], sampling
         _apply_output(sample, prompt_ids, output)
 
 
+def _mark_failed(sample: Sample, where: str, error: BaseException) -> None:
+    """A hook or reward that raised: the sample is FAILED (kept, never trained on), with the reason."""
+    sample.status = Sample.Status.FAILED
+    sample.metadata["error"] = f"{where}: {type(error).__name__}: {error}"
+    sample.metadata["traceback"] = traceback.format_exc()
+
+
+def _ensure_tokens(state: GenerateState, sample: Sample) -> None:
+    """Keep a failed sample well-formed (it is never trained on): prompt tokens, a matching mask."""
+    if not sample.tokens:
+        sample.tokens, sample.response_length, sample.loss_mask = _prompt_ids(state, sample), 0, []
+    if sample.loss_mask is None or len(sample.loss_mask) != sample.response_length:
+        sample.loss_mask = [0] * sample.response_length
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
 async def _reward(args: Namespace, samples: list[Sample]) -> None:
+    """Score what needs a score: one call per sample, or one per group with `--group-rm`.
+
+    A reward a custom generate function already set is kept (slime's rule). A reward function
+    that raises marks that sample FAILED with the traceback logged; the others are still scored.
+    """
+    todo = [s for s in samples if s.status not in (Sample.Status.FAILED, Sample.Status.ABORTED)]
+    if getattr(args, "group_rm", False):
+        if not todo:
+            return
+        try:
+            rewards = list(await batched_async_rm(args, todo))
+            if len(rewards) != len(todo):
+                raise ValueError(f"returned {len(rewards)} rewards for a group of {len(todo)} samples")
+        except Exception as e:
+            logger.exception("group reward failed for group %s", todo[0].group_index)
+            for s in todo:
+                _mark_failed(s, "reward (--group-rm)", e)
+            return
+        for s, r in zip(todo, rewards):
+            s.reward = r
+        return
+
+    async def one(s: Sample) -> None:
+        try:
+            s.reward = await async_rm(args, s)
+        except Exception as e:
+            logger.exception("reward failed for sample %s", s.index)
+            _mark_failed(s, "reward", e)
+
+    await asyncio.gather(*(one(s) for s in todo if s.reward is None))
+
+
+async def _custom_generate_one(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
+                               evaluation: bool) -> list[Sample]:
+    """One call of the --custom-generate-function-path hook; its exception fails only this sample."""
     state = GenerateState(args)
-    todo = [s for s in samples if s.status != Sample.Status.FAILED]
-    if state.custom_rm is not None:
-        rewards = await asyncio.gather(*(state.custom_rm(args, s) for s in todo))
-    else:
-        rewards = await batched_async_rm(args, todo)
-    for s, r in zip(todo, rewards):
-        s.reward = r
+    fn = state.custom_generate
+    try:
+        if "evaluation" in inspect.signature(fn).parameters:
+            result = await _maybe_await(fn(args, sample, sampling_params, evaluation=evaluation))
+        else:
+            result = await _maybe_await(fn(args, sample, sampling_params))
+        results = result if isinstance(result, list) else [result]
+        if not results or not all(isinstance(r, Sample) for r in results):
+            raise TypeError(f"returned {type(result).__name__}, not a Sample or a list of Samples")
+        return results
+    except Exception as e:
+        logger.exception("--custom-generate-function-path %s failed for sample %s",
+                         args.custom_generate_function_path, sample.index)
+        _mark_failed(sample, f"--custom-generate-function-path {args.custom_generate_function_path}", e)
+        _ensure_tokens(state, sample)
+        return [sample]
 
 
 async def generate_and_rm_group(
@@ -147,30 +215,71 @@ async def generate_and_rm_group(
     """Generate every sample of a group, then score them. A failure marks samples FAILED."""
     state = GenerateState(args)
     async with state.semaphore:
-        try:
-            if state.custom_generate is None:
+        if state.custom_generate is None:
+            try:
                 await _generate_group_batched(args, group, sampling_params)
-            else:
-                results = await asyncio.gather(
-                    *(state.custom_generate(args, s, copy.deepcopy(sampling_params)) for s in group)
-                )
-                group[:] = [r for res in results for r in (res if isinstance(res, list) else [res])]
-        except Exception as e:  # one bad group must not kill the rollout; it is marked and counted
-            logger.exception("generate failed for group %s", group[0].group_index)
-            for s in group:
-                s.status = Sample.Status.FAILED
-                s.metadata["error"] = f"{type(e).__name__}: {e}"
-                if not s.tokens:  # keep the prompt so the sample stays well-formed (never trained on)
-                    s.tokens, s.response_length, s.loss_mask = _prompt_ids(state, s), 0, []
+            except Exception as e:  # one bad group must not kill the rollout; it is marked and counted
+                logger.exception("generate failed for group %s", group[0].group_index)
+                for s in group:
+                    _mark_failed(s, "generate", e)
+                    _ensure_tokens(state, s)
+        else:
+            results = await asyncio.gather(
+                *(_custom_generate_one(args, s, copy.deepcopy(sampling_params), evaluation) for s in group)
+            )
+            group[:] = [r for res in results for r in res]
     await _reward(args, group)
     return group
 
 
-async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> list[list[Sample]]:
+async def _dynamic_filter(args: Namespace, fn: Any, group: list[Sample]) -> tuple[bool, str | None]:
+    """slime's dynamic-sampling contract: fn(args, samples) -> bool or DynamicFilterOutput(keep, reason)."""
+    try:
+        out = await _maybe_await(fn(args, group))
+    except Exception as e:
+        raise SlimeError(f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} raised "
+                         f"{type(e).__name__}: {e}") from e
+    if isinstance(out, DynamicFilterOutput):
+        return bool(out.keep), out.reason
+    return bool(out), None
+
+
+async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> RolloutFnTrainOutput:
+    """`--rollout-batch-size` groups; with `--dynamic-sampling-filter-path`, groups the filter drops
+    are replaced by new prompts, fetched `--over-sampling-batch-size` at a time."""
     state = GenerateState(args)
-    groups = data_source.get_samples(args.rollout_batch_size)
-    tasks = [generate_and_rm_group(args, g, state.sampling_params) for g in groups]
-    return list(await asyncio.gather(*tasks))
+    filter_path = getattr(args, "dynamic_sampling_filter_path", None)
+    if not filter_path:
+        groups = data_source.get_samples(args.rollout_batch_size)
+        tasks = [generate_and_rm_group(args, g, state.sampling_params) for g in groups]
+        return RolloutFnTrainOutput(samples=list(await asyncio.gather(*tasks)))
+
+    fn = load_function(filter_path, arg_name="--dynamic-sampling-filter-path")
+    target = args.rollout_batch_size
+    batch = getattr(args, "over_sampling_batch_size", None) or target
+    budget = getattr(args, "dynamic_sampling_max_groups", None) or 10 * target
+    kept: list[list[Sample]] = []
+    drops: dict[str, int] = {}
+    generated = 0
+    while len(kept) < target:
+        if generated >= budget:
+            raise SlimeError(
+                f"rollout {rollout_id}: --dynamic-sampling-filter-path {filter_path} kept {len(kept)} of "
+                f"{generated} groups, fewer than --rollout-batch-size {target} (drops: {drops or 'no reason given'})"
+            )
+        groups = data_source.get_samples(batch)
+        generated += len(groups)
+        done = await asyncio.gather(*(generate_and_rm_group(args, g, state.sampling_params) for g in groups))
+        for group in done:
+            keep, reason = await _dynamic_filter(args, fn, group)
+            if keep and len(kept) < target:
+                kept.append(group)
+            elif not keep:
+                key = reason or "unspecified"
+                drops[key] = drops.get(key, 0) + 1
+    metrics = {f"rollout/dynamic_filter/drop_{k}": float(v) for k, v in drops.items()}
+    metrics["rollout/dynamic_filter/generated_groups"] = float(generated)
+    return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 
 
 def _eval_datasets(args: Namespace) -> dict[str, list[Sample]]:

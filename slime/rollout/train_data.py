@@ -49,9 +49,34 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
     return raw, t.tolist()
 
 
+def _hook(args: Namespace, name: str):
+    path = getattr(args, name, None)
+    if not path:
+        return None
+    from slime.utils.misc import load_function
+
+    return load_function(path, arg_name="--" + name.replace("_", "-"))
+
+
 def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[str, Any]:
+    """Train columns. `--custom-reward-post-process-path` replaces the reward step
+    (`fn(args, samples) -> (raw_rewards, rewards)`), `--custom-convert-samples-to-train-data-path`
+    the whole conversion (`fn(args, samples, raw_rewards, rewards) -> dict`), as in slime."""
     samples = [s for g in groups for s in g]
-    raw_rewards, rewards = post_process_rewards(args, samples)
+    reward_hook = _hook(args, "custom_reward_post_process_path")
+    if reward_hook is not None:
+        raw_rewards, rewards = reward_hook(args, samples)
+        raw_rewards, rewards = [float(r) for r in raw_rewards], [float(r) for r in rewards]
+        if len(raw_rewards) != len(samples) or len(rewards) != len(samples):
+            from slime.errors import SlimeError
+
+            raise SlimeError(f"--custom-reward-post-process-path {args.custom_reward_post_process_path} returned "
+                             f"{len(raw_rewards)} raw rewards and {len(rewards)} rewards for {len(samples)} samples")
+    else:
+        raw_rewards, rewards = post_process_rewards(args, samples)
+    convert_hook = _hook(args, "custom_convert_samples_to_train_data_path")
+    if convert_hook is not None:
+        return convert_hook(args, samples, raw_rewards, rewards)
     loss_masks = []
     for s in samples:
         mask = list(s.loss_mask) if s.loss_mask is not None else [1] * s.response_length

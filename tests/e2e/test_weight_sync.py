@@ -20,12 +20,12 @@ def engine(tiny_model_dir):
         proc.stop()
 
 
-def _actor(tiny_model_dir, tmp_path):
+def _actor(tiny_model_dir, tmp_path, *extra):
     from slime.backends.torch.actor import TrainActor
 
     args = parse_args([
         "--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--num-rollout", "1", "--micro-batch-size", "4", "--lr", "1e-2", "--run-dir", str(tmp_path),
+        "--num-rollout", "1", "--micro-batch-size", "4", "--lr", "1e-2", "--run-dir", str(tmp_path), *extra,
     ])
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     assert actor.init() == 0
@@ -63,3 +63,33 @@ def test_logprob_parity_after_sync(engine, tiny_model_dir, tmp_path):
     data = {"tokens": [full], "response_lengths": [len(out["output_ids"])], "loss_masks": [[1] * 6]}
     trainer_lp = torch.cat(actor._forward_only(data, [0], actor.model))
     assert (engine_lp - trainer_lp).abs().mean() < 1e-4
+
+
+def test_distributed_update_serves_the_trainers_new_weights(engine, tiny_model_dir, tmp_path):
+    """--update-weight-mode distributed: gloo broadcast; the engine then generates exactly what a
+    direct HF forward with the trainer's new weights gives."""
+    from slime.engine.client import EngineClient
+
+    actor = _actor(tiny_model_dir, tmp_path, "--update-weight-mode", "distributed",
+                   "--update-weight-buffer-size", "30000")
+    seq = list(range(5, 40))
+    data = {"tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11], [12, 13, 14, 15], [12, 13, 16, 17]],
+            "response_lengths": [2, 2, 2, 2], "loss_masks": [[1, 1]] * 4, "rewards": [-1.0, 1.0, -0.5, 0.5]}
+    for step in range(2):  # the second sync reuses the group
+        actor.train(step, data)
+        assert actor.check_weight_parity(engine.url, seq) > 1e-3, "training should have changed the log-probs"
+        actor.update_weights([engine.url], weight_version=f"d{step}")
+        assert actor.check_weight_parity(engine.url, seq) < 1e-4
+    client = EngineClient(engine.url)
+    assert client.get_model_info()["weight_version"] == "d1"
+    model = actor.model.eval()
+    ids = list(seq[:8])
+    out = client.generate({"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 6,
+                                                                 "ignore_eos": True}, "return_logprob": True})
+    want = []
+    with torch.no_grad():
+        for _ in range(6):
+            t = int(model(input_ids=torch.tensor([ids + want])).logits[0, -1].argmax())
+            want.append(t)
+    assert out["output_ids"] == want
+    actor._dist_sync.close()

@@ -97,8 +97,13 @@ def test_async_rm_math():
 
 
 def test_rm_type_validation():
-    assert RM_TYPES == ("math",)
+    assert set(RM_TYPES) == {"math", "dapo", "deepscaler", "f1", "gpqa", "math_verify", "remote_rm", "code"}
     assert validate_rm_type("math") == "math"
+    assert validate_rm_type("boxed_f1") == "boxed_f1"
+    with pytest.raises(SlimeError, match=r"--rm-type 'boxed_nope'"):
+        validate_rm_type("boxed_nope")
+    with pytest.raises(SlimeError, match=r"did you mean 'dapo'"):
+        validate_rm_type("dapp")
     with pytest.raises(SlimeError, match=r"--rm-type 'nope'.*known types: math"):
         validate_rm_type("nope")
     with pytest.raises(SlimeError, match="--rm-type 'nope'"):

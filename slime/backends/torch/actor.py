@@ -140,7 +140,7 @@ class TrainActor:
             dist.all_reduce(t)
         return t
 
-    def _prepare_rl_data(self, data: dict[str, Any], mine: list[int]) -> dict[str, float]:
+    def _prepare_rl_data(self, data: dict[str, Any], mine: list[int], rollout_id: int = 0) -> dict[str, float]:
         """Old / reference / teacher log-probs, critic values, advantages and returns for this rank's samples."""
         args = self.args
         extra: dict[str, float] = {}
@@ -170,6 +170,11 @@ class TrainActor:
             rollout_data["values"] = self.critic.values(data, mine)
             data["values"] = dict(zip(mine, rollout_data["values"]))
         compute_advantages_and_returns(args, rollout_data, self._sum_over_ranks)
+        if getattr(args, "rollout_data_postprocess_path", None):  # slime's hook: after advantages, before training
+            from slime.utils.misc import load_function
+
+            load_function(args.rollout_data_postprocess_path, arg_name="--rollout-data-postprocess-path")(
+                args, rollout_id, rollout_data)
         data["advantages"] = dict(zip(mine, rollout_data["advantages"]))
         data["returns"] = dict(zip(mine, rollout_data["returns"]))
 
@@ -202,7 +207,7 @@ class TrainActor:
         mine = [i for s in range(0, n, args.global_batch_size) for i in self._my_slice(s, args.global_batch_size)]
         extra: dict[str, float] = {}
         if args.loss_type != "sft_loss":
-            extra = self._prepare_rl_data(data, mine)
+            extra = self._prepare_rl_data(data, mine, rollout_id)
         critic_only = self.critic is not None and rollout_id < args.num_critic_only_steps
 
         sums: dict[str, float] = {}
@@ -319,7 +324,14 @@ class TrainActor:
         t0 = time.perf_counter()
         state = self.full_state_dict()
         if self.is_rank0():
-            push_weights(engine_urls, state, weight_version=weight_version)
+            if getattr(self.args, "update_weight_mode", "tensor") == "distributed":
+                if getattr(self, "_dist_sync", None) is None:
+                    from slime.sync.distributed import DistributedWeightSync
+
+                    self._dist_sync = DistributedWeightSync(buffer_size=self.args.update_weight_buffer_size)
+                self._dist_sync.push(engine_urls, state, weight_version=weight_version)
+            else:
+                push_weights(engine_urls, state, weight_version=weight_version)
         self._snapshot_old_actor()  # the engines now serve these weights
         return time.perf_counter() - t0
 

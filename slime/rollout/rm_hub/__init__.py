@@ -1,6 +1,11 @@
 """Built-in reward models, selected by `--rm-type` (slime's `slime.rollout.rm_hub`).
 
 `async_rm(args, sample)` returns one sample's reward; `batched_async_rm(args, samples)` a list.
+Types (each gives slime's reward on the same input): `math` (last boxed answer, MATH normalisation
++ sympy), `deepscaler` (the same, on the text after `</think>` / `###Response` only), `dapo`
+(`{score: +-1, acc, pred}` from an `Answer:` line), `f1` (token F1), `gpqa` (multiple choice),
+`math_verify` (math-verify), `remote_rm` (`--rm-url`), `code` (tests run in a sandbox); a
+`boxed_` prefix grades the last `\\boxed{}` content instead of the whole response.
 With `--custom-rm-path` set, that function is used instead (slime's convention: called with one
 sample by `async_rm`, with the whole list by `batched_async_rm`). A sample's
 `metadata["rm_type"]` overrides `--rm-type` for that sample (mixed datasets).
@@ -18,23 +23,85 @@ from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 
-def _math_rm(args: Any, sample: Sample) -> float:
-    return grade_math(sample.response, sample.label)
+def _math_rm(args, sample, response, label, metadata):
+    return grade_math(response, label)
 
 
-# name -> function(args, sample) -> float. Add a reward model here and it is known everywhere.
-_RM_FUNCTIONS: dict[str, Callable[[Any, Sample], float]] = {
+def _dapo_rm(args, sample, response, label, metadata):
+    from slime.rollout.rm_hub.math_dapo import compute_score
+
+    return compute_score(response, label)
+
+
+def _deepscaler_rm(args, sample, response, label, metadata):
+    from slime.rollout.rm_hub.deepscaler import deepscaler_reward
+
+    return deepscaler_reward(response, label)
+
+
+def _f1_rm(args, sample, response, label, metadata):
+    from slime.rollout.rm_hub.f1 import f1_score
+
+    return f1_score(response, label)[0]
+
+
+def _gpqa_rm(args, sample, response, label, metadata):
+    from slime.rollout.rm_hub.gpqa import gpqa_reward
+
+    return gpqa_reward(response, label, metadata=metadata)
+
+
+def _math_verify_rm(args, sample, response, label, metadata):
+    from slime.rollout.rm_hub.math_verify_rm import math_verify_reward
+
+    return math_verify_reward(response, label)
+
+
+async def _remote_rm(args, sample, response, label, metadata):
+    from slime.rollout.rm_hub.remote import remote_rm
+
+    return await remote_rm(args, sample)  # the service gets the sample as it is (slime's protocol)
+
+
+async def _code_rm(args, sample, response, label, metadata):
+    from slime.rollout.rm_hub.code import code_reward
+
+    if response is not sample.response:  # boxed_code: grade the extracted text
+        import copy
+
+        sample = copy.copy(sample)
+        sample.response = response
+    return await code_reward(args, sample)
+
+
+# name -> function(args, sample, response, label, metadata) -> reward (sync or async).
+# Add a reward model here and it is known everywhere. A `boxed_` prefix on any of them
+# (`--rm-type boxed_f1`) first replaces the response by its last `\\boxed{}` content ("" if none).
+_RM_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "math": _math_rm,
+    "dapo": _dapo_rm,
+    "deepscaler": _deepscaler_rm,
+    "f1": _f1_rm,
+    "gpqa": _gpqa_rm,
+    "math_verify": _math_verify_rm,
+    "remote_rm": _remote_rm,
+    "code": _code_rm,
 }
 RM_TYPES: tuple[str, ...] = tuple(_RM_FUNCTIONS)
+BOXED_PREFIX = "boxed_"
 
 
 def validate_rm_type(name: str | None) -> str:
     """Return `name` if it is a known reward model type; else raise naming --rm-type and the choices."""
-    if name not in _RM_FUNCTIONS:
+    base = name[len(BOXED_PREFIX):] if isinstance(name, str) and name.startswith(BOXED_PREFIX) else name
+    if base not in _RM_FUNCTIONS:
+        import difflib
+
+        close = difflib.get_close_matches(str(name), RM_TYPES, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise SlimeError(
             f"--rm-type {name!r} is not a known reward model; known types: {', '.join(RM_TYPES)} "
-            "(or set --custom-rm-path to your own function)"
+            f"(each also with a {BOXED_PREFIX!r} prefix), or set --custom-rm-path to your own function{hint}"
         )
     return name
 
@@ -58,13 +125,20 @@ def _rm_type_of(args: Any, sample: Sample) -> str | None:
     return rm_type
 
 
-async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> float:
-    """The reward of one sample."""
+async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
+    """The reward of one sample (a number, or a dict for `dapo` / a dict-answering service)."""
     custom = _custom_rm(args)
     if custom is not None:
         return await _maybe_await(custom(args, sample, **kwargs))
     rm_type = validate_rm_type(_rm_type_of(args, sample))
-    return float(_RM_FUNCTIONS[rm_type](args, sample))
+    response, label = sample.response, sample.label
+    metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
+    if rm_type.startswith(BOXED_PREFIX):
+        from slime.rollout.rm_hub.math_grader import extract_answer
+
+        response = extract_answer(response) or ""
+        rm_type = rm_type[len(BOXED_PREFIX):]
+    return await _maybe_await(_RM_FUNCTIONS[rm_type](args, sample, response, label, metadata))
 
 
 async def batched_async_rm(args: Any, samples: list[Sample], **kwargs: Any) -> list[float]:

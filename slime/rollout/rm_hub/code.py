@@ -1,0 +1,89 @@
+"""The `code` reward: run the sample's tests against the generated program in the sandbox.
+
+The program is the last ```python fenced block of the response (else the last ``` block, else the
+whole response). The tests come from `metadata["tests"]`, else from the label:
+
+* a string: Python test code (asserts) run after the program in the same file; passes when the
+  file exits with status 0;
+* a list of `{"input": stdin, "output": expected stdout}` cases: each runs the program alone;
+  a case passes when the output matches line by line (trailing spaces and blank lines ignored).
+
+The reward is 1.0 when every test passes, else 0.0 (a failing, crashing, timed-out or
+memory-hungry program is a 0, not an error). The first failure's reason is kept in
+`sample.metadata["code_result"]`. Tests missing or malformed are the data's error: the sample
+is marked FAILED with that message. Limits: `--sandbox-timeout`, `--sandbox-cpu-time`,
+`--sandbox-memory-mb`; at most `--sandbox-concurrency` programs run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from typing import Any
+
+from slime.rollout.rm_hub.sandbox import run_python
+
+_FENCE_PY = re.compile(r"```python\s*(.*?)```", re.IGNORECASE | re.DOTALL)
+_FENCE_ANY = re.compile(r"```(?:py)?\s*(.*?)```", re.IGNORECASE | re.DOTALL)
+_slots: dict[int, threading.BoundedSemaphore] = {}
+
+
+def extract_code(response: str | None) -> str:
+    text = (response or "").strip()
+    for pattern in (_FENCE_PY, _FENCE_ANY):
+        blocks = pattern.findall(text)
+        if blocks:
+            return blocks[-1].strip()
+    return text
+
+
+def _norm_output(text: Any) -> str:
+    lines = str("" if text is None else text).replace("\r\n", "\n").split("\n")
+    return "\n".join(line.rstrip() for line in lines).strip()
+
+
+def _tests_of(sample: Any) -> Any:
+    metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
+    tests = metadata.get("tests", sample.label)
+    if isinstance(tests, str) and tests.strip():
+        return tests
+    if isinstance(tests, list) and tests and all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
+        return tests
+    raise ValueError("code reward: the sample has no tests (metadata['tests'] or the label must be test code "
+                     "or a list of {'input', 'output'} cases)")
+
+
+def _limits(args: Any) -> dict[str, Any]:
+    return dict(timeout_s=getattr(args, "sandbox_timeout", None) or 10.0,
+                cpu_s=getattr(args, "sandbox_cpu_time", None) or 5.0,
+                memory_mb=getattr(args, "sandbox_memory_mb", None) or 1024)
+
+
+def grade_code(code: str, tests: Any, **limits: Any) -> tuple[float, str]:
+    """(reward, reason of the first failure or "passed") — blocking; runs in a worker thread."""
+    if isinstance(tests, str):
+        result = run_python(code + "\n\n" + tests + "\n", **limits)
+        return (1.0, "passed") if result.ok else (0.0, result.reason)
+    for i, case in enumerate(tests):
+        result = run_python(code, stdin=str(case["input"] if case["input"] is not None else ""), **limits)
+        if not result.ok:
+            return 0.0, f"case {i}: {result.reason}"
+        if _norm_output(result.stdout) != _norm_output(case["output"]):
+            return 0.0, f"case {i}: wrong output"
+    return 1.0, "passed"
+
+
+async def code_reward(args: Any, sample: Any) -> float:
+    tests = _tests_of(sample)
+    concurrency = max(1, int(getattr(args, "sandbox_concurrency", None) or 2))
+    slot = _slots.setdefault(concurrency, threading.BoundedSemaphore(concurrency))
+
+    def job() -> tuple[float, str]:
+        with slot:
+            return grade_code(extract_code(sample.response), tests, **_limits(args))
+
+    reward, reason = await asyncio.to_thread(job)
+    if isinstance(sample.metadata, dict):
+        sample.metadata["code_result"] = reason
+    return reward

@@ -1,0 +1,30 @@
+"""slime's `deepscaler` reward: 1 if the boxed answer AFTER the reasoning is right, else 0.
+
+Only the text after the last `</think>` (or after the first `###Response`) is graded; a response
+with neither scores 0. The label may itself be boxed. Grading is `math_grader.grade_answer`.
+"""
+
+from __future__ import annotations
+
+from slime.rollout.rm_hub.math_grader import extract_answer, grade_answer
+
+
+def deepscaler_reward(response: str, label) -> int:
+    response = response or ""
+    if "</think>" in response:
+        solution = response.split("</think>")[-1]
+    elif "###Response" in response:
+        solution = response.split("###Response")[1]
+    else:
+        return 0
+    given = extract_answer(solution)
+    if given is None or label == "":
+        return 0
+    if not isinstance(label, (str, int, float)):
+        raise TypeError(f"deepscaler: the label must be a string or a number, got {type(label).__name__}")
+    truth = str(label)
+    if "\\boxed" in truth or "\\fbox" in truth:
+        truth = extract_answer(truth)
+        if truth is None:
+            return 0
+    return 1 if grade_answer(given, truth) else 0

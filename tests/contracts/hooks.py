@@ -1,0 +1,107 @@
+"""Reference hooks with slime's documented signatures (loaded by dotted path, as a user's are)."""
+
+from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+from slime.utils.types import Sample
+
+CALLS = {"rm": 0, "group_rm": [], "postprocess": []}
+
+
+def _fill(sample, text, reward=None):
+    sample.tokens = [1, 2, 3]
+    sample.response = text
+    sample.response_length = 2
+    sample.loss_mask = [1, 1]
+    sample.status = Sample.Status.COMPLETED
+    if reward is not None:
+        sample.reward = reward
+    return sample
+
+
+async def custom_generate(args, sample: Sample, sampling_params: dict) -> Sample:
+    return _fill(sample, "gen-" + str(sample.index))
+
+
+def custom_generate_sync(args, sample, sampling_params):
+    return _fill(sample, "sync-" + str(sample.index))
+
+
+async def custom_generate_with_evaluation(args, sample, sampling_params, evaluation=False):
+    sample.metadata["evaluation"] = evaluation
+    return _fill(sample, "eval" if evaluation else "train")
+
+
+async def custom_generate_list(args, sample, sampling_params):
+    sibling = _fill(Sample(index=(sample.index or 0) + 100, prompt=sample.prompt, metadata={}), "turn-1", reward=0.25)
+    return [_fill(sample, "turn-0"), sibling]
+
+
+async def custom_generate_raises_on_odd(args, sample, sampling_params):
+    if sample.index % 2:
+        raise RuntimeError(f"tool crashed on sample {sample.index}")
+    return _fill(sample, "fine")
+
+
+async def custom_generate_wrong_type(args, sample, sampling_params):
+    return {"not": "a sample"}
+
+
+async def custom_generate_presets_reward(args, sample, sampling_params):
+    return _fill(sample, "scored", reward=0.75)
+
+
+async def custom_rm(args, sample: Sample) -> float:
+    CALLS["rm"] += 1
+    return float(len(sample.response))
+
+
+def custom_rm_sync(args, sample):
+    CALLS["rm"] += 1
+    return 2.0
+
+
+async def group_rm(args, samples: list[Sample]) -> list[float]:
+    CALLS["group_rm"].append(len(samples))
+    return [float(i) for i in range(len(samples))]
+
+
+def custom_rm_raises_on_odd(args, sample):
+    if sample.index % 2:
+        raise ValueError("verifier exploded")
+    return 1.0
+
+
+def keep_if_first_reward_positive(args, samples):
+    return DynamicFilterOutput(keep=samples[0].reward > 0, reason=None if samples[0].reward > 0 else "bad_first")
+
+
+def keep_nothing_bool(args, samples):
+    return False
+
+
+def reward_post_process(args, samples):
+    raw = [s.get_reward_value(args) for s in samples]
+    return raw, [r + 1.0 for r in raw]
+
+
+def rollout_data_postprocess(args, rollout_id, rollout_data):
+    CALLS["postprocess"].append((rollout_id, len(rollout_data["advantages"])))
+
+
+def rollout_function(args, rollout_id, data_source, evaluation=False):
+    sample = _fill(Sample(index=0, prompt="p", metadata={}), "r", reward=1.0)
+    if evaluation:
+        return RolloutFnEvalOutput(data={"set": {"rewards": [1.0], "samples": [sample]}}, metrics={"eval/x": 1.0})
+    return RolloutFnTrainOutput(samples=[[sample]], metrics={"rollout/custom": 1.0})
+
+
+def rollout_function_without_evaluation(args, rollout_id, data_source):
+    return []
+
+
+def generate_missing_sampling_params(args, sample):
+    return sample
+
+
+def filter_three_args(args, samples, extra):
+    return True

@@ -1,0 +1,299 @@
+"""Contracts of every hook (as slime's tests/plugin_contracts): the documented signature works (sync
+and async), a wrong signature or an import error stops at start-up naming the argument and the
+path, an exception inside a per-sample hook marks that sample FAILED (traceback logged) while the
+rollout goes on, and too many failures stop the run. Fast: no Ray, no engine (the rollout functions
+run with custom generate hooks, so no engine is called)."""
+
+import asyncio
+import logging
+from argparse import Namespace
+
+import pytest
+
+from slime.errors import SlimeError
+from slime.preflight import HOOK_CALLS, check_hook, check_hooks
+from slime.ray.rollout import check_failed_samples
+from slime.rollout import sglang_rollout
+from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, unwrap_train_output
+from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonzero_std
+from slime.rollout.train_data import samples_to_train_data
+from slime.utils.types import Sample
+from tests.contracts import hooks
+
+H = "tests.contracts.hooks."
+
+
+def make_args(**kw):
+    base = dict(custom_generate_function_path=None, custom_rm_path=None, rm_type="math", group_rm=False,
+                rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling_filter_path=None,
+                over_sampling_batch_size=None, reward_key=None, loss_type="policy_loss",
+                advantage_estimator="grpo", disable_grpo_std_normalization=False, overlong_buffer_len=None,
+                custom_reward_post_process_path=None, custom_convert_samples_to_train_data_path=None)
+    base.update(kw)
+    return Namespace(**base)
+
+
+@pytest.fixture
+def state(monkeypatch):
+    """A GenerateState without tokenizer or engine: what the rollout plumbing needs from it."""
+    from slime.utils.misc import load_function
+
+    def install(args):
+        st = object.__new__(sglang_rollout.GenerateState)
+        st.args, st.semaphore, st.sampling_params = args, asyncio.Semaphore(64), {"max_new_tokens": 4}
+        st.custom_generate = (load_function(args.custom_generate_function_path)
+                              if args.custom_generate_function_path else None)
+        st.custom_rm, st.eval_datasets = None, {}
+        st.tokenizer = None
+        monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)
+        return st
+
+    hooks.CALLS.update(rm=0, group_rm=[], postprocess=[])
+    yield install
+    sglang_rollout.GenerateState.reset()
+
+
+def group(n=2, gi=0):
+    return [Sample(group_index=gi, index=gi * n + j, prompt="p", tokens=[9], metadata={}) for j in range(n)]
+
+
+def run_group(args, g, evaluation=False):
+    return asyncio.run(sglang_rollout.generate_and_rm_group(args, g, {"max_new_tokens": 4}, evaluation=evaluation))
+
+
+class Source:
+    def __init__(self, n=2):
+        self.n, self.next = n, 0
+
+    def get_samples(self, k):
+        out = [group(self.n, self.next + i) for i in range(k)]
+        self.next += k
+        return out
+
+
+# ------------------------------------------------------------------ --custom-generate-function-path
+
+@pytest.mark.parametrize("name", ["custom_generate", "custom_generate_sync"])
+def test_custom_generate_sync_and_async(state, name):
+    args = make_args(custom_generate_function_path=H + name, custom_rm_path=H + "custom_rm")
+    state(args)
+    out = run_group(args, group())
+    assert all(s.status == Sample.Status.COMPLETED and s.response.endswith(str(s.index)) for s in out)
+    assert [s.reward for s in out] == [float(len(s.response)) for s in out]
+
+
+def test_custom_generate_gets_evaluation_when_it_asks(state):
+    args = make_args(custom_generate_function_path=H + "custom_generate_with_evaluation", custom_rm_path=H + "custom_rm")
+    state(args)
+    assert [s.metadata["evaluation"] for s in run_group(args, group(), evaluation=True)] == [True, True]
+    assert run_group(args, group())[0].response == "train"
+
+
+def test_custom_generate_list_and_preset_rewards(state):
+    args = make_args(custom_generate_function_path=H + "custom_generate_list", custom_rm_path=H + "custom_rm")
+    state(args)
+    out = run_group(args, group())
+    assert len(out) == 4 and [s.response for s in out] == ["turn-0", "turn-1"] * 2
+    assert [s.reward for s in out] == [6.0, 0.25, 6.0, 0.25]  # a reward set during generation is kept
+    assert hooks.CALLS["rm"] == 2
+
+
+def test_custom_generate_exception_fails_only_that_sample(state, caplog):
+    args = make_args(custom_generate_function_path=H + "custom_generate_raises_on_odd", custom_rm_path=H + "custom_rm")
+    state(args)
+    with caplog.at_level(logging.ERROR):
+        out = run_group(args, group(4))
+    ok, bad = [s for s in out if s.index % 2 == 0], [s for s in out if s.index % 2]
+    assert all(s.status == Sample.Status.COMPLETED and s.reward == 4.0 for s in ok)
+    assert all(s.status == Sample.Status.FAILED and s.reward is None for s in bad)
+    assert "--custom-generate-function-path tests.contracts.hooks.custom_generate_raises_on_odd" in bad[0].metadata["error"]
+    assert "tool crashed on sample 1" in bad[0].metadata["error"]
+    assert "Traceback" in bad[0].metadata["traceback"] and "Traceback" in caplog.text
+    assert bad[0].loss_mask == [] and bad[0].response_length == 0  # well-formed, never trained on
+
+
+def test_custom_generate_wrong_return_type_fails_the_sample(state):
+    args = make_args(custom_generate_function_path=H + "custom_generate_wrong_type", custom_rm_path=H + "custom_rm")
+    state(args)
+    out = run_group(args, group())
+    assert all(s.status == Sample.Status.FAILED and "not a Sample" in s.metadata["error"] for s in out)
+
+
+# ------------------------------------------------------------------ --custom-rm-path / --group-rm
+
+@pytest.mark.parametrize("name,reward", [("custom_rm", 5.0), ("custom_rm_sync", 2.0)])
+def test_custom_rm_per_sample_sync_and_async(state, name, reward):
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + name)
+    state(args)
+    assert [s.reward for s in run_group(args, group(3))] == [reward] * 3
+    assert hooks.CALLS["rm"] == 3
+
+
+def test_group_rm_one_call_per_group(state):
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "group_rm", group_rm=True)
+    state(args)
+    out = run_group(args, group(4))
+    assert hooks.CALLS["group_rm"] == [4] and [s.reward for s in out] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_custom_rm_exception_fails_only_that_sample(state, caplog):
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm_raises_on_odd")
+    state(args)
+    with caplog.at_level(logging.ERROR):
+        out = run_group(args, group(4))
+    assert [s.status for s in out] == [Sample.Status.COMPLETED, Sample.Status.FAILED] * 2
+    assert "verifier exploded" in out[1].metadata["error"] and "Traceback" in caplog.text
+
+
+def test_builtin_reward_error_fails_the_sample(state):
+    # remote_rm without a service: retried, then FAILED with the reason, never a silent 0
+    args = make_args(custom_generate_function_path=H + "custom_generate", rm_type="remote_rm",
+                     rm_url="http://127.0.0.1:9/r", rm_max_retries=2, rm_retry_interval=0.01, rm_timeout=1)
+    state(args)
+    out = run_group(args, group())
+    assert all(s.status == Sample.Status.FAILED and s.reward is None for s in out)
+    assert "remote_rm" in out[0].metadata["error"] and "after 2 attempts" in out[0].metadata["error"]
+
+
+# ------------------------------------------------------------------ failure-rate threshold
+
+def test_failure_ratio_threshold_stops_the_run():
+    g = group(4)
+    for s in g[:1]:
+        s.status, s.metadata["error"] = Sample.Status.FAILED, "reward: ValueError: boom"
+    check_failed_samples([g], 0, 0.5)  # 25% failed: goes on
+    g[1].status = Sample.Status.FAILED
+    check_failed_samples([g], 0, 0.5)  # 50%: still allowed
+    g[2].status = Sample.Status.FAILED
+    with pytest.raises(SlimeError, match=r"rollout 3: 3 of 4 samples FAILED \(75%\).*--max-failed-sample-ratio 0.5.*boom"):
+        check_failed_samples([g], 3, 0.5)
+    for s in g:
+        s.status = Sample.Status.FAILED
+    with pytest.raises(SlimeError, match="4 of 4"):
+        check_failed_samples([g], 0, 1.0)  # all failed always stops
+
+
+# ------------------------------------------------------------------ --rollout-function-path / --eval-function-path
+
+def test_rollout_function_contract(state):
+    from slime.rollout.base_types import unwrap_eval_output
+
+    groups, metrics = unwrap_train_output(hooks.rollout_function(make_args(), 0, None))
+    assert groups[0][0].reward == 1.0 and metrics == {"rollout/custom": 1.0}
+    data, metrics = unwrap_eval_output(hooks.rollout_function(make_args(), 0, None, evaluation=True))
+    assert data["set"]["rewards"] == [1.0] and metrics == {"eval/x": 1.0}
+    # the default rollout function runs hooks without an engine and returns RolloutFnTrainOutput
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm")
+    state(args)
+    out = asyncio.run(sglang_rollout.generate_rollout_async(args, 0, Source()))
+    assert isinstance(out, RolloutFnTrainOutput) and len(out.samples) == 2
+
+
+# ------------------------------------------------------------------ --dynamic-sampling-filter-path
+
+def test_dynamic_sampling_refills_dropped_groups(state, monkeypatch):
+    rewards = iter([0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0] + [1.0] * 100)
+
+    async def rm(args, sample):
+        return next(rewards)
+
+    monkeypatch.setattr(hooks, "custom_rm", rm)
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm",
+                     dynamic_sampling_filter_path=H + "keep_if_first_reward_positive", over_sampling_batch_size=1)
+    state(args)
+    out = asyncio.run(sglang_rollout.generate_rollout_async(args, 0, Source()))
+    assert len(out.samples) == 2 and all(g[0].reward > 0 for g in out.samples)
+    assert out.metrics["rollout/dynamic_filter/drop_bad_first"] == 2.0
+    assert out.metrics["rollout/dynamic_filter/generated_groups"] == 4.0
+
+
+def test_dynamic_sampling_gives_up_with_a_clear_message(state):
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm",
+                     dynamic_sampling_filter_path=H + "keep_nothing_bool")
+    state(args)
+    with pytest.raises(SlimeError, match=r"--dynamic-sampling-filter-path tests.contracts.hooks.keep_nothing_bool "
+                                         r"kept 0 of 20 groups.*unspecified"):
+        asyncio.run(sglang_rollout.generate_rollout_async(args, 0, Source()))
+
+
+def test_stock_nonzero_std_filter():
+    g = group(3)
+    for s, r in zip(g, [1.0, 1.0, 1.0]):
+        s.reward = r
+    out = check_reward_nonzero_std(make_args(), g)
+    assert not out.keep and out.reason == "zero_std_1.0"
+    g[0].reward = 0.0
+    assert check_reward_nonzero_std(make_args(), g).keep
+
+
+# ------------------------------------------------------------------ reward post-process / conversion
+
+def test_custom_reward_post_process():
+    g = group(2)
+    for s, r in zip(g, [0.0, 1.0]):
+        s.reward, s.status, s.tokens, s.response_length, s.loss_mask = r, Sample.Status.COMPLETED, [1, 2], 1, [1]
+    args = make_args(custom_reward_post_process_path=H + "reward_post_process")
+    data = samples_to_train_data(args, [g])
+    assert data["raw_reward"] == [0.0, 1.0] and data["rewards"] == [1.0, 2.0]  # no group normalisation
+
+
+# ------------------------------------------------------------------ --rollout-data-postprocess-path
+
+def test_rollout_data_postprocess_runs_on_the_trainer(tiny_model_dir, tmp_path):
+    from slime.arguments import parse_args
+    from slime.backends.torch.actor import TrainActor
+
+    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2",
+                       "--n-samples-per-prompt", "2", "--num-rollout", "4", "--run-dir", str(tmp_path),
+                       "--micro-batch-size", "4", "--rollout-data-postprocess-path", H + "rollout_data_postprocess"])
+    actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
+    actor.init()
+    actor.train(7, {"tokens": [[5, 6, 7], [5, 6, 8], [9, 6, 7], [9, 6, 8]], "response_lengths": [1] * 4,
+                    "loss_masks": [[1]] * 4, "rewards": [1.0, -1.0, 0.5, -0.5]})
+    assert hooks.CALLS["postprocess"] == [(7, 4)]
+
+
+# ------------------------------------------------------------------ start-up checks (preflight)
+
+GOOD = {
+    "rollout_function_path": "rollout_function", "eval_function_path": "rollout_function",
+    "custom_generate_function_path": "custom_generate", "custom_rm_path": "custom_rm",
+    "dynamic_sampling_filter_path": "keep_nothing_bool", "custom_reward_post_process_path": "reward_post_process",
+    "custom_convert_samples_to_train_data_path": "rollout_function",  # 4 positional parameters
+    "rollout_data_postprocess_path": "rollout_data_postprocess",
+}
+
+
+@pytest.mark.parametrize("arg", sorted(HOOK_CALLS))
+def test_preflight_accepts_documented_signatures(arg):
+    check_hook(arg, H + GOOD[arg])
+
+
+@pytest.mark.parametrize("arg,name", [
+    ("rollout_function_path", "rollout_function_without_evaluation"),
+    ("custom_generate_function_path", "generate_missing_sampling_params"),
+    ("dynamic_sampling_filter_path", "filter_three_args"),
+    ("rollout_data_postprocess_path", "custom_rm"),
+])
+def test_preflight_rejects_wrong_signature(arg, name):
+    flag = "--" + arg.replace("_", "-")
+    with pytest.raises(SlimeError, match=rf"^{flag} tests\.contracts\.hooks\.{name}: signature .* cannot be called as"):
+        check_hook(arg, H + name)
+
+
+@pytest.mark.parametrize("arg", sorted(HOOK_CALLS))
+def test_preflight_names_import_errors(arg):
+    flag = "--" + arg.replace("_", "-")
+    with pytest.raises(SlimeError, match=rf"cannot import module 'tests.contracts.bad_import_hook' \(from {flag}\).*"
+                                         "a_module_that_does_not_exist"):
+        check_hook(arg, "tests.contracts.bad_import_hook.hook")
+    with pytest.raises(SlimeError, match=rf"has no attribute 'nope' \(from {flag}\)"):
+        check_hook(arg, H + "nope")
+
+
+def test_preflight_checks_every_hook_argument():
+    args = Namespace(**{a: None for a in HOOK_CALLS})
+    check_hooks(args)
+    args.custom_rm_path = "tests.contracts.bad_import_hook.hook"
+    with pytest.raises(SlimeError, match="--custom-rm-path"):
+        check_hooks(args)
