@@ -5,7 +5,10 @@ Each failure raises `SlimeError` naming the argument, file or line to fix.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import difflib
+import io
 import json
 from argparse import Namespace
 from pathlib import Path
@@ -46,11 +49,8 @@ def check_context_length(args: Namespace) -> None:
             )
 
 
-def check_engine_args(sglang_args: list[str]) -> None:
-    """Validate `--sglang-*` pass-through against the built-in engine's own parser."""
-    from slime.engine.server import build_arg_parser
-
-    parser = build_arg_parser()
+def check_passthrough_args(parser: argparse.ArgumentParser, sglang_args: list[str], engine: str) -> None:
+    """Validate `--sglang-*` pass-through against the parser of the engine that will run it."""
     known = sorted({s for a in parser._actions for s in a.option_strings})
     for tok in sglang_args:
         if not tok.startswith("--"):
@@ -59,11 +59,21 @@ def check_engine_args(sglang_args: list[str]) -> None:
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
             hint = f"; did you mean --sglang-{close[0][2:]}?" if close else ""
-            raise SlimeError(f"unknown engine argument --sglang-{name[2:]} (the built-in engine has no {name}){hint}")
+            raise SlimeError(f"unknown engine argument --sglang-{name[2:]} ({engine} has no {name}){hint}")
+    err = io.StringIO()
     try:
-        parser.parse_args(["--model-path", "x", *sglang_args])
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(["--model-path", "x", *sglang_args])
     except SystemExit as e:
-        raise SlimeError(f"invalid --sglang-* arguments: {' '.join(sglang_args)}") from e
+        msg = err.getvalue().strip().splitlines()
+        raise SlimeError(f"invalid --sglang-* arguments for {engine}: {msg[-1] if msg else ' '.join(sglang_args)}") from e
+
+
+def check_engine_args(sglang_args: list[str]) -> None:
+    """Validate `--sglang-*` pass-through against the built-in engine's own parser."""
+    from slime.engine.server import build_arg_parser
+
+    check_passthrough_args(build_arg_parser(), sglang_args, "the built-in engine")
 
 
 # Each hook argument, with how slime calls it (positional names, keyword arguments passed) and

@@ -15,10 +15,7 @@ to the built-in engine: SGLang's native `/generate` and control endpoints.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import difflib
 import importlib.util
-import io
 import os
 import signal
 import subprocess
@@ -119,23 +116,9 @@ def validate_sglang_args(sglang_args: list[str]) -> None:
         raise SlimeError("--rollout-backend sglang needs the `sglang` package (and GPUs), which this "
                          "environment does not have; use --rollout-backend builtin")
     check_framework_owned(sglang_args)
-    parser = sglang_arg_parser()
-    known = sorted({s for a in parser._actions for s in a.option_strings})
-    for tok in sglang_args:
-        if not tok.startswith("--"):
-            continue
-        name = tok.split("=", 1)[0]
-        if name not in known:
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean --sglang-{close[0][2:]}?" if close else ""
-            raise SlimeError(f"unknown engine argument --sglang-{name[2:]} (sglang.launch_server has no {name}){hint}")
-    err = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(err):
-            parser.parse_args(["--model-path", "x", *sglang_args])
-    except SystemExit as e:
-        msg = err.getvalue().strip().splitlines()
-        raise SlimeError(f"invalid --sglang-* arguments for sglang.launch_server: {msg[-1] if msg else sglang_args}") from e
+    from slime.preflight import check_passthrough_args
+
+    check_passthrough_args(sglang_arg_parser(), sglang_args, "sglang.launch_server")
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec

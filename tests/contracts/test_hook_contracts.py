@@ -14,7 +14,7 @@ from slime.errors import SlimeError
 from slime.preflight import HOOK_CALLS, check_hook, check_hooks
 from slime.ray.rollout import check_failed_samples
 from slime.rollout import sglang_rollout
-from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, unwrap_train_output
+from slime.rollout.base_types import RolloutFnTrainOutput, unwrap_train_output
 from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonzero_std
 from slime.rollout.train_data import samples_to_train_data
 from slime.utils.types import Sample

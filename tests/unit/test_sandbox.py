@@ -7,7 +7,6 @@ import tempfile
 import threading
 import time
 
-import pytest
 
 from slime.rollout.rm_hub.sandbox import network_isolation, run_python
 

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from slime.algorithms.losses import reduce_loss, sft_loss
 from slime.backends.torch.batching import (
-    build_micro_batch, make_micro_batch, pack, plan_micro_batches, response_log_probs,
+    build_micro_batch, make_micro_batch, plan_micro_batches, response_log_probs,
 )
 from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
 from slime.backends.torch.optim import build_optimizer

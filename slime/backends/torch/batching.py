@@ -89,7 +89,7 @@ def make_packed_micro_batch(data: dict[str, Any], indices: Sequence[int]) -> Mic
     position = torch.cat([torch.arange(n) for n in lengths]).view(1, total)
     causal = torch.arange(total)[:, None] >= torch.arange(total)[None, :]
     mask = (causal & (segment[:, None] == segment[None, :]))[None, None]
-    rows, cols, start = [], [], 0
+    cols, start = [], 0
     for n, r in zip(lengths, resp):
         cols += range(start + n - r - 1, start + n - 1)
         start += n
