@@ -8,9 +8,12 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # Every pip call takes constraints.txt: an unpinned torch would pull a multi-GB CUDA build.
-if ! .venv/bin/python -c "import slime, torch, transformers, ray, sglang_router, pytest" 2>/dev/null; then
+# Re-run whenever pyproject.toml changed since the last install (a stamp file remembers it).
+stamp=.venv/.slime-installed
+if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
   .venv/bin/pip install -q --upgrade pip -c constraints.txt
   .venv/bin/pip install -q -c constraints.txt -e ".[test,router]"
+  cp pyproject.toml "$stamp"
 fi
 # PyPI's torchvision/torchaudio are CUDA builds that break CPU torch imports.
 .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
