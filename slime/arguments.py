@@ -270,6 +270,31 @@ def _split_passthrough(argv: Sequence[str], known_options: set[str]) -> tuple[li
     return own, passthrough
 
 
+def passthrough_value(tokens: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in forwarded engine arguments (`--flag v` or `--flag=v`), else None."""
+    for i, tok in enumerate(tokens):
+        if tok == flag and i + 1 < len(tokens):
+            return tokens[i + 1]
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+    return None
+
+
+def passthrough_without(tokens: Sequence[str], flags: set[str]) -> list[str]:
+    """Forwarded engine arguments with `flags` (and their values) removed."""
+    out: list[str] = []
+    skip = False
+    for i, tok in enumerate(tokens):
+        if skip:
+            skip = False
+            continue
+        if tok.split("=", 1)[0] in flags:
+            skip = "=" not in tok and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+            continue
+        out.append(tok)
+    return out
+
+
 def _suggest(name: str, options: Sequence[str]) -> str:
     close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
     return f"; did you mean {close[0]}?" if close else ""

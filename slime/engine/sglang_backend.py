@@ -23,6 +23,7 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
+from slime.arguments import passthrough_value, passthrough_without
 from slime.errors import SlimeError
 
 ROLLOUT_BACKENDS = ("sglang", "builtin")
@@ -52,28 +53,6 @@ def default_rollout_backend() -> str:
     return "sglang" if sglang_installed() and cuda_available() else "builtin"
 
 
-def _value(tokens: list[str], flag: str) -> str | None:
-    for i, tok in enumerate(tokens):
-        if tok == flag and i + 1 < len(tokens):
-            return tokens[i + 1]
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
-
-
-def _without(tokens: list[str], flags: set[str]) -> list[str]:
-    out, skip = [], False
-    for i, tok in enumerate(tokens):
-        if skip:
-            skip = False
-            continue
-        if tok.split("=", 1)[0] in flags:
-            skip = "=" not in tok and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
-            continue
-        out.append(tok)
-    return out
-
-
 def check_framework_owned(sglang_args: list[str]) -> None:
     for tok in sglang_args:
         name = tok.split("=", 1)[0]
@@ -86,11 +65,11 @@ def sglang_server_command(args: Namespace, rank: int, base_gpu_id: int, port: in
     """(host, argv) of engine `rank`'s `sglang.launch_server`; --sglang-host/--sglang-port win as usual."""
     extra = list(args.sglang_args)
     check_framework_owned(extra)
-    host = _value(extra, "--host") or "127.0.0.1"
-    user_port = _value(extra, "--port")
+    host = passthrough_value(extra, "--host") or "127.0.0.1"
+    user_port = passthrough_value(extra, "--port")
     port = int(user_port) + rank if user_port else port
-    extra = _without(extra, {"--host", "--port"})
-    if _value(extra, "--random-seed") is None:
+    extra = passthrough_without(extra, {"--host", "--port"})
+    if passthrough_value(extra, "--random-seed") is None:
         extra += ["--random-seed", str(args.seed + rank)]
     cmd = [sys.executable, "-m", "sglang.launch_server",
            "--model-path", str(args.hf_checkpoint),
@@ -136,7 +115,7 @@ def start_sglang_server(args: Namespace, rank: int, base_gpu_id: int, log_path: 
     from slime.engine.launcher import EngineLaunchError, EngineProcess, find_free_port
 
     host, cmd = sglang_server_command(args, rank, base_gpu_id, find_free_port())
-    port = int(_value(cmd, "--port"))
+    port = int(passthrough_value(cmd, "--port"))
     env = dict(os.environ)
     if env.get("CUDA_VISIBLE_DEVICES") == "":  # set empty for GPU-less Ray actors: it would hide every GPU
         env.pop("CUDA_VISIBLE_DEVICES")

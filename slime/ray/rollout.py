@@ -17,18 +17,10 @@ from typing import Any
 
 import ray
 
+from slime.arguments import passthrough_value, passthrough_without
 from slime.ray.placement_group import Placement, thread_budget
 
 logger = logging.getLogger(__name__)
-
-
-def _passthrough_value(sglang_args: list[str], flag: str) -> str | None:
-    for i, tok in enumerate(sglang_args):
-        if tok == flag and i + 1 < len(sglang_args):
-            return sglang_args[i + 1]
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
 
 
 def engine_launch_args(args: Namespace, rank: int, num_threads: int) -> tuple[str, int | None, int, list[str]]:
@@ -38,21 +30,11 @@ def engine_launch_args(args: Namespace, rank: int, num_threads: int) -> tuple[st
     win over the framework's (port + rank for the rank-th engine).
     """
     extra = list(args.sglang_args)
-    host = _passthrough_value(extra, "--host") or "127.0.0.1"
-    port = _passthrough_value(extra, "--port")
-    threads = _passthrough_value(extra, "--num-threads")
-    owned = {"--host", "--port", "--num-threads"}  # passed by the launcher itself
-    cleaned: list[str] = []
-    skip = False
-    for tok in extra:
-        if skip:
-            skip = False
-            continue
-        if tok.split("=", 1)[0] in owned:
-            skip = "=" not in tok
-            continue
-        cleaned.append(tok)
-    if _passthrough_value(cleaned, "--random-seed") is None:
+    host = passthrough_value(extra, "--host") or "127.0.0.1"
+    port = passthrough_value(extra, "--port")
+    threads = passthrough_value(extra, "--num-threads")
+    cleaned = passthrough_without(extra, {"--host", "--port", "--num-threads"})  # the launcher passes these
+    if passthrough_value(cleaned, "--random-seed") is None:
         cleaned += ["--random-seed", str(args.seed + rank)]
     return host, (int(port) + rank if port else None), int(threads or num_threads), cleaned
 
