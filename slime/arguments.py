@@ -33,6 +33,7 @@ KL_LOSS_TYPES = ("k1", "k2", "k3", "low_var_kl")
 TRAIN_BACKENDS = ("fsdp", "megatron")
 
 DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
+DEFAULT_DATA_SOURCE = "slime.data.data_source.RolloutDataSourceWithBuffer"
 # sglang-router's policies (kept in sync with slime.engine.router.ROUTER_POLICIES, tested)
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing", "manual")
 
@@ -96,8 +97,23 @@ def build_parser() -> _Parser:
     g.add_argument("--metadata-key", type=str, default="metadata")
     g.add_argument("--apply-chat-template", action="store_true")
     g.add_argument("--apply-chat-template-kwargs", type=json.loads, default=None, help="JSON dict.")
+    g.add_argument("--tool-key", type=str, default=None,
+                   help="Column with the tools (a list, or a JSON string of one) passed to the chat template "
+                        "as `tools=` and kept in sample.metadata['tools'].")
     g.add_argument("--rollout-shuffle", action="store_true")
     g.add_argument("--rollout-seed", type=int, default=42)
+    g.add_argument("--rollout-max-prompt-len", type=int, default=None,
+                   help="Drop prompts longer than this many tokens at load time (counted in "
+                        "rollout/data/dropped_long_prompts).")
+    g.add_argument("--num-epoch", type=int, default=None,
+                   help="Passes over --prompt-data; sets --num-rollout to num_epoch x prompts // "
+                        "--rollout-batch-size when --num-rollout is not given.")
+    g.add_argument("--data-source-path", type=str, default=DEFAULT_DATA_SOURCE,
+                   help="Class (args) -> data source with get_samples(n) -> groups, add_samples(groups), "
+                        "save(rollout_id), load(rollout_id), __len__ (slime's DataSource).")
+    g.add_argument("--buffer-filter-path", type=str, default=None,
+                   help="fn(args, rollout_id, buffer, num_samples) -> groups taken from the Data Buffer "
+                        "before new prompts (default: oldest first).")
 
     g = p.add_argument_group("rollout")
     g.add_argument("--rollout-function-path", type=str, default=DEFAULT_ROLLOUT_FUNCTION)
@@ -127,6 +143,18 @@ def build_parser() -> _Parser:
                    help="fn(args, samples, raw_rewards, rewards) -> train data dict.")
     g.add_argument("--rollout-data-postprocess-path", type=str, default=None,
                    help="fn(args, rollout_id, rollout_data), on each trainer rank after advantages.")
+    g.add_argument("--partial-rollout", action="store_true",
+                   help="When enough groups are done, abort the rest and keep their partial responses in the "
+                        "Data Buffer; the next rollout resumes them first.")
+    g.add_argument("--mask-offpolicy-in-partial-rollout", action="store_true",
+                   help="With --partial-rollout: tokens generated before the resume (by older weights) get loss_mask 0.")
+    g.add_argument("--rollout-sample-filter-path", type=str, default=None,
+                   help="fn(args, samples) that sets sample.remove_sample on samples not to train on "
+                        "(kept in their group and counted, loss mask zeroed).")
+    g.add_argument("--max-turns", type=int, default=8,
+                   help="Multi-turn trajectories (slime.rollout.multi_turn): most model turns per sample.")
+    g.add_argument("--max-total-tokens", type=int, default=None,
+                   help="Multi-turn trajectories: most prompt + response tokens per sample.")
     g.add_argument("--max-failed-sample-ratio", type=float, default=0.5,
                    help="Stop the run when more than this fraction of a rollout's samples FAILED "
                         "(a hook or reward that raised); failed samples are never trained on.")
@@ -374,12 +402,13 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
             "--train-backend megatron needs GPUs and Megatron-LM, which this installation does not have; "
             "use --train-backend fsdp (the default)"
         )
-    for name in ("rollout_batch_size", "num_rollout"):
-        if getattr(args, name) is None:
-            raise SlimeError(f"--{name.replace('_', '-')} is required")
+    if args.rollout_batch_size is None:
+        raise SlimeError("--rollout-batch-size is required")
+    if args.num_rollout is None and args.num_epoch is None:
+        raise SlimeError("--num-rollout (or --num-epoch) is required")
     positive = ("rollout_batch_size", "n_samples_per_prompt", "micro_batch_size", "num_rollout",
                 "actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine",
-                "rollout_max_response_len")
+                "rollout_max_response_len", "num_epoch", "rollout_max_prompt_len", "max_turns", "max_total_tokens")
     for name in positive:
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SlimeError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -450,8 +479,26 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         from slime.engine.sglang_backend import default_rollout_backend
 
         args.rollout_backend = default_rollout_backend()
+    if args.num_rollout is None:
+        args.num_rollout = _rollouts_for_epochs(args)
     check_algorithm_args(args)
     return args
+
+
+def _rollouts_for_epochs(args: argparse.Namespace) -> int:
+    """--num-epoch without --num-rollout: epochs x prompts // --rollout-batch-size (slime's rule).
+    The prompts are counted as the data source will hand them out (after --rollout-max-prompt-len)."""
+    from slime.utils.misc import load_function
+
+    source_cls = load_function(args.data_source_path, arg_name="--data-source-path")
+    num_prompts = len(source_cls(args))
+    num_rollout = args.num_epoch * num_prompts // args.rollout_batch_size
+    if num_rollout < 1:
+        raise SlimeError(
+            f"--num-epoch {args.num_epoch} over {num_prompts} prompts is less than one rollout of "
+            f"--rollout-batch-size {args.rollout_batch_size}"
+        )
+    return num_rollout
 
 
 def _need(cond: bool, message: str) -> None:

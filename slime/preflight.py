@@ -88,6 +88,9 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "custom_reward_post_process_path": (("args", "samples"), ()),
     "custom_convert_samples_to_train_data_path": (("args", "samples", "raw_rewards", "rewards"), ()),
     "rollout_data_postprocess_path": (("args", "rollout_id", "rollout_data"), ()),
+    "buffer_filter_path": (("args", "rollout_id", "buffer", "num_samples"), ()),
+    "rollout_sample_filter_path": (("args", "samples"), ()),
+    "data_source_path": (("args",), ()),
 }
 
 
@@ -126,8 +129,12 @@ def check_reward_args(args: Namespace) -> None:
     over = getattr(args, "over_sampling_batch_size", None)
     if over is not None and over < 1:
         raise SlimeError(f"--over-sampling-batch-size must be >= 1, got {over}")
-    if over is not None and not getattr(args, "dynamic_sampling_filter_path", None):
-        raise SlimeError("--over-sampling-batch-size only applies with --dynamic-sampling-filter-path")
+    if over is not None and not (getattr(args, "dynamic_sampling_filter_path", None)
+                                 or getattr(args, "partial_rollout", False)):
+        raise SlimeError("--over-sampling-batch-size only applies with --dynamic-sampling-filter-path "
+                         "or --partial-rollout")
+    if getattr(args, "mask_offpolicy_in_partial_rollout", False) and not getattr(args, "partial_rollout", False):
+        raise SlimeError("--mask-offpolicy-in-partial-rollout needs --partial-rollout")
     for name in ("rm_timeout", "rm_max_retries", "sandbox_timeout", "sandbox_cpu_time", "sandbox_memory_mb",
                  "sandbox_concurrency"):
         value = getattr(args, name, None)
@@ -163,10 +170,25 @@ def preflight(args: Namespace) -> None:
     elif args.rm_type is not None:
         validate_rm_type(args.rm_type)
 
-    if not args.prompt_data:
-        raise SlimeError("--prompt-data is required")
-    # Reading every row now catches a malformed line or a missing key before anything starts.
-    load_prompt_samples(args.prompt_data, input_key=args.input_key, label_key=args.label_key)
+    from slime.arguments import DEFAULT_DATA_SOURCE
+
+    if not args.prompt_data and args.data_source_path == DEFAULT_DATA_SOURCE:
+        raise SlimeError("--prompt-data is required (or a --data-source-path that provides prompts)")
+    if args.prompt_data:
+        # Reading every row now catches a malformed line, a missing key, a chat template that fails
+        # or a length limit that leaves nothing, before anything starts.
+        tokenizer = None
+        if args.apply_chat_template or args.rollout_max_prompt_len:
+            from slime.data.data_source import load_tokenizer
+
+            tokenizer = load_tokenizer(args.hf_checkpoint)
+        prompts = load_prompt_samples(
+            args.prompt_data, input_key=args.input_key, label_key=args.label_key, metadata_key=args.metadata_key,
+            tool_key=args.tool_key, tokenizer=tokenizer, apply_chat_template=args.apply_chat_template,
+            apply_chat_template_kwargs=args.apply_chat_template_kwargs, max_prompt_len=args.rollout_max_prompt_len)
+        if not prompts:
+            raise SlimeError(f"--prompt-data {args.prompt_data!r} holds no prompts ({prompts.num_dropped} longer "
+                             f"than --rollout-max-prompt-len {args.rollout_max_prompt_len})")
     if args.eval_prompt_data:
         for name, path in zip(args.eval_prompt_data[0::2], args.eval_prompt_data[1::2]):
             load_prompt_samples(path, input_key=args.eval_input_key, label_key=args.eval_label_key)

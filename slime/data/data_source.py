@@ -1,11 +1,18 @@
-"""`RolloutDataSource`: hands out prompt groups to the rollout, epoch after epoch.
+"""The Data Buffer: prompt groups for the rollout, epoch after epoch, plus groups kept for later.
+
+`RolloutDataSourceWithBuffer` (the default `--data-source-path`) is what a rollout function
+receives as `data_source`: `get_samples(n)` first takes groups from its buffer (partial or
+over-sampled groups a rollout put back with `add_samples`, chosen by `--buffer-filter-path`,
+oldest first by default), then new prompts from `RolloutDataSource`.
 
 Each call `get_samples(num_groups)` returns the next `num_groups` prompts, each repeated
 `n_samples_per_prompt` times as independent `Sample` copies. `group_index` is a global running
 prompt counter and `index` a global running sample counter. At the end of the data a new epoch
 starts; with `rollout_shuffle` every epoch has its own order, a deterministic function of
 `rollout_seed` and the epoch number. `state_dict()` / `load_state_dict()` (and `save` / `load`
-as JSON) let a resumed run continue exactly where it stopped.
+as JSON, buffer included) let a resumed run continue exactly where it stopped. `save(rollout_id)`
+and `load(rollout_id)` are slime's DataSource contract: the state lives in the checkpoint
+directory of that rollout (`<save>/iter_XXXXXXX/rollout_state.json`).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import copy
 import json
 import random
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +28,8 @@ from slime.data.dataset import PromptSamples, load_prompt_samples
 from slime.errors import SlimeError
 from slime.utils.types import Sample
 
-_STATE_VERSION = 1
+_STATE_VERSION = 2
+STATE_FILE = "rollout_state.json"
 
 
 def load_tokenizer(path: str | None, *, arg_name: str = "--hf-checkpoint"):
@@ -46,6 +55,9 @@ class RolloutDataSource:
         self.shuffle = bool(getattr(args, "rollout_shuffle", False))
         self.seed = int(getattr(args, "rollout_seed", 42) or 0)
         self._tokenizer = tokenizer
+        # A rollout function may fetch from a background thread (fully async) while the manager
+        # saves a checkpoint: every read or change of the position holds this lock.
+        self.lock = threading.RLock()
 
         self.epoch = 0
         self.offset = 0  # prompts of the current epoch already handed out
@@ -64,6 +76,7 @@ class RolloutDataSource:
                 input_key=input_key,
                 label_key=getattr(args, "label_key", None),
                 metadata_key=getattr(args, "metadata_key", None),
+                tool_key=getattr(args, "tool_key", None),
                 tokenizer=tokenizer,
                 apply_chat_template=apply_template,
                 apply_chat_template_kwargs=getattr(args, "apply_chat_template_kwargs", None),
@@ -100,6 +113,10 @@ class RolloutDataSource:
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
         """The next `num_groups` prompts, each as a group of `n_samples_per_prompt` Samples."""
+        with self.lock:
+            return self._new_groups(num_groups)
+
+    def _new_groups(self, num_groups: int) -> list[list[Sample]]:
         if self.dataset is None:
             raise SlimeError("no prompt data: set --prompt-data (or use a custom data source)")
         if num_groups < 0:
@@ -126,6 +143,10 @@ class RolloutDataSource:
     # -- checkpointing -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
+        with self.lock:
+            return self._state()
+
+    def _state(self) -> dict[str, Any]:
         return {
             "version": _STATE_VERSION,
             "epoch": self.epoch,
@@ -138,6 +159,10 @@ class RolloutDataSource:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self.lock:
+            self._load_state(state)
+
+    def _load_state(self, state: dict[str, Any]) -> None:
         missing = [k for k in ("epoch", "offset", "group_counter", "sample_counter") if k not in state]
         if missing:
             raise SlimeError(f"data source state is missing {missing}")
@@ -153,17 +178,30 @@ class RolloutDataSource:
         self.sample_counter = int(state["sample_counter"])
         self._order = self._epoch_order(self.epoch)
 
-    def save(self, path: str | Path) -> Path:
+    def _state_path(self, where: int | str | Path | None, directory_arg: str) -> Path:
+        """A rollout id -> that checkpoint's state file (under --save or --load); a path -> itself."""
+        from slime.backends.torch.checkpoint import iter_dir, latest_dir
+
+        if isinstance(where, (str, Path)):
+            return Path(where)
+        root = getattr(self.args, directory_arg, None)
+        if not root:
+            raise SlimeError(f"--{directory_arg} is not set: nowhere to keep the data source state")
+        directory = latest_dir(root) if where is None else iter_dir(root, int(where))
+        return directory / STATE_FILE
+
+    def save(self, rollout_id_or_path: int | str | Path) -> Path:
         """Write `state_dict()` as JSON (atomically: a crash never leaves half a file)."""
-        p = Path(path)
+        p = self._state_path(rollout_id_or_path, "save")
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.name + ".tmp")
-        tmp.write_text(json.dumps(self.state_dict(), indent=2) + "\n")
+        tmp.write_text(json.dumps(self.state_dict(), indent=2, default=str) + "\n")
         tmp.replace(p)
         return p
 
-    def load(self, path: str | Path) -> None:
-        p = Path(path)
+    def load(self, rollout_id_or_path: int | str | Path | None = None) -> None:
+        """Restore from a state file; a rollout id (or None: the latest) reads it under --load."""
+        p = self._state_path(rollout_id_or_path, "load")
         try:
             state = json.loads(p.read_text())
         except FileNotFoundError:
@@ -173,3 +211,75 @@ class RolloutDataSource:
         if not isinstance(state, dict):
             raise SlimeError(f"data source state {str(p)!r} is not a JSON object")
         self.load_state_dict(state)
+
+
+def pop_first(args: Any, rollout_id: int | None, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:
+    """The default `--buffer-filter-path`: the oldest `num_samples` groups, removed from the buffer."""
+    taken = buffer[:num_samples]
+    del buffer[:num_samples]
+    return taken
+
+
+class RolloutDataSourceWithBuffer(RolloutDataSource):
+    """`RolloutDataSource` plus the Data Buffer: groups put back by a rollout are handed out first.
+
+    A rollout puts back groups it could not use this time: with `--partial-rollout`, groups whose
+    generation it aborted (their samples keep the partial response and resume from it) and
+    finished groups beyond what it needed. The buffer is part of the saved state.
+    """
+
+    def __init__(self, args: Any, *, tokenizer: Any = None):
+        super().__init__(args, tokenizer=tokenizer)
+        self.buffer: list[list[Sample]] = []
+        path = getattr(args, "buffer_filter_path", None)
+        if path:
+            from slime.utils.misc import load_function
+
+            self.buffer_filter = load_function(path, arg_name="--buffer-filter-path")
+        else:
+            self.buffer_filter = pop_first
+        self.rollout_id: int | None = None  # set by the rollout manager; passed to the buffer filter
+
+    def get_samples(self, num_groups: int) -> list[list[Sample]]:
+        with self.lock:
+            groups = self._from_buffer(num_groups) if self.buffer else []
+            if len(groups) < num_groups:
+                groups += self._new_groups(num_groups - len(groups))
+            return groups
+
+    def _from_buffer(self, num_groups: int) -> list[list[Sample]]:
+        before = len(self.buffer)
+        taken = self.buffer_filter(self.args, self.rollout_id, self.buffer, num_groups)
+        path = getattr(self.args, "buffer_filter_path", None) or "pop_first"
+        if not isinstance(taken, list) or not all(isinstance(g, list) for g in taken):
+            raise SlimeError(f"--buffer-filter-path {path} must return a list of groups (lists of Sample), "
+                             f"got {type(taken).__name__}")
+        if len(taken) > num_groups:
+            raise SlimeError(f"--buffer-filter-path {path} returned {len(taken)} groups; {num_groups} were asked for")
+        if len(self.buffer) != before - len(taken):
+            raise SlimeError(f"--buffer-filter-path {path} must remove the groups it returns from the buffer "
+                             f"(buffer went from {before} to {len(self.buffer)} groups, {len(taken)} returned)")
+        return taken
+
+    def add_samples(self, groups: list[list[Sample]]) -> None:
+        """Put groups back for a later rollout (each a full group of `n_samples_per_prompt`)."""
+        for group in groups:
+            if not isinstance(group, list) or len(group) != self.n_samples_per_prompt:
+                size = len(group) if isinstance(group, list) else type(group).__name__
+                raise SlimeError(f"add_samples: a group must be a list of --n-samples-per-prompt "
+                                 f"({self.n_samples_per_prompt}) samples, got {size}")
+        with self.lock:
+            self.buffer.extend(groups)
+
+    def get_buffer_length(self) -> int:
+        return len(self.buffer)
+
+    def _state(self) -> dict[str, Any]:
+        state = super()._state()
+        state["buffer"] = [[s.to_dict() for s in g] for g in self.buffer]
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        with self.lock:
+            super().load_state_dict(state)
+            self.buffer = [[Sample.from_dict(d) for d in g] for g in state.get("buffer", [])]

@@ -104,12 +104,29 @@ def _check_messages(messages: list, where: str, input_key: str) -> None:
             )
 
 
+def _tools_of(row: dict, tool_key: str | None, where: str) -> list | None:
+    if tool_key is None or row.get(tool_key) is None:
+        return None
+    tools = row[tool_key]
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as e:
+            raise SlimeError(f"{where}: {tool_key!r} (--tool-key) is a string but not JSON: {e.msg}") from e
+    if isinstance(tools, dict):
+        tools = [tools]
+    if not isinstance(tools, list):
+        raise SlimeError(f"{where}: {tool_key!r} (--tool-key) must be a list of tools, got {type(tools).__name__}")
+    return tools
+
+
 def load_prompt_samples(
     path: str | Path,
     *,
     input_key: str,
     label_key: str | None = None,
     metadata_key: str | None = None,
+    tool_key: str | None = None,
     tokenizer: Any = None,
     apply_chat_template: bool = False,
     apply_chat_template_kwargs: dict | None = None,
@@ -125,6 +142,8 @@ def load_prompt_samples(
       tokenizes it with its loss mask).
     - `label_key` column (if given) is required in every row; `metadata_key` (if given) is
       optional per row and must hold an object (or a JSON string of one).
+    - `tool_key` column (if given; optional per row): a list of tool specs, or a JSON string of
+      one; passed to the chat template as `tools=` and kept in `metadata["tools"]`.
     - With `max_prompt_len` and a `tokenizer`, prompts longer than that many tokens are dropped
       and counted in the result's `num_dropped`.
     """
@@ -148,13 +167,15 @@ def load_prompt_samples(
                 f"{where}: {input_key!r} must be a string or a list of chat messages, got {type(value).__name__}"
             )
 
+        tools = _tools_of(row, tool_key, where)
+        row_kwargs = dict(template_kwargs, tools=tools) if tools is not None else template_kwargs
         prompt: str | list
         complete_conversation = isinstance(value, list) and bool(value) and value[-1].get("role") == "assistant"
         if apply_chat_template and not complete_conversation:
             messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
             try:
                 prompt = tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+                    messages, tokenize=False, add_generation_prompt=True, **row_kwargs
                 )
             except Exception as e:
                 raise SlimeError(f"{where}: applying the chat template failed: {type(e).__name__}: {e}") from e
@@ -166,7 +187,7 @@ def load_prompt_samples(
                 text = prompt
             else:
                 text = tokenizer.apply_chat_template(
-                    prompt, tokenize=False, add_generation_prompt=True, **template_kwargs
+                    prompt, tokenize=False, add_generation_prompt=True, **row_kwargs
                 )
             if len(tokenizer.encode(text, add_special_tokens=False)) > max_prompt_len:
                 out.num_dropped += 1
@@ -185,6 +206,8 @@ def load_prompt_samples(
                     f"{where}: {metadata_key!r} (--metadata-key) must be an object, got {type(raw).__name__}"
                 )
             metadata = copy.deepcopy(raw)
+        if tools is not None:
+            metadata["tools"] = tools
 
         out.append(
             Sample(

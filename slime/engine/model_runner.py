@@ -95,6 +95,18 @@ class ModelRunner:
         )
 
     # ------------------------------------------------------------------ helpers
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of KV cache one token takes: keys and values of every layer."""
+        c = self.config
+        layers = int(getattr(c, "num_hidden_layers"))
+        heads = int(getattr(c, "num_attention_heads"))
+        kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
+        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
+        return 2 * layers * kv_heads * head_dim * torch.finfo(self.dtype).bits // 8
+
+    def weight_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()
         candidates = [self.tokenizer.eos_token_id, getattr(self.config, "eos_token_id", None)]

@@ -6,7 +6,11 @@ left-padded prefill, then batched decode steps with a KV cache. Rows finish inde
 leave the batch (their KV rows are dropped). Continuous batching: requests that arrive meanwhile
 are prefilled between decode steps and their KV rows merged into the running batch (re-padded on
 the left), up to `max_running_requests` rows; admission stops while a control operation, pause
-or abort is pending, so those still run between batches. Control operations (weight updates, flush, memory release) run on the same thread between
+or abort is pending, so those still run between batches. KV budget (`max_total_tokens`, from
+`--max-total-tokens` or `--mem-fraction-static`): the batch's cache is padded, so it holds
+rows x the longest row; a request is admitted only if, with it, rows x the largest
+`prompt + max_new_tokens` stays within the budget (admission control; a request that could
+never fit is refused by the server with a 400). Control operations (weight updates, flush, memory release) run on the same thread between
 batches, so weights never change inside a batch unless a client asked for that explicitly
 (`pause_generation` mode `in_place` followed by an update with `flush_cache: false`).
 
@@ -68,6 +72,10 @@ class Req:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    def kv_need(self) -> int:
+        """Cache positions this request may take by its end (prompt + every new token)."""
+        return len(self.input_ids) + self.params.max_new_tokens
+
     def num_tokens(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
 
@@ -89,7 +97,12 @@ class Scheduler:
         step_delay_s: float = 0.0,
         compact_fraction: float = 0.1,
         continuous: bool = True,
+        max_total_tokens: int | None = None,
     ):
+        # KV budget in token positions of the padded batch cache (None: only max_running_requests)
+        self.max_total_tokens = max_total_tokens
+        self.peak_kv_tokens = 0  # the most the running batch ever reserved (rows x longest need)
+        self.peak_rows = 0
         # continuous batching: waiting requests join the running batch between decode steps
         self.continuous = continuous
         self.step_delay_s = step_delay_s
@@ -140,13 +153,41 @@ class Scheduler:
 
     def stats(self) -> dict:
         return {"batches_run": self.batches_run, "rows_run": self.rows_run,
-                "tokens_generated": self.tokens_generated, "busy_s": round(self.busy_s, 4)}
+                "tokens_generated": self.tokens_generated, "busy_s": round(self.busy_s, 4),
+                "max_total_num_tokens": self.max_total_tokens, "peak_kv_tokens": self.peak_kv_tokens,
+                "peak_running_requests": self.peak_rows}
+
+    @staticmethod
+    def _reserved(needs: list[int]) -> int:
+        return len(needs) * max(needs, default=0)
+
+    def _take_fitting(self, running: list[Req], limit: int) -> list[Req]:
+        """Pop up to `limit` waiting requests, in order, while the batch stays within the KV budget.
+        Call with `_cv` held. An empty batch always takes its first request (the server refused
+        any request that could not fit alone)."""
+        needs = [r.kv_need() for r in running if r.finish_reason is None]
+        taken: list[Req] = []
+        while self._waiting and len(taken) < limit:
+            need = self._waiting[0].kv_need()
+            if (self.max_total_tokens is not None and needs
+                    and self._reserved(needs + [need]) > self.max_total_tokens):
+                break  # FIFO: a later, smaller request does not overtake it
+            needs.append(need)
+            taken.append(self._waiting.popleft())
+        if needs:
+            self.peak_kv_tokens = max(self.peak_kv_tokens, self._reserved(needs))
+            self.peak_rows = max(self.peak_rows, len(needs))
+        return taken
 
     def load(self) -> dict:
         with self._cv:
             reqs = list(self._waiting) + list(self._running)
-        return {"num_reqs": len(reqs), "num_tokens": sum(r.num_tokens() for r in reqs),
+        running = [r.kv_need() for r in self._running if r.finish_reason is None]
+        load = {"num_reqs": len(reqs), "num_tokens": sum(r.num_tokens() for r in reqs),
                 "num_waiting_reqs": len(self._waiting), "num_running_reqs": len(self._running)}
+        if self.max_total_tokens:
+            load["token_usage"] = round(self._reserved(running) / self.max_total_tokens, 4)
+        return load
 
     def abort(self, rids: list[str] | None = None, abort_all: bool = False) -> int:
         """Abort waiting requests now and running ones at their next decode step.
@@ -240,8 +281,7 @@ class Scheduler:
             with self._cv:
                 if not self._can_start_batch():
                     continue
-                n = min(self.max_running, len(self._waiting))
-                batch = [self._waiting.popleft() for _ in range(n)]
+                batch = self._take_fitting([], self.max_running)
                 self._running = batch
                 self._interrupt = bool(self._controls or self._abort_all or self._abort_rids
                                        or self._pause_mode or self._stopped)
@@ -355,7 +395,9 @@ class Scheduler:
             n = min(self.max_running - alive, len(self._waiting))
             if n <= 0:
                 return []
-            new = [self._waiting.popleft() for _ in range(n)]
+            new = self._take_fitting(rows, n)
+            if not new:
+                return []
             self._running = [r for r in rows if r.finish_reason is None] + new
         batch.extend(new)  # the caller's list: failures and stats see admitted rows too
         return new

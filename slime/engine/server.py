@@ -90,7 +90,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--disable-radix-cache", action="store_true",
                    help="do not share the prefill of identical prompts in a batch (SGLang's flag name)")
     p.add_argument("--mem-fraction-static", type=float, default=None,
-                   help="accepted for SGLang compatibility; ignored (the CPU engine allocates per batch)")
+                   help="fraction of the machine's memory for weights + KV cache; sets the KV token budget "
+                        "(SGLang's meaning; default: no token budget, only --max-running-requests)")
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="KV token budget of the running batch (overrides --mem-fraction-static)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     return p
 
@@ -138,6 +141,33 @@ def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list:
     return [value] * n
 
 
+def _machine_memory_bytes() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def kv_token_budget(args: argparse.Namespace, runner) -> int | None:
+    """`--max-total-tokens`, or what `--mem-fraction-static` of the machine's memory leaves for the
+    KV cache after the weights (SGLang's rule, with RAM for GPU memory); None: no budget."""
+    if args.max_total_tokens is not None:
+        if args.max_total_tokens < 1:
+            raise SystemExit(f"--max-total-tokens must be >= 1, got {args.max_total_tokens}")
+        return int(args.max_total_tokens)
+    if args.mem_fraction_static is None:
+        return None
+    if not 0.0 < args.mem_fraction_static <= 1.0:
+        raise SystemExit(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}")
+    free = args.mem_fraction_static * _machine_memory_bytes() - runner.weight_bytes()
+    tokens = int(free // runner.kv_bytes_per_token())
+    if tokens < runner.context_length:
+        raise SystemExit(f"--mem-fraction-static {args.mem_fraction_static} leaves room for {max(tokens, 0)} KV "
+                         f"tokens, less than one request of the context length {runner.context_length}")
+    return tokens
+
+
 class EngineState:
     def __init__(self, args: argparse.Namespace):
         from slime.engine.model_runner import ModelRunner
@@ -151,8 +181,9 @@ class EngineState:
             share_prefix=not args.disable_radix_cache,
         )
         self.model_path = args.model_path
+        self.max_total_tokens = kv_token_budget(args, self.runner)
         self.scheduler = Scheduler(
-            self.runner, max_running_requests=args.max_running_requests,
+            self.runner, max_running_requests=args.max_running_requests, max_total_tokens=self.max_total_tokens,
             batch_wait_s=args.batch_wait_ms / 1000.0, seed=args.random_seed,
             deliver=self._deliver, weight_version=args.weight_version,
             step_delay_s=args.step_delay_ms / 1000.0,
@@ -293,6 +324,12 @@ class EngineState:
                     f"prompt{where} has {len(ids)} tokens and max_new_tokens is {sp.max_new_tokens}: "
                     f"together more than the context length {runner.context_length}"
                 )
+            budget = self.max_total_tokens
+            if budget is not None and len(ids) + sp.max_new_tokens > budget:
+                raise _bad(
+                    f"prompt{where} has {len(ids)} tokens and max_new_tokens is {sp.max_new_tokens}: "
+                    f"together more than the KV token budget {budget} (--max-total-tokens / --mem-fraction-static)"
+                )
             stop_ids = set(sp.stop_token_ids)
             if not sp.ignore_eos:
                 stop_ids |= runner.eos_token_ids
@@ -315,6 +352,7 @@ class EngineState:
             "model_type": getattr(self.runner.config, "model_type", None),
             "vocab_size": self.runner.vocab_size,
             "context_length": self.runner.context_length,
+            "max_total_num_tokens": self.max_total_tokens,
             "preferred_sampling_params": None,
         }
 
@@ -427,6 +465,7 @@ def create_app(state: EngineState):
             engine="slime-builtin",
             weight_version=sch.weight_version,
             context_length=state.runner.context_length,
+            max_total_num_tokens=state.max_total_tokens,
             model_path=state.model_path,
             paused=sch.paused,
             memory_released=sch.released,

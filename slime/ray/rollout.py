@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from argparse import Namespace
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 import ray
 
 from slime.arguments import passthrough_value, passthrough_without
+from slime.data.data_source import RolloutDataSource
 from slime.ray.placement_group import Placement, thread_budget
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,6 @@ class RolloutManager:
         self.watcher = None
 
     def init(self) -> None:
-        from slime.data.data_source import RolloutDataSource
         from slime.utils.misc import load_function
 
         args, placement = self.args, self.placement
@@ -137,17 +136,25 @@ class RolloutManager:
         else:  # an external router/engine the user runs
             self.engines, self.router = [], None
             self.engine_urls = [f"http://{args.sglang_router_ip}:{args.sglang_router_port}"]
-        self.data_source = RolloutDataSource(args)
+        args.rollout_engine_urls = list(self.engine_urls)  # where a partial rollout sends its aborts
+        self.data_source = load_function(args.data_source_path, arg_name="--data-source-path")(args)
         self.generate_rollout = load_function(args.rollout_function_path, arg_name="--rollout-function-path")
         self.eval_rollout = load_function(
             args.eval_function_path or args.rollout_function_path, arg_name="--eval-function-path"
         )
-        if args.load:
+        self.sample_filter = (load_function(args.rollout_sample_filter_path, arg_name="--rollout-sample-filter-path")
+                              if args.rollout_sample_filter_path else None)
+        if args.load:  # resume the data position (and Data Buffer) saved with the checkpoint
             from slime.backends.torch.checkpoint import latest_dir
+            from slime.data.data_source import STATE_FILE
 
-            state = latest_dir(args.load) / "rollout_state.json"
-            if state.exists():
-                self.data_source.load(str(state))
+            latest = latest_dir(args.load)
+            if isinstance(self.data_source, RolloutDataSource):
+                if (latest / STATE_FILE).exists():
+                    self.data_source.load(latest / STATE_FILE)
+            else:  # a --data-source-path class: slime's load(rollout_id)
+                digits = latest.name.removeprefix("iter_")
+                self.data_source.load(int(digits) if digits.isdigit() else None)
 
     def get_engine_urls(self) -> list[str]:
         """The live engines (one removed by the engine watcher is gone from here too)."""
@@ -157,6 +164,7 @@ class RolloutManager:
         logger.warning("engine %s died and was removed from the router; %d engines remain", url,
                        len(self.engine_urls) - 1)
         self.engine_urls = [u for u in self.engine_urls if u != url]
+        self.args.rollout_engine_urls = list(self.engine_urls)
 
     def generate(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
         from slime.rollout.train_data import rollout_metrics, samples_to_train_data
@@ -164,12 +172,18 @@ class RolloutManager:
         t0 = time.perf_counter()
         from slime.rollout.base_types import unwrap_train_output
 
+        if hasattr(self.data_source, "rollout_id"):
+            self.data_source.rollout_id = rollout_id  # what the --buffer-filter-path hook is told
         groups, extra_metrics = unwrap_train_output(
             self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False))
         check_failed_samples(groups, rollout_id, getattr(self.args, "max_failed_sample_ratio", None))
+        if self.sample_filter is not None:  # marks sample.remove_sample; groups keep their shape
+            self.sample_filter(self.args, [s for g in groups for s in g])
         data = samples_to_train_data(self.args, groups)
         metrics = rollout_metrics(self.args, groups, data)
         metrics.update(extra_metrics)
+        if getattr(self.data_source, "num_dropped", 0):
+            metrics["rollout/data/dropped_long_prompts"] = float(self.data_source.num_dropped)
         elapsed = time.perf_counter() - t0
         metrics["perf/rollout_time"] = elapsed
         metrics["perf/tokens_per_s"] = sum(data["response_lengths"]) / max(elapsed, 1e-9)
@@ -202,8 +216,9 @@ class RolloutManager:
         self._each_engine("resume_memory_occupation")
 
     def save(self, rollout_id: int, directory: str) -> None:
+        """The data position and Data Buffer go with the trainer's checkpoint of this rollout."""
         Path(directory).mkdir(parents=True, exist_ok=True)
-        self.data_source.save(os.path.join(directory, "rollout_state.json"))
+        self.data_source.save(rollout_id)
 
     def dispose(self) -> None:
         if self.watcher is not None:

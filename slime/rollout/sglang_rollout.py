@@ -15,7 +15,9 @@ import asyncio
 import copy
 import inspect
 import logging
+import threading
 import traceback
+import weakref
 from argparse import Namespace
 from typing import Any
 
@@ -35,12 +37,14 @@ class GenerateState:
     """Per-process state shared by every generate call (slime's singleton)."""
 
     _instance: "GenerateState | None" = None
+    _lock = threading.Lock()
 
     def __new__(cls, args: Namespace) -> "GenerateState":
-        if cls._instance is None:
-            inst = super().__new__(cls)
-            inst._setup(args)
-            cls._instance = inst
+        with cls._lock:  # a hook's background thread and the rollout may both ask first
+            if cls._instance is None:
+                inst = super().__new__(cls)
+                inst._setup(args)
+                cls._instance = inst
         return cls._instance
 
     def _setup(self, args: Namespace) -> None:
@@ -48,7 +52,8 @@ class GenerateState:
 
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-        self.semaphore = asyncio.Semaphore(args.sglang_server_concurrency * max(1, getattr(args, "num_engines", 1)))
+        self.concurrency = args.sglang_server_concurrency * max(1, getattr(args, "num_engines", 1))
+        self._semaphores: "weakref.WeakKeyDictionary[Any, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
         self.sampling_params = sampling_params_from_args(args, evaluation=False)
         self.custom_generate = (
             load_function(args.custom_generate_function_path, arg_name="--custom-generate-function-path")
@@ -59,6 +64,18 @@ class GenerateState:
             load_function(args.custom_rm_path, arg_name="--custom-rm-path") if args.custom_rm_path else None
         )
         self.eval_datasets: dict[str, list[Sample]] = {}
+        # Set while a rollout aborts its long tail: generate calls not yet sent return ABORTED.
+        self.aborted = False
+
+    @property
+    def semaphore(self) -> asyncio.Semaphore:
+        """Bounds in-flight requests (`--sglang-server-concurrency` per engine). One per event loop:
+        an asyncio semaphore belongs to one loop, and a hook may generate from its own thread's loop."""
+        loop = asyncio.get_running_loop()
+        sem = self._semaphores.get(loop)
+        if sem is None:
+            sem = self._semaphores[loop] = asyncio.Semaphore(self.concurrency)
+        return sem
 
     @classmethod
     def reset(cls) -> None:
@@ -85,25 +102,38 @@ def engine_url(args: Namespace, endpoint: str = "generate") -> str:
     return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/{endpoint}"
 
 
-def _prompt_ids(state: GenerateState, sample: Sample) -> list[int]:
+def prompt_ids_of(state: GenerateState, sample: Sample) -> list[int]:
     if sample.tokens:
         return list(sample.tokens[: len(sample.tokens) - sample.response_length])
     if isinstance(sample.prompt, list):  # chat messages not yet templated
-        return list(state.tokenizer.apply_chat_template(sample.prompt, add_generation_prompt=True, tokenize=True))
+        # rendered, then encoded: with tokenize=True transformers 5 returns a BatchEncoding, not ids
+        text = state.tokenizer.apply_chat_template(sample.prompt, add_generation_prompt=True, tokenize=False,
+                                                   **(getattr(state.args, "apply_chat_template_kwargs", None) or {}))
+        return state.tokenizer.encode(text, add_special_tokens=False)
     return state.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
 
 
-def _apply_output(sample: Sample, prompt_ids: list[int], output: dict[str, Any]) -> Sample:
-    """Record one engine answer on the sample: tokens exactly as generated, log-probs, status."""
+def _apply_output(sample: Sample, input_ids: list[int], output: dict[str, Any]) -> Sample:
+    """Record one engine answer on the sample: tokens exactly as generated, log-probs, status.
+
+    `input_ids` is what was sent: the prompt, or for a resumed partial sample the prompt plus
+    the response so far, which the new tokens extend.
+    """
     meta = output["meta_info"]
     new_ids = list(output["output_ids"])
-    sample.tokens = prompt_ids + new_ids
-    sample.response = output["text"]
-    sample.response_length = len(new_ids)
-    sample.loss_mask = [1] * len(new_ids)
+    resumed = sample.response_length > 0
+    sample.tokens = list(input_ids) + new_ids
+    sample.response = (sample.response if resumed else "") + output["text"]
+    sample.response_length = (sample.response_length if resumed else 0) + len(new_ids)
+    sample.loss_mask = (list(sample.loss_mask or []) if resumed else []) + [1] * len(new_ids)
     logprobs = meta.get("output_token_logprobs")
     if logprobs is not None:
-        sample.rollout_log_probs = [float(lp[0]) for lp in logprobs]
+        old = list(sample.rollout_log_probs or []) if resumed else []
+        sample.rollout_log_probs = old + [float(lp[0]) for lp in logprobs]
+    if not resumed:
+        sample.weight_versions = []
+    if meta.get("weight_version") is not None:
+        sample.weight_versions.append(str(meta["weight_version"]))
     finish = (meta.get("finish_reason") or {}).get("type")
     sample.status = {
         "length": Sample.Status.TRUNCATED,
@@ -112,19 +142,49 @@ def _apply_output(sample: Sample, prompt_ids: list[int], output: dict[str, Any])
     return sample
 
 
-async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
-    """Default single-sample generate: one `/generate` call, token in, token out."""
+def is_finished(sample: Sample) -> bool:
+    """Done generating: a sample taken back from the Data Buffer in this state is not generated again."""
+    return sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.FAILED)
+
+
+def _resume_point(args: Namespace, sample: Sample, sampling_params: dict[str, Any]) -> tuple[list[int], dict]:
+    """What to send for this sample: the prompt, or (a partial sample from the Data Buffer) the
+    prompt plus its response so far, with `max_new_tokens` reduced by what it already has."""
     state = GenerateState(args)
-    prompt_ids = _prompt_ids(state, sample)
-    payload = {"input_ids": prompt_ids, "sampling_params": sampling_params, "return_logprob": True}
+    if sample.response_length == 0:
+        return prompt_ids_of(state, sample), sampling_params
+    params = dict(sampling_params)
+    params["max_new_tokens"] = max(0, int(params.get("max_new_tokens", 0)) - sample.response_length)
+    if getattr(args, "mask_offpolicy_in_partial_rollout", False):
+        # generated by older weights: do not train on those tokens
+        sample.loss_mask = [0] * sample.response_length
+    return list(sample.tokens), params
+
+
+async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """Default single-sample generate: one `/generate` call, token in, token out. A partial
+    sample (ABORTED with a response, from the Data Buffer) continues where it stopped."""
+    state = GenerateState(args)
+    if state.aborted:  # the rollout is collecting its long tail: do not start new work
+        sample.status = Sample.Status.ABORTED
+        return sample
+    input_ids, params = _resume_point(args, sample, sampling_params)
+    if params["max_new_tokens"] <= 0:  # it had used its whole budget when it was aborted
+        sample.status = Sample.Status.TRUNCATED
+        return sample
+    payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
     output = await post(engine_url(args), payload, headers=session_headers(sample.session_id))
-    return _apply_output(sample, prompt_ids, output)
+    return _apply_output(sample, input_ids, output)
 
 
 async def _generate_group_batched(args: Namespace, group: list[Sample], sampling_params: dict[str, Any]) -> None:
     """The n samples of one prompt as one batch request: one HTTP round trip per group."""
     state = GenerateState(args)
-    prompt_ids = _prompt_ids(state, group[0])
+    if state.aborted:
+        for sample in group:
+            sample.status = Sample.Status.ABORTED
+        return
+    prompt_ids = prompt_ids_of(state, group[0])
     payload = {
         "input_ids": [prompt_ids] * len(group),
         "sampling_params": dict(sampling_params),  # one dict for the batch: what sglang-router accepts too
@@ -145,7 +205,7 @@ def _mark_failed(sample: Sample, where: str, error: BaseException) -> None:
 def _ensure_tokens(state: GenerateState, sample: Sample) -> None:
     """Keep a failed sample well-formed (it is never trained on): prompt tokens, a matching mask."""
     if not sample.tokens:
-        sample.tokens, sample.response_length, sample.loss_mask = _prompt_ids(state, sample), 0, []
+        sample.tokens, sample.response_length, sample.loss_mask = prompt_ids_of(state, sample), 0, []
     if sample.loss_mask is None or len(sample.loss_mask) != sample.response_length:
         sample.loss_mask = [0] * sample.response_length
 
@@ -214,26 +274,34 @@ async def generate_and_rm_group(
 ) -> list[Sample]:
     """Generate every sample of a group, then score them. A failure marks samples FAILED."""
     state = GenerateState(args)
+    todo = [s for s in group if not is_finished(s)]  # a group from the Data Buffer may be partly done
     async with state.semaphore:
-        if state.custom_generate is None:
+        if state.custom_generate is not None:
+            results = await asyncio.gather(
+                *(_custom_generate_one(args, s, copy.deepcopy(sampling_params), evaluation) for s in todo)
+            )
+            by_id = {id(s): res for s, res in zip(todo, results)}
+            group[:] = [r for s in group for r in by_id.get(id(s), [s])]
+        else:
+            fresh = len(todo) == len(group) and all(s.response_length == 0 for s in group)
             try:
-                await _generate_group_batched(args, group, sampling_params)
+                if fresh:
+                    await _generate_group_batched(args, group, sampling_params)
+                else:
+                    await asyncio.gather(*(generate(args, s, sampling_params) for s in todo))
             except Exception as e:  # one bad group must not kill the rollout; it is marked and counted
                 logger.exception("generate failed for group %s", group[0].group_index)
-                for s in group:
+                for s in todo:
                     _mark_failed(s, "generate", e)
                     _ensure_tokens(state, s)
-        else:
-            results = await asyncio.gather(
-                *(_custom_generate_one(args, s, copy.deepcopy(sampling_params), evaluation) for s in group)
-            )
-            group[:] = [r for res in results for r in res]
     await _reward(args, group)
     return group
 
 
 async def _dynamic_filter(args: Namespace, fn: Any, group: list[Sample]) -> tuple[bool, str | None]:
     """slime's dynamic-sampling contract: fn(args, samples) -> bool or DynamicFilterOutput(keep, reason)."""
+    if fn is None:
+        return True, None
     try:
         out = await _maybe_await(fn(args, group))
     except Exception as e:
@@ -244,41 +312,84 @@ async def _dynamic_filter(args: Namespace, fn: Any, group: list[Sample]) -> tupl
     return bool(out), None
 
 
+async def abort_engines(args: Namespace) -> None:
+    """Stop every engine's in-flight requests; they answer at once with their partial output
+    (`finish_reason` abort). Requests not yet sent are stopped by `GenerateState.aborted`."""
+    urls = getattr(args, "rollout_engine_urls", None) or [engine_url(args, "").rstrip("/")]
+    results = await asyncio.gather(*(post(f"{u}/abort_request", {"abort_all": True}) for u in urls),
+                                   return_exceptions=True)
+    for url, result in zip(urls, results):
+        if isinstance(result, BaseException):  # its requests then run to their end: slower, still correct
+            logger.warning("could not abort the requests of %s: %s", url, result)
+
+
 async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> RolloutFnTrainOutput:
-    """`--rollout-batch-size` groups; with `--dynamic-sampling-filter-path`, groups the filter drops
-    are replaced by new prompts, fetched `--over-sampling-batch-size` at a time."""
+    """Generate until `--rollout-batch-size` groups are kept.
+
+    Groups come from the data source (its Data Buffer first) `--over-sampling-batch-size` at a
+    time (default `--rollout-batch-size`); each finished group passes the
+    `--dynamic-sampling-filter-path` filter or is dropped and replaced. Once enough are kept,
+    the long tail still generating is aborted. With `--partial-rollout` those groups (and
+    finished ones not needed) go back into the Data Buffer, partial responses and all, and the
+    next rollout resumes them; without it they are discarded and counted.
+    """
     state = GenerateState(args)
     filter_path = getattr(args, "dynamic_sampling_filter_path", None)
-    if not filter_path:
-        groups = data_source.get_samples(args.rollout_batch_size)
-        tasks = [generate_and_rm_group(args, g, state.sampling_params) for g in groups]
-        return RolloutFnTrainOutput(samples=list(await asyncio.gather(*tasks)))
-
-    fn = load_function(filter_path, arg_name="--dynamic-sampling-filter-path")
+    fn = load_function(filter_path, arg_name="--dynamic-sampling-filter-path") if filter_path else None
     target = args.rollout_batch_size
     batch = getattr(args, "over_sampling_batch_size", None) or target
-    budget = getattr(args, "dynamic_sampling_max_groups", None) or 10 * target
+    budget = getattr(args, "dynamic_sampling_max_groups", None) or 10 * max(target, batch)
     kept: list[list[Sample]] = []
+    surplus: list[list[Sample]] = []  # finished and kept-worthy, but beyond the target
     drops: dict[str, int] = {}
-    generated = 0
-    while len(kept) < target:
-        if generated >= budget:
-            raise SlimeError(
-                f"rollout {rollout_id}: --dynamic-sampling-filter-path {filter_path} kept {len(kept)} of "
-                f"{generated} groups, fewer than --rollout-batch-size {target} (drops: {drops or 'no reason given'})"
-            )
-        groups = data_source.get_samples(batch)
-        generated += len(groups)
-        done = await asyncio.gather(*(generate_and_rm_group(args, g, state.sampling_params) for g in groups))
-        for group in done:
-            keep, reason = await _dynamic_filter(args, fn, group)
-            if keep and len(kept) < target:
-                kept.append(group)
-            elif not keep:
-                key = reason or "unspecified"
-                drops[key] = drops.get(key, 0) + 1
+    pending: set[asyncio.Task] = set()
+    generated = resumed = 0
+    state.aborted = False
+    try:
+        while len(kept) < target:
+            if len(kept) + len(pending) < target:  # not enough in flight to reach the target: fetch more
+                if generated >= budget:
+                    raise SlimeError(
+                        f"rollout {rollout_id}: --dynamic-sampling-filter-path {filter_path} kept {len(kept)} of "
+                        f"{generated} groups, fewer than --rollout-batch-size {target} "
+                        f"(drops: {drops or 'no reason given'})"
+                    )
+                groups = data_source.get_samples(batch)
+                generated += len(groups)
+                resumed += sum(any(smp.response_length > 0 or is_finished(smp) for smp in g) for g in groups)
+                pending |= {asyncio.ensure_future(generate_and_rm_group(args, g, state.sampling_params))
+                            for g in groups}
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                group = task.result()
+                keep, reason = await _dynamic_filter(args, fn, group)
+                if keep:
+                    (kept if len(kept) < target else surplus).append(group)
+                else:
+                    drops[reason or "unspecified"] = drops.get(reason or "unspecified", 0) + 1
+        tail: list[list[Sample]] = []
+        if pending:
+            state.aborted = True
+            await abort_engines(args)
+            tail = list(await asyncio.gather(*pending))
+            pending = set()
+    finally:
+        state.aborted = False
+        for task in pending:  # an error above: do not leave generation running
+            task.cancel()
+
     metrics = {f"rollout/dynamic_filter/drop_{k}": float(v) for k, v in drops.items()}
     metrics["rollout/dynamic_filter/generated_groups"] = float(generated)
+    metrics["rollout/buffer/resumed_groups"] = float(resumed)
+    kept.sort(key=lambda g: g[0].group_index if g and g[0].group_index is not None else -1)
+    leftover = surplus + tail
+    if getattr(args, "partial_rollout", False) and hasattr(data_source, "add_samples"):
+        data_source.add_samples(leftover)
+        metrics["rollout/buffer/returned_groups"] = float(len(leftover))
+    else:
+        metrics["rollout/partial/discarded_groups"] = float(len(leftover))
+    if hasattr(data_source, "get_buffer_length"):
+        metrics["rollout/buffer/size"] = float(data_source.get_buffer_length())
     return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 
 

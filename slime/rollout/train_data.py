@@ -2,12 +2,14 @@
 
 Reward post-processing (GRPO's group normalisation) lives here, on the rollout side, as in
 slime: a group must be normalised as a whole before the batch is split over trainer ranks.
-A FAILED or ABORTED sample stays in the batch (so groups keep their shape and it is counted)
-but its loss mask is all zeros: it is never trained on.
+A FAILED or ABORTED sample, or one a `--rollout-sample-filter-path` hook marked
+`remove_sample`, stays in the batch (so groups keep their shape and it is counted) but its loss
+mask is all zeros: it is never trained on.
 """
 
 from __future__ import annotations
 
+import math
 from argparse import Namespace
 from typing import Any
 
@@ -84,7 +86,7 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
             raise ValueError(
                 f"sample {s.index}: loss_mask has {len(mask)} entries but response_length is {s.response_length}"
             )
-        loss_masks.append([0] * len(mask) if s.status in NOT_TRAINABLE else mask)
+        loss_masks.append([0] * len(mask) if s.status in NOT_TRAINABLE or s.remove_sample else mask)
     data: dict[str, Any] = {
         "tokens": [list(s.tokens) for s in samples],
         "response_lengths": [s.response_length for s in samples],
@@ -120,6 +122,7 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
             penalty = dapo_overlong_penalty(lengths, args.rollout_max_response_len, args.overlong_buffer_len,
                                             args.overlong_penalty_factor)
             metrics["rollout/overlong_penalty"] = sum(penalty) / n
+    metrics["rollout/removed_samples"] = float(sum(s.remove_sample for s in samples))
     for status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED, Sample.Status.FAILED):
         metrics[f"rollout/status/{status.value}"] = float(sum(s.status == status for s in samples))
     # Groups whose rewards are all equal give GRPO zero advantage: worth watching.
@@ -129,12 +132,39 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
     return metrics
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k of one prompt with `c` correct answers among `n` samples:
+    1 - C(n-c, k) / C(n, k), the chance that k of the n drawn without replacement hold a correct one."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_at_k_metrics(name: str, samples: list[Sample], rewards: list[float]) -> dict[str, float]:
+    """`eval/<name>/pass@k` for k = 1, 2, 4, ... up to the samples per prompt; a sample is
+    correct when its reward is > 0. Prompts are told apart by `group_index`."""
+    by_prompt: dict[Any, list[bool]] = {}
+    for s, r in zip(samples, rewards):
+        by_prompt.setdefault(s.group_index, []).append(r > 0)
+    if not by_prompt:
+        return {}
+    n = min(len(v) for v in by_prompt.values())
+    out = {}
+    k = 1
+    while k <= n:
+        out[f"eval/{name}/pass@{k}"] = sum(pass_at_k(len(v), sum(v), k) for v in by_prompt.values()) / len(by_prompt)
+        k *= 2
+    return out
+
+
 def eval_metrics(args: Namespace, results: dict[str, dict[str, Any]]) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for name, res in results.items():
         rewards = res["rewards"]
         metrics[f"eval/{name}"] = sum(rewards) / max(1, len(rewards))
         samples = res.get("samples") or []
+        if samples and len(samples) == len(rewards) and all(s.group_index is not None for s in samples):
+            metrics.update(pass_at_k_metrics(name, samples, rewards))
         if samples:
             metrics[f"eval/{name}/response_len/mean"] = sum(s.response_length for s in samples) / len(samples)
             metrics[f"eval/{name}/failed"] = float(sum(s.status == Sample.Status.FAILED for s in samples))

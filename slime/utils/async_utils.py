@@ -7,6 +7,7 @@ Sync code (a Ray actor method, a rollout function called by slime's contract) ca
 from __future__ import annotations
 
 import asyncio
+import atexit
 import threading
 from typing import Any, Coroutine, TypeVar
 
@@ -22,7 +23,20 @@ def get_loop() -> asyncio.AbstractEventLoop:
         if _loop is None or _loop.is_closed():
             _loop = asyncio.new_event_loop()
             threading.Thread(target=_loop.run_forever, name="slime-async", daemon=True).start()
+            atexit.register(_close_http_sessions, _loop)
         return _loop
+
+
+def _close_http_sessions(loop: asyncio.AbstractEventLoop) -> None:
+    """At exit, close the loop's shared HTTP session (no "Unclosed client session" noise)."""
+    if loop.is_closed() or not loop.is_running():
+        return
+    from slime.utils.http_utils import close_sessions
+
+    try:
+        asyncio.run_coroutine_threadsafe(close_sessions(), loop).result(timeout=2)
+    except Exception:
+        pass
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:

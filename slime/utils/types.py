@@ -42,6 +42,12 @@ class Sample:
     # session_id: one multi-turn trajectory; its requests carry it in the router's routing-key
     # header (`X-SMG-Routing-Key`), so `--router-policy consistent_hashing` keeps it on one engine
     session_id: str | None = None
+    # weight_versions: the engine's weight version for each generate call that produced tokens of
+    # this sample (several when a partial rollout resumed it after a weight update)
+    weight_versions: list[str] = field(default_factory=list)
+    # remove_sample: set by a --rollout-sample-filter-path hook; the sample stays in its group (the
+    # group keeps its shape and it is counted) but its loss mask is zeroed: it is never trained on
+    remove_sample: bool = False
 
     def get_reward_value(self, args: Any) -> float:
         """The scalar reward; a dict reward is read at `args.reward_key` (slime's convention)."""
@@ -61,6 +67,9 @@ class Sample:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Sample":
-        d = dict(d)
+        from dataclasses import fields
+
+        known = {f.name for f in fields(cls)}
+        d = {k: v for k, v in d.items() if k in known}  # tolerate state written by another version
         d["status"] = Sample.Status(d.get("status", "pending"))
         return cls(**d)

@@ -105,3 +105,49 @@ def generate_missing_sampling_params(args, sample):
 
 def filter_three_args(args, samples, extra):
     return True
+
+
+def buffer_filter_newest(args, rollout_id, buffer, num_samples):
+    """A --buffer-filter-path: the newest groups first (removed from the buffer, as the contract says)."""
+    CALLS.setdefault("buffer_filter", []).append(rollout_id)
+    taken = buffer[-num_samples:][::-1] if num_samples else []
+    del buffer[len(buffer) - len(taken):]
+    return taken
+
+
+def buffer_filter_keeps_groups(args, rollout_id, buffer, num_samples):
+    """Broken: returns groups without removing them from the buffer."""
+    return buffer[:num_samples]
+
+
+def remove_odd_samples(args, samples):
+    """A --rollout-sample-filter-path: odd indices are not trained on."""
+    for s in samples:
+        s.remove_sample = s.index % 2 == 1
+
+
+class ListDataSource:
+    """A --data-source-path class: fixed prompts, slime's DataSource methods."""
+
+    def __init__(self, args):
+        self.args, self.served, self.loaded = args, 0, None
+
+    def get_samples(self, num_samples):
+        out = []
+        for _ in range(num_samples):
+            out.append([Sample(group_index=self.served, index=self.served * self.args.n_samples_per_prompt + j,
+                               prompt=f"p{self.served}", metadata={}) for j in range(self.args.n_samples_per_prompt)])
+            self.served += 1
+        return out
+
+    def add_samples(self, samples):
+        raise RuntimeError("read-only")
+
+    def save(self, rollout_id):
+        pass
+
+    def load(self, rollout_id=None):
+        self.loaded = rollout_id
+
+    def __len__(self):
+        return 10

@@ -6,6 +6,7 @@ run with custom generate hooks, so no engine is called)."""
 
 import asyncio
 import logging
+import weakref
 from argparse import Namespace
 
 import pytest
@@ -40,7 +41,8 @@ def state(monkeypatch):
 
     def install(args):
         st = object.__new__(sglang_rollout.GenerateState)
-        st.args, st.semaphore, st.sampling_params = args, asyncio.Semaphore(64), {"max_new_tokens": 4}
+        st.args, st.sampling_params = args, {"max_new_tokens": 4}
+        st.concurrency, st._semaphores = 64, weakref.WeakKeyDictionary()
         st.custom_generate = (load_function(args.custom_generate_function_path)
                               if args.custom_generate_function_path else None)
         st.custom_rm, st.eval_datasets = None, {}
@@ -261,6 +263,8 @@ GOOD = {
     "dynamic_sampling_filter_path": "keep_nothing_bool", "custom_reward_post_process_path": "reward_post_process",
     "custom_convert_samples_to_train_data_path": "rollout_function",  # 4 positional parameters
     "rollout_data_postprocess_path": "rollout_data_postprocess",
+    "buffer_filter_path": "buffer_filter_newest", "rollout_sample_filter_path": "remove_odd_samples",
+    "data_source_path": "ListDataSource",
 }
 
 
@@ -274,6 +278,8 @@ def test_preflight_accepts_documented_signatures(arg):
     ("custom_generate_function_path", "generate_missing_sampling_params"),
     ("dynamic_sampling_filter_path", "filter_three_args"),
     ("rollout_data_postprocess_path", "custom_rm"),
+    ("buffer_filter_path", "custom_rm"),
+    ("rollout_sample_filter_path", "rollout_data_postprocess"),
 ])
 def test_preflight_rejects_wrong_signature(arg, name):
     flag = "--" + arg.replace("_", "-")
@@ -297,3 +303,59 @@ def test_preflight_checks_every_hook_argument():
     args.custom_rm_path = "tests.contracts.bad_import_hook.hook"
     with pytest.raises(SlimeError, match="--custom-rm-path"):
         check_hooks(args)
+
+
+# ------------------------------------------------------------------ Data Buffer hooks
+
+def _buffer_source(tmp_path, **kw):
+    from slime.data.data_source import RolloutDataSourceWithBuffer
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(f'{{"input": "q{i}"}}\n' for i in range(6)))
+    args = make_args(prompt_data=str(path), input_key="input", n_samples_per_prompt=2, **kw)
+    return RolloutDataSourceWithBuffer(args)
+
+
+def test_buffer_filter_chooses_what_leaves_the_buffer(tmp_path):
+    src = _buffer_source(tmp_path, buffer_filter_path=H + "buffer_filter_newest")
+    src.add_samples(src.get_samples(3))  # groups 0, 1, 2 into the buffer
+    src.rollout_id = 7
+    hooks.CALLS["buffer_filter"] = []
+    got = src.get_samples(4)
+    assert [g[0].group_index for g in got] == [2, 1, 0, 3]  # newest buffered first, then a new prompt
+    assert hooks.CALLS["buffer_filter"] == [7] and src.get_buffer_length() == 0
+
+
+def test_buffer_filter_that_breaks_the_contract_is_named(tmp_path):
+    src = _buffer_source(tmp_path, buffer_filter_path=H + "buffer_filter_keeps_groups")
+    src.add_samples(src.get_samples(2))
+    with pytest.raises(SlimeError, match="--buffer-filter-path tests.contracts.hooks.buffer_filter_keeps_groups "
+                                         "must remove the groups it returns"):
+        src.get_samples(2)
+
+
+def test_add_samples_rejects_a_partial_group(tmp_path):
+    src = _buffer_source(tmp_path)
+    with pytest.raises(SlimeError, match=r"--n-samples-per-prompt \(2\) samples, got 1"):
+        src.add_samples([src.get_samples(1)[0][:1]])
+
+
+def test_rollout_sample_filter_zeroes_the_loss_of_removed_samples():
+    g = group(4)
+    for s in g:
+        s.reward, s.status, s.tokens, s.response_length, s.loss_mask = 1.0, Sample.Status.COMPLETED, [1, 2, 3], 2, [1, 1]
+    hooks.remove_odd_samples(make_args(), g)
+    data = samples_to_train_data(make_args(n_samples_per_prompt=4), [g])
+    assert data["loss_masks"] == [[1, 1], [0, 0], [1, 1], [0, 0]] and len(data["tokens"]) == 4
+    from slime.rollout.train_data import rollout_metrics
+
+    assert rollout_metrics(make_args(n_samples_per_prompt=4), [g], data)["rollout/removed_samples"] == 2.0
+
+
+def test_custom_data_source_feeds_the_default_rollout(state):
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm")
+    state(args)
+    out = asyncio.run(sglang_rollout.generate_rollout_async(args, 0, hooks.ListDataSource(args)))
+    assert [g[0].prompt for g in out.samples] == ["p0", "p1"]
+    # no add_samples-capable buffer is needed when nothing is left over
+    assert out.metrics["rollout/partial/discarded_groups"] == 0.0

@@ -48,19 +48,50 @@ def test_two_fsdp_ranks_and_two_engines_behind_the_router(tiny_model_dir, task_d
     assert (run_dir / "logs" / "engine_1.log").exists() and (run_dir / "logs" / "router.log").exists()
 
 
-def test_resume_from_checkpoint(tiny_model_dir, task_dir, tmp_path):
-    first, second = tmp_path / "first", tmp_path / "second"
-    proc = _slime(_base(tiny_model_dir, task_dir, first) + ["--num-rollout", "2", "--save-interval", "1"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    state = json.loads((first / "checkpoints" / "iter_0000001" / "rollout_state.json").read_text())
+def test_resume_from_checkpoint_with_the_data_buffer(tiny_model_dir, task_dir, tmp_path):
+    """--partial-rollout with over-sampling: 12 groups start, 8 are used, the other 4 wait in the Data
+    Buffer, which is saved with the checkpoint and served first after --load. Along the way: prompts over
+    --rollout-max-prompt-len are dropped and counted, a --rollout-sample-filter-path removes samples, and
+    eval reports pass@k."""
+    from transformers import AutoTokenizer
 
-    proc = _slime(_base(tiny_model_dir, task_dir, second) + [
+    tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
+    rows = (task_dir / "train.jsonl").read_text().splitlines()
+    longest = max(len(tok.encode(tok.apply_chat_template([{"role": "user", "content": json.loads(r)["prompt"]}],
+                                                         add_generation_prompt=True, tokenize=False),
+                                 add_special_tokens=False)) for r in rows)
+    data = tmp_path / "train.jsonl"  # the task plus three prompts far over the limit
+    data.write_text("\n".join(rows + [json.dumps({"prompt": "x" * 400, "label": "0"})] * 3) + "\n")
+
+    def argv(run_dir):
+        base = _base(tiny_model_dir, task_dir, run_dir)
+        base[base.index("--prompt-data") + 1] = str(data)
+        return base + ["--partial-rollout", "--over-sampling-batch-size", "12", "--rollout-max-prompt-len",
+                       str(longest), "--rollout-sample-filter-path", "tests.contracts.hooks.remove_odd_samples"]
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    proc = _slime(argv(first) + ["--num-rollout", "2", "--save-interval", "1", "--eval-prompt-data", "arith",
+                                 str(task_dir / "eval.jsonl"), "--n-samples-per-eval-prompt", "4",
+                                 "--skip-eval-before-train"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for r in _rows(first):
+        assert r["rollout/data/dropped_long_prompts"] == 3
+        assert r["rollout/removed_samples"] == 16  # the odd half of 32 samples
+        assert r["rollout/buffer/returned_groups"] == 4 and r["rollout/num_samples"] == 32
+    assert _rows(first)[1]["rollout/buffer/resumed_groups"] == 4  # rollout 1 started with rollout 0's tail
+    last = _rows(first)[-1]
+    assert 0 <= last["eval/arith/pass@1"] <= last["eval/arith/pass@2"] <= last["eval/arith/pass@4"] <= 1
+    state = json.loads((first / "checkpoints" / "iter_0000001" / "rollout_state.json").read_text())
+    assert len(state["buffer"]) == 4 and all(len(g) == 4 for g in state["buffer"])
+
+    proc = _slime(argv(second) + [
         "--num-rollout", "3", "--load", str(first / "checkpoints"), "--save", str(second / "checkpoints")])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(second)
     assert [r["rollout_id"] for r in rows] == [3]  # only the third rollout ran
+    assert rows[0]["rollout/buffer/resumed_groups"] == 4  # the saved buffer was served first
     resumed = json.loads((second / "checkpoints" / "iter_0000002" / "rollout_state.json").read_text())
-    # The data source continued from the saved position: 8 more prompts consumed.
+    # The data source continued from the saved position: 4 buffered groups + 8 new prompts.
     assert resumed["group_counter"] == state["group_counter"] + 8
 
 

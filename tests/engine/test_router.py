@@ -189,3 +189,33 @@ def test_engine_killed_mid_run_is_removed_and_requests_are_retried(two_engines, 
         watcher.stop()
         router.stop()
         doomed.stop()
+
+
+def test_multi_turn_trajectory_stays_on_one_engine(two_engines, tiny_model_dir, tmp_path):
+    """run_multi_turn sends every turn with the trajectory's session_id as routing key: with
+    consistent_hashing all turns of one trajectory run on one engine (its prefix cache).
+    Fixed session ids keep the hash placement, and so the test, deterministic."""
+    from slime.arguments import parse_args
+    from slime.rollout.multi_turn import run_multi_turn
+    from slime.rollout.sglang_rollout import GenerateState
+    from slime.utils.types import Sample
+
+    router = start_router(_args(tmp_path, tiny_model_dir, "consistent_hashing"), [e.url for e in two_engines])
+    GenerateState.reset()
+    try:
+        args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", "unused.jsonl", "--rm-type", "math",
+                           "--num-rollout", "1", "--rollout-batch-size", "1", "--sglang-router-ip", router.host,
+                           "--sglang-router-port", str(router.port), "--run-dir", str(tmp_path)])
+        params = dict(GenerateState(args).sampling_params, max_new_tokens=64, ignore_eos=True)
+        spread = []
+        for i in range(6):
+            before = _rows(two_engines)
+            out = _run(run_multi_turn(args, Sample(prompt=f"{i}+{i}=", session_id=f"traj-{i}"), params, lambda text, traj: "<ok>",
+                                      max_turns=3, max_new_tokens_per_turn=2))
+            assert sum(t["role"] == "model" for t in out.metadata["turns"]) == 3
+            spread.append([b - a for a, b in zip(before, _rows(two_engines))])
+    finally:
+        router.stop()
+        GenerateState.reset()
+    assert all(sorted(s) == [0, 3] for s in spread), spread  # each trajectory: 3 turns, one engine
+    assert {s.index(3) for s in spread} == {0, 1}, spread  # and trajectories spread over both

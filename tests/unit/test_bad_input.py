@@ -104,3 +104,19 @@ def test_cli_prints_one_clean_line(tmp_path):
 def test_response_longer_than_the_context(argv, capsys):
     _fails_early(argv + ["--rollout-max-response-len", "4096"], capsys, "--rollout-max-response-len 4096",
                  "context length 256")
+
+
+def test_prompt_limit_that_leaves_nothing(argv, capsys):
+    _fails_early(argv + ["--rollout-max-prompt-len", "2"], capsys, "holds no prompts",
+                 "longer than --rollout-max-prompt-len 2")
+
+
+def test_over_sampling_without_a_reason_to_over_sample(argv, capsys):
+    _fails_early(argv + ["--over-sampling-batch-size", "8"], capsys,
+                 "--over-sampling-batch-size only applies with --dynamic-sampling-filter-path or --partial-rollout")
+    _fails_early(argv + ["--mask-offpolicy-in-partial-rollout"], capsys, "needs --partial-rollout")
+
+
+def test_bad_buffer_filter_path(argv, capsys):
+    _fails_early(argv + ["--buffer-filter-path", "tests.contracts.hooks.custom_rm"], capsys,
+                 "--buffer-filter-path tests.contracts.hooks.custom_rm: signature")

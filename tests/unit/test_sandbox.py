@@ -70,3 +70,46 @@ def test_children_die_with_it():
     run_python(code, timeout_s=1)
     time.sleep(3.5)
     assert not os.path.exists(marker)
+
+
+def test_escape_attempts_fail():
+    """Code that tries to leave its directory: write elsewhere, read another run's files, signal
+    the trainer. With namespaces all three fail; nothing outside its directory changes."""
+    import pytest
+
+    from slime.rollout.rm_hub.sandbox import isolation
+
+    if isolation() != "namespaces":
+        pytest.skip(f"sandbox isolation here is {isolation()!r}: no mount/PID namespaces to test")
+    outside = tempfile.mkdtemp(prefix="escape-target-")  # a directory of someone else's, in /tmp
+    secret = os.path.join(outside, "secret.txt")
+    with open(secret, "w") as f:
+        f.write("token")
+    repo_file = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "escape.txt")
+    code = f"""
+import os
+for path in ({secret!r}, {repo_file!r}, '/etc/escape.txt'):
+    try:
+        open(path, 'a').write('pwned')
+        print('WROTE', path)
+    except OSError as e:
+        print('blocked', path, type(e).__name__)
+try:
+    print('READ', open({secret!r}).read())
+except OSError as e:
+    print('hidden', type(e).__name__)
+try:
+    os.kill({os.getpid()}, 0)  # signal 0: only asks whether the process is visible
+    print('SEES PARENT')
+except ProcessLookupError:
+    print('cannot see parent')
+print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == sorted({{1, os.getpid()}}))
+"""
+    r = run_python(code)
+    assert r.ok, r.stderr
+    assert "WROTE" not in r.stdout and "READ" not in r.stdout and "SEES PARENT" not in r.stdout, r.stdout
+    assert r.stdout.count("blocked") == 3 and "hidden" in r.stdout and "cannot see parent" in r.stdout
+    assert r.stdout.strip().splitlines()[-1] == "True"  # only itself (and its namespace's init) in its PID namespace
+    assert open(secret).read() == "token" and not os.path.exists(repo_file) and not os.path.exists("/etc/escape.txt")
+    os.remove(secret)
+    os.rmdir(outside)

@@ -10,13 +10,19 @@ environment, and deletes the directory afterwards whatever happened. Limits:
 * output: `RLIMIT_FSIZE` caps any file it writes, stdout/stderr are truncated when read;
 * no core dumps; its own session, so every child it forks dies with it.
 
-Network: when `unshare -n` works (root, or a user namespace), the process runs in a new network
-namespace with no interfaces at all, not even loopback — it cannot reach the engine, the
-router or the internet. Otherwise a guard installed before the user's code (a `sys.addaudithook`
-hook, which Python code cannot remove) refuses every socket connect/bind/send and `ctypes`/
-`_posixsubprocess` use, so it cannot open a socket or start a program that would. `network_isolation()`
-says which one is in use. The file system is not isolated beyond the working directory: the code
-runs as the calling user.
+Isolation (`isolation()` says which level is in use):
+
+* "namespaces" (root, or user namespaces allowed): new network, mount and PID namespaces.
+  No network interfaces at all, not even loopback: it cannot reach the engine, the router or the
+  internet. The whole file system is read-only except its working directory; /tmp, /var/tmp,
+  /dev/shm, /home and /root are empty private tmpfs (only the interpreter's own directory is
+  mounted back, read-only), so it can neither change nor leave anything outside its directory,
+  nor read what other runs keep there. It sees only its own processes, so it cannot signal the
+  trainer or the engines.
+* "netns": only the network namespace could be made (the file system is as for the caller).
+* "audit-hook": no namespaces; a guard installed before the user's code (a `sys.addaudithook`
+  hook, which Python code cannot remove) refuses every socket connect/bind/send and `ctypes`/
+  `_posixsubprocess` use, so it cannot open a socket or start a program that would.
 """
 
 from __future__ import annotations
@@ -78,21 +84,76 @@ class SandboxResult:
         return last[0][:300]
 
 
+# Run inside the new mount namespace, before the user's code: $1 is the working directory, the
+# other arguments directories to keep visible (the interpreter's), then "--" and the command.
+_MOUNT_SCRIPT = r"""
+set -e
+work="$1"; shift
+mount --make-rprivate /
+mount --bind / / && mount -o remount,bind,ro /
+mount --bind / /mnt
+for d in /root /home /tmp /var/tmp /dev/shm; do
+  if [ -d "$d" ]; then mount -t tmpfs -o size=64m,mode=1777 tmpfs "$d"; fi
+done
+while [ "$1" != "--" ]; do
+  mkdir -p "$1" && mount --bind "/mnt$1" "$1" && mount -o remount,bind,ro "$1"
+  shift
+done
+shift
+mkdir -p "$work" && mount --bind "/mnt$work" "$work" && mount -o remount,bind,rw "$work"
+umount -l /mnt
+cd "$work"
+set +e
+# Not exec: the shell stays PID 1 of the namespace (PID 1 is immune to default signal actions,
+# so the program must not be it, or the CPU-time limit's SIGXCPU would be ignored); it reports
+# how the program died on a marker line.
+"$@"
+status=$?
+if [ $status -gt 128 ]; then echo "@@slime-sandbox-signal $((status - 128))" >&2; fi
+exit $status
+"""
+_SIGNAL_MARKER = "@@slime-sandbox-signal "
+_HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm")
+
+
+def _kept_dirs() -> list[str]:
+    """The interpreter's directories that lie under a directory the sandbox hides."""
+    kept = []
+    for d in dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(sys.executable))):
+        if any(d == h or d.startswith(h + "/") for h in _HIDDEN):
+            kept.append(d)
+    return kept
+
+
+def _namespace_command(workdir: str, cmd: list[str]) -> list[str]:
+    unshare = shutil.which("unshare") or "unshare"
+    return [unshare, "-n", "-m", "-p", "--fork", "--mount-proc", "--", "/bin/sh", "-c", _MOUNT_SCRIPT, "sandbox",
+            workdir, *_kept_dirs(), "--", *cmd]
+
+
 @lru_cache(maxsize=1)
-def _unshare_works() -> bool:
+def isolation() -> str:
+    """'namespaces', 'netns' or 'audit-hook' (see the module docstring), probed once."""
     exe = shutil.which("unshare")
     if exe is None:
-        return False
+        return "audit-hook"
+    probe = tempfile.mkdtemp(prefix="slime-sandbox-probe-")
     try:
+        cmd = _namespace_command(probe, [sys.executable, "-I", "-c", "open('ok', 'w')"])
+        r = subprocess.run(cmd, capture_output=True, timeout=20)
+        if r.returncode == 0 and os.path.exists(os.path.join(probe, "ok")):
+            return "namespaces"
         r = subprocess.run([exe, "-n", "--", "true"], capture_output=True, timeout=10)
+        return "netns" if r.returncode == 0 else "audit-hook"
     except (OSError, subprocess.SubprocessError):
-        return False
-    return r.returncode == 0
+        return "audit-hook"
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
 
 
 def network_isolation() -> str:
-    """'netns' (unshare -n: no network interfaces) or 'audit-hook' (sockets refused in Python)."""
-    return "netns" if _unshare_works() else "audit-hook"
+    """'netns' (a network namespace: no interfaces) or 'audit-hook' (sockets refused in Python)."""
+    return "audit-hook" if isolation() == "audit-hook" else "netns"
 
 
 def _limits(cpu_s: float, memory_mb: int, file_mb: int):
@@ -127,11 +188,14 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 10.0, cpu_s: fl
                 raise ValueError(f"sandbox file name {name!r} must be a plain file name")
             with open(path, "w", encoding="utf-8") as f:
                 f.write(text)
-        runner = _RUNNER if _unshare_works() else _GUARD + _RUNNER
+        level = isolation()
+        runner = _GUARD + _RUNNER if level == "audit-hook" else _RUNNER
         with open(os.path.join(workdir, "_sandbox_runner.py"), "w", encoding="utf-8") as f:
             f.write(runner)
         cmd = [python or sys.executable, "-I", "-B", "_sandbox_runner.py"]
-        if _unshare_works():
+        if level == "namespaces":
+            cmd = _namespace_command(workdir, cmd)
+        elif level == "netns":
             cmd = [shutil.which("unshare") or "unshare", "-n", "--", *cmd]
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
                "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
@@ -148,10 +212,15 @@ def run_python(code: str, *, stdin: str = "", timeout_s: float = 10.0, cpu_s: fl
             out, err = proc.communicate()
         finally:
             _kill_group(proc)  # anything it left running in its session goes too
+        returncode = proc.returncode
+        stderr = err[:max_output].decode("utf-8", "replace")
+        head, marker, sig = stderr.rpartition(_SIGNAL_MARKER)
+        if marker and sig.strip().isdigit():  # killed by a signal inside the namespace
+            returncode, stderr = -int(sig.strip()), head
         return SandboxResult(
-            returncode=None if timed_out else proc.returncode,
+            returncode=None if timed_out else returncode,
             stdout=out[:max_output].decode("utf-8", "replace"),
-            stderr=err[:max_output].decode("utf-8", "replace"),
+            stderr=stderr,
             timed_out=timed_out,
             wall_s=time.monotonic() - t0,
         )

@@ -1,0 +1,1 @@
+"""A coding agent: the model runs Python in a sandbox during generation; rewards come from tests."""

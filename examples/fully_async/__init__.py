@@ -1,0 +1,1 @@
+"""Fully asynchronous rollout example: a background worker generates while the trainer trains."""

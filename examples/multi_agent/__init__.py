@@ -1,0 +1,1 @@
+"""Multi-agent rollout example: solver, reviewer and finalizer share one team reward."""

@@ -1,0 +1,352 @@
+"""The Search-R1 example: BM25 server, the multi-turn hook's exact trajectory, the reward, a real run.
+
+The hook tests drive `generate` against a scripted stand-in for the engine's `/generate` (the
+only fake here: a random tiny model would almost never write `<search>`), with the real
+retrieval server running as its own process. The e2e test is a real short training run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from argparse import Namespace
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+from aiohttp import web
+
+from slime.utils.types import Sample
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "search_r1"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str, body: dict | None = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def start_retrieval_server(port: int) -> subprocess.Popen:
+    """`python -m examples.search_r1.retrieval_server --port N`, as the README runs it; waits for /health."""
+    proc = subprocess.Popen([sys.executable, "-m", "examples.search_r1.retrieval_server", "--port", str(port)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"retrieval server exited: {proc.stdout.read().decode()}")
+        try:
+            if _get_json(f"http://127.0.0.1:{port}/health")["status"] == "ok":
+                return proc
+        except (OSError, urllib.error.URLError):
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("retrieval server did not come up in 30 s")
+
+
+def stop_process(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def retrieval_url() -> Iterator[str]:
+    port = _free_port()
+    proc = start_retrieval_server(port)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop_process(proc)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_generate_state() -> Iterator[None]:
+    """GenerateState is a per-process singleton: each test gets its own (own tokenizer/args)."""
+    from slime.rollout.sglang_rollout import GenerateState
+
+    GenerateState.reset()
+    yield
+    GenerateState.reset()
+
+
+async def reward_through_hook(args: Namespace, sample: Sample) -> float:
+    """The example's reward, after checking the sample really came through the hook's multi-turn
+    driver with the retrieval URL in its environment (used by the e2e run: raising here marks the
+    sample FAILED, which the test rules out; the random model itself will hardly ever search)."""
+    from examples.search_r1.reward import reward
+
+    turns = sample.metadata.get("turns")
+    if not turns or turns[0]["role"] != "model" or len(sample.loss_mask) != sample.response_length:
+        raise AssertionError(f"sample {sample.index} did not come through run_multi_turn: {turns}")
+    if "SEARCH_R1_URL" not in os.environ:  # the README's claim: the rollout process inherits it
+        raise AssertionError("SEARCH_R1_URL did not reach the rollout process")
+    return await reward(args, sample)
+
+
+def _train_argv(model_dir: Path, run_dir: Path, rm_path: str = "examples.search_r1.reward.reward") -> list[str]:
+    return [
+        "--hf-checkpoint", str(model_dir), "--prompt-data", str(EXAMPLE / "data.jsonl"),
+        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
+        "--custom-generate-function-path", "examples.search_r1.generate.generate",
+        "--custom-rm-path", rm_path,
+        "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
+        "--rollout-max-response-len", "32", "--global-batch-size", "8", "--micro-batch-size", "4",
+        "--colocate", "--run-dir", str(run_dir),
+    ]
+
+
+class ScriptedEngine:
+    """Answers `/generate` with scripted turns in the built-in engine's response shape.
+
+    Each call takes the next scripted text (the last one repeats), tokenizes it, cuts it at
+    `max_new_tokens`, and reports finish_reason as the engine would: `stop` on EOS or on a
+    stop string the text ends with (kept, as `no_stop_trim` does), else `length`. Log-probs are
+    distinct per call and position so misalignment shows. Every request body and header is kept.
+    """
+
+    def __init__(self, tokenizer: Any, turns: list[str]):
+        self.tokenizer, self.turns = tokenizer, turns
+        self.requests: list[tuple[dict[str, Any], dict[str, str]]] = []
+        self.outputs: list[dict[str, Any]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        self.requests.append((body, dict(request.headers)))
+        k = len(self.outputs)
+        params = body["sampling_params"]
+        ids = self.tokenizer.encode(self.turns[min(k, len(self.turns) - 1)], add_special_tokens=False)
+        ids = ids[: params["max_new_tokens"]]
+        text = self.tokenizer.decode(ids, skip_special_tokens=params.get("skip_special_tokens", False))
+        matched = next((s for s in params.get("stop") or [] if text.endswith(s)), None)
+        if ids and ids[-1] == self.tokenizer.eos_token_id:
+            finish = {"type": "stop", "matched": ids[-1]}
+        elif matched is not None:
+            finish = {"type": "stop", "matched": matched}
+        else:
+            finish = {"type": "length", "length": len(ids)}
+        logprobs = [[-(k + 1) / 10 - j / 1000, t, None] for j, t in enumerate(ids)]
+        out = {"text": text, "output_ids": ids,
+               "meta_info": {"finish_reason": finish, "output_token_logprobs": logprobs, "weight_version": "7"}}
+        self.outputs.append(out)
+        return web.json_response(out)
+
+
+async def _with_engine(engine: ScriptedEngine, args: Namespace, coro_fn: Any) -> Any:
+    app = web.Application()
+    app.router.add_post("/generate", engine.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    args.sglang_router_ip, args.sglang_router_port = "127.0.0.1", runner.addresses[0][1]
+    try:
+        return await coro_fn()
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+def hook_env(tiny_model_dir, tmp_path, retrieval_url, monkeypatch) -> tuple[Namespace, Any]:
+    from slime.arguments import parse_args
+    from slime.rollout.sglang_rollout import GenerateState
+
+    monkeypatch.setenv("SEARCH_R1_URL", retrieval_url)
+    args = parse_args(_train_argv(tiny_model_dir, tmp_path / "run"))
+    return args, GenerateState(args).tokenizer
+
+
+def _sample(tokenizer: Any, question: str, label: str) -> Sample:
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                           add_generation_prompt=True)
+    return Sample(index=0, prompt=prompt, label=label)
+
+
+def _run(args: Namespace, tokenizer: Any, turns: list[str], sample: Sample) -> tuple[Sample, ScriptedEngine]:
+    from examples.search_r1.generate import generate
+    from slime.rollout.sglang_rollout import sampling_params_from_args
+
+    engine = ScriptedEngine(tokenizer, turns)
+    params = sampling_params_from_args(args, evaluation=False)
+    params["max_new_tokens"] = 200  # room for two searches; the e2e run uses the CLI's 32
+    out = asyncio.run(_with_engine(engine, args, lambda: generate(args, sample, params)))
+    return out, engine
+
+
+def _health(url: str) -> dict[str, Any]:
+    return _get_json(f"{url}/health")
+
+
+# ---------------------------------------------------------------- retrieval
+
+
+def test_bm25_puts_the_answer_passage_first_for_every_question():
+    from examples.search_r1.retrieval_server import DEFAULT_CORPUS, BM25Index, load_corpus
+
+    index = BM25Index(load_corpus(DEFAULT_CORPUS))
+    for line in (EXAMPLE / "data.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        question = row["prompt"].split("Question:", 1)[1]
+        top = index.search(question, 1)
+        assert top and row["label"].lower() in top[0]["text"].lower(), (question, top)
+    assert index.search("the of and", 3) == [] and index.search("zebra", 3) == []
+
+
+def test_retrieval_server_answers_over_http(retrieval_url):
+    before = _health(retrieval_url)["requests"]
+    result = _get_json(f"{retrieval_url}/retrieve", {"queries": ["red planet", "capital of Japan"], "topk": 2})
+    assert [r[0]["title"] for r in result["result"]] == ["Mars", "Japan"]
+    assert len(result["result"][0]) == 2 and result["result"][0][0]["score"] > result["result"][0][1]["score"]
+    assert _health(retrieval_url) == {"status": "ok", "num_docs": 32, "requests": before + 1}
+    with pytest.raises(urllib.error.HTTPError) as e:
+        _get_json(f"{retrieval_url}/retrieve", {"queries": "not a list"})
+    assert e.value.code == 400
+
+
+# ---------------------------------------------------------------- the hook
+
+
+def test_search_then_answer_trajectory_is_exact(hook_env, retrieval_url):
+    """prompt | search turn (engine) | <information> (server) | answer turn (engine), token-exact."""
+    from examples.search_r1.reward import reward
+
+    args, tok = hook_env
+    sample = _sample(tok, "Which planet is called the Red Planet?", "Mars")
+    prompt_ids = tok(sample.prompt, add_special_tokens=False)["input_ids"]
+    calls_before = _health(retrieval_url)["requests"]
+    out, engine = _run(args, tok, ["I should look it up. <search>red planet</search>",
+                                   "<answer>Mars</answer>"], sample)
+
+    assert _health(retrieval_url)["requests"] == calls_before + 1  # the real server was asked once
+    t1, t2 = (o["output_ids"] for o in engine.outputs)
+    info = ("\n<information>(1) Mars: Mars is called the Red Planet because iron oxide dust makes its surface "
+            "look red.</information>\n")
+    info_ids = tok.encode(info, add_special_tokens=False)
+    assert out.tokens == prompt_ids + t1 + info_ids + t2
+    assert out.response == engine.outputs[0]["text"] + info + engine.outputs[1]["text"]
+    assert out.response_length == len(t1) + len(info_ids) + len(t2) == len(out.loss_mask)
+    assert out.loss_mask == [1] * len(t1) + [0] * len(info_ids) + [1] * len(t2)
+    expected_lp = ([-0.1 - j / 1000 for j in range(len(t1))] + [0.0] * len(info_ids)
+                   + [-0.2 - j / 1000 for j in range(len(t2))])
+    assert out.rollout_log_probs == pytest.approx(expected_lp)
+    assert [(t["role"], t["start"], t["end"], t["finish_reason"]) for t in out.metadata["turns"]] == [
+        ("model", 0, len(t1), "stop"), ("env", len(t1), len(t1) + len(info_ids), None),
+        ("model", len(t1) + len(info_ids), out.response_length, "stop")]
+    assert out.status == Sample.Status.COMPLETED and out.metadata["stop_reason"] == "env_done"
+    assert out.metadata["search_queries"] == ["red planet"] and out.weight_versions == ["7", "7"]
+
+    # Each turn: the whole sequence so far, the stop strings, the trajectory's routing key.
+    (b1, h1), (b2, h2) = engine.requests
+    assert b1["input_ids"] == prompt_ids and b2["input_ids"] == prompt_ids + t1 + info_ids
+    for body, headers in engine.requests:
+        assert {"</search>", "</answer>"} <= set(body["sampling_params"]["stop"])
+        assert body["sampling_params"]["no_stop_trim"] is True and body["return_logprob"] is True
+        assert headers["X-SMG-Routing-Key"] == out.session_id
+    assert b2["sampling_params"]["max_new_tokens"] == 200 - len(t1) - len(info_ids)
+
+    assert asyncio.run(reward(args, out)) == 1.0
+
+
+def test_max_turns_is_respected(hook_env, retrieval_url, monkeypatch):
+    """A model that only ever searches stops after SEARCH_R1_MAX_TURNS model turns, TRUNCATED; the
+    search after the last turn is not run (no turn would read it)."""
+    monkeypatch.setenv("SEARCH_R1_MAX_TURNS", "2")
+    args, tok = hook_env
+    calls_before = _health(retrieval_url)["requests"]
+    out, engine = _run(args, tok, ["<search>capital of Japan</search>"], _sample(tok, "Capital of Japan?", "Tokyo"))
+    assert len(engine.requests) == 2
+    assert [t["role"] for t in out.metadata["turns"]] == ["model", "env", "model"]
+    assert out.status == Sample.Status.TRUNCATED and out.metadata["stop_reason"] == "max_turns"
+    assert _health(retrieval_url)["requests"] == calls_before + 1
+    assert "Tokyo is the capital city of Japan." in out.response
+    assert len(out.tokens) - len(out.loss_mask) == out.prompt_length
+
+
+def test_turn_without_a_tag_ends_the_trajectory(hook_env):
+    from examples.search_r1.reward import reward
+
+    args, tok = hook_env
+    out, engine = _run(args, tok, ["I think it is Mars." + tok.eos_token], _sample(tok, "Red Planet?", "Mars"))
+    assert len(engine.requests) == 1 and out.loss_mask == [1] * out.response_length
+    assert out.tokens[-1] == tok.eos_token_id and out.status == Sample.Status.COMPLETED
+    assert asyncio.run(reward(args, out)) == 0.0  # no <answer> tag: no credit
+
+
+def test_response_budget_limits_the_observation(hook_env):
+    """The information appended never pushes the response past max_new_tokens."""
+    from examples.search_r1.generate import generate
+    from slime.rollout.sglang_rollout import sampling_params_from_args
+
+    args, tok = hook_env
+    engine = ScriptedEngine(tok, ["<search>red planet</search>"])
+    params = sampling_params_from_args(args, evaluation=False)  # max_new_tokens 32, as in the e2e run
+    sample = _sample(tok, "Red Planet?", "Mars")
+    out = asyncio.run(_with_engine(engine, args, lambda: generate(args, sample, params)))
+    assert out.response_length == 32 == len(out.loss_mask) == len(out.rollout_log_probs)
+    assert out.status == Sample.Status.TRUNCATED and out.metadata["stop_reason"] == "max_tokens"
+
+
+def test_dead_retrieval_server_fails_loudly(hook_env, monkeypatch):
+    from slime.utils.http_utils import HTTPRequestError
+
+    monkeypatch.setenv("SEARCH_R1_URL", f"http://127.0.0.1:{_free_port()}")
+    args, tok = hook_env
+    with pytest.raises(HTTPRequestError):
+        _run(args, tok, ["<search>red planet</search>"], _sample(tok, "Red Planet?", "Mars"))
+
+
+def test_exact_match_reward_normalises():
+    from examples.search_r1.reward import exact_match
+
+    assert exact_match("<answer> The  Mars. </answer>", "Mars") == 1.0
+    assert exact_match("<answer>Venus</answer> then <answer>mars</answer>", "Mars") == 1.0  # the last one
+    assert exact_match("<answer>Leonardo</answer>", "Leonardo da Vinci") == 0.0
+    assert exact_match("<answer>da Vinci</answer>", "Leonardo da Vinci|da Vinci") == 1.0
+    assert exact_match("Mars", "Mars") == 0.0 and exact_match("<answer></answer>", "") == 0.0
+
+
+# ---------------------------------------------------------------- a real run
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_short_training_run_with_retrieval_server(tiny_model_dir, tmp_path, monkeypatch):
+    """Two real rollouts + train steps with the hook, the real engine and the real retrieval server."""
+    from slime.arguments import parse_args
+    from slime.train import shutdown, train
+
+    port = _free_port()
+    server = start_retrieval_server(port)
+    monkeypatch.setenv("SEARCH_R1_URL", f"http://127.0.0.1:{port}")  # Ray workers inherit it
+    run_dir = tmp_path / "run"
+    try:
+        args = parse_args(_train_argv(tiny_model_dir, run_dir, "tests.examples.test_search_r1.reward_through_hook"))
+        train(args)
+    finally:
+        shutdown()
+        stop_process(server)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["rollout_id"] for r in rows] == [1, 2]  # one row per rollout (no eval row: no eval data)
+    for r in rows:
+        assert math.isfinite(r["rollout/raw_reward"]) and r["rollout/num_samples"] == 8
+        assert r["rollout/status/failed"] == 0
+        assert math.isfinite(r["train/pg_loss"])
