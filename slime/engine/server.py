@@ -88,7 +88,11 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="exit when this process is gone (no orphan servers)")
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--disable-radix-cache", action="store_true",
-                   help="do not share the prefill of identical prompts in a batch (SGLang's flag name)")
+                   help="no prefix reuse at all: neither identical prompts in a batch nor the prefix cache "
+                        "(SGLang's flag name)")
+    p.add_argument("--prefix-cache-tokens", type=int, default=16384,
+                   help="token positions of KV kept from finished requests for later requests with the same "
+                        "prefix (0: off)")
     p.add_argument("--mem-fraction-static", type=float, default=None,
                    help="fraction of the machine's memory for weights + KV cache; sets the KV token budget "
                         "(SGLang's meaning; default: no token budget, only --max-running-requests)")
@@ -141,6 +145,14 @@ def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list:
     return [value] * n
 
 
+def _prefix_cache_stats(runner) -> dict:
+    pc = runner.prefix_cache
+    if pc is None:
+        return {"prefix_cache": None}
+    return {"prefix_cache": {"entries": len(pc), "tokens": pc.num_tokens, "max_tokens": pc.max_tokens,
+                             "hits": pc.hits, "hit_tokens": pc.hit_tokens}}
+
+
 def _machine_memory_bytes() -> int:
     with open("/proc/meminfo") as f:
         for line in f:
@@ -178,7 +190,7 @@ class EngineState:
         self.runner = ModelRunner(
             args.model_path, dtype=args.dtype, context_length=args.context_length,
             tokenizer_path=args.tokenizer_path, trust_remote_code=args.trust_remote_code,
-            share_prefix=not args.disable_radix_cache,
+            share_prefix=not args.disable_radix_cache, prefix_cache_tokens=args.prefix_cache_tokens,
         )
         self.model_path = args.model_path
         self.max_total_tokens = kv_token_budget(args, self.runner)
@@ -469,7 +481,7 @@ def create_app(state: EngineState):
             model_path=state.model_path,
             paused=sch.paused,
             memory_released=sch.released,
-            stats=sch.stats(),
+            stats=dict(sch.stats(), **_prefix_cache_stats(state.runner)),
         )
         return ok(info)
 
@@ -497,9 +509,9 @@ def create_app(state: EngineState):
 
     @app.api_route("/flush_cache", methods=["POST", "GET"])
     async def flush_cache():
-        # There is no cache between batches (each batch's KV dies with it), so a flush only has
-        # to wait for the running batch. No gc.collect(): it costs ~0.2 s with torch loaded.
-        await control(lambda: True)
+        # Waits for the running batch, then drops the prefix cache (a running batch's own KV dies
+        # with it). No gc.collect(): it costs ~0.2 s with torch loaded.
+        await control(state.runner.clear_prefix_cache)
         return ok({"success": True, "message": "Cache flushed."})
 
     @app.post("/abort_request")
@@ -549,6 +561,8 @@ def create_app(state: EngineState):
             # no gc.collect() (it costs ~0.2 s per call with torch loaded, every training step).
             sch.set_released(True)
             state.release_tags = list(tags or ["kv_cache", "weights"])
+            if "kv_cache" in state.release_tags:
+                state.runner.clear_prefix_cache()
 
         await control(do)
         return ok({"success": True, "message": "memory released; generation waits for resume"})
@@ -833,6 +847,8 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(
         app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
         timeout_graceful_shutdown=3, lifespan="on",
+        # a rollout opens hundreds of connections at once, and keeps them between rollouts
+        timeout_keep_alive=120, backlog=4096,
     )
     class _Server(uvicorn.Server):
         def handle_exit(self, sig, frame):

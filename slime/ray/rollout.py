@@ -178,7 +178,13 @@ class RolloutManager:
             self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False))
         check_failed_samples(groups, rollout_id, getattr(self.args, "max_failed_sample_ratio", None))
         if self.sample_filter is not None:  # marks sample.remove_sample; groups keep their shape
-            self.sample_filter(self.args, [s for g in groups for s in g])
+            try:
+                self.sample_filter(self.args, [s for g in groups for s in g])
+            except Exception as e:
+                from slime.errors import SlimeError
+
+                raise SlimeError(f"rollout {rollout_id}: --rollout-sample-filter-path "
+                                 f"{self.args.rollout_sample_filter_path} raised {type(e).__name__}: {e}") from e
         data = samples_to_train_data(self.args, groups)
         metrics = rollout_metrics(self.args, groups, data)
         metrics.update(extra_metrics)

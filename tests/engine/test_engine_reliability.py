@@ -166,3 +166,26 @@ def test_thousand_requests_with_aborts_and_bad_input(engine, tokenizer):
         "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}, timeout=30).json()
     assert len(r["output_ids"]) == 4
     print(f"{NUM_REQUESTS} requests ({n_abort} aborted mid-flight) in {elapsed:.1f}s")
+
+
+def test_a_burst_of_512_concurrent_connections_in_bf16(tiny_model_dir, tmp_path):
+    """512 requests opened at once on 512 fresh connections (a rollout's first burst), bf16:
+    every one is answered (a bench run once lost one such burst to a read error)."""
+    from engine_test_utils import start_engine
+
+    eng = start_engine(tiny_model_dir, "--dtype", "bfloat16", log_dir=tmp_path)
+    try:
+        async def burst(client) -> list[int]:
+            rs = await asyncio.gather(*(client.post(eng.url + "/generate", json={
+                "input_ids": [5, 6, 7 + k % 50], "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}) for k in range(512)))
+            return [len(r.json()["output_ids"]) for r in rs]
+
+        async def go():
+            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
+            async with httpx.AsyncClient(timeout=120, limits=limits, trust_env=False) as c:
+                return await burst(c)
+
+        assert asyncio.run(go()) == [4] * 512
+    finally:
+        eng.stop()
