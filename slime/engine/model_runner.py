@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from slime.engine.kv_cache import is_plain_layer
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -139,10 +141,14 @@ class ModelRunner:
     def _new_cache(self):
         from transformers import DynamicCache
 
+        from slime.engine.kv_cache import use_growable_layers
+
         try:
-            return DynamicCache(config=self.config)
+            cache = DynamicCache(config=self.config)
         except TypeError:
-            return DynamicCache()
+            cache = DynamicCache()
+        use_growable_layers(cache)  # decode appends in place instead of copying the cache
+        return cache
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int):
         kwargs = {self._use_cache_kwarg: cache}
@@ -269,7 +275,7 @@ class ModelRunner:
         if not bool(state.mask[row, start:state.length].all()):
             return
         layers = getattr(state.cache, "layers", None)
-        if not layers or not all(type(layer).__name__ == "DynamicLayer" and getattr(layer, "keys", None) is not None
+        if not layers or not all(is_plain_layer(layer) and getattr(layer, "keys", None) is not None
                                  for layer in layers):
             return
         keys = [layer.keys[row, :, start:state.length].clone() for layer in layers]
@@ -319,7 +325,7 @@ class ModelRunner:
         layers_b = getattr(other.cache, "layers", None)
         if not layers_a or not layers_b or len(layers_a) != len(layers_b):
             return False
-        if not all(type(layer).__name__ == "DynamicLayer" and getattr(layer, "keys", None) is not None
+        if not all(is_plain_layer(layer) and getattr(layer, "keys", None) is not None
                    and layer.keys.dim() == 4 for layer in (*layers_a, *layers_b)):
             return False
         la, lb = state.length, other.length
@@ -349,7 +355,7 @@ class ModelRunner:
         layers = getattr(cache, "layers", None)
         if not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
             return False
-        if not all(type(layer).__name__ == "DynamicLayer" for layer in layers):
+        if not all(is_plain_layer(layer) for layer in layers):
             return False  # sliding-window / special layers keep their own bookkeeping
         for layer in layers:
             if layer.keys is not None and layer.keys.dim() == 4:
