@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-from aiohttp import web
 
 from slime.utils.types import Sample
+from tests.examples.hook_testing import ScriptedEngine, run_hook, train_argv
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "coding_agent"
@@ -58,60 +58,12 @@ async def reward_through_hook(args: Namespace, sample: Sample) -> float:
     return await reward(args, sample)
 
 
-def _train_argv(model_dir: Path, run_dir: Path, rm_path: str = "examples.coding_agent.reward.reward") -> list[str]:
-    return [
-        "--hf-checkpoint", str(model_dir), "--prompt-data", str(EXAMPLE / "data.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--custom-generate-function-path", "examples.coding_agent.generate.generate",
-        "--custom-rm-path", rm_path,
-        "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
-        "--rollout-max-response-len", "32", "--global-batch-size", "8", "--micro-batch-size", "4",
-        "--colocate", "--run-dir", str(run_dir),
-    ]
-
-
-class ScriptedEngine:
-    """Answers `/generate` with scripted turns in the built-in engine's response shape.
-
-    Each call takes the next scripted text (the last one repeats), tokenizes it, cuts it at
-    `max_new_tokens`, and reports finish_reason as the engine would: `stop` on EOS or on a
-    stop string the text ends with (kept, as `no_stop_trim` does), else `length`. Log-probs are
-    distinct per call and position so misalignment shows. Every request body and header is kept.
-    """
-
-    def __init__(self, tokenizer: Any, turns: list[str]):
-        self.tokenizer, self.turns = tokenizer, turns
-        self.requests: list[tuple[dict[str, Any], dict[str, str]]] = []
-        self.outputs: list[dict[str, Any]] = []
-
-    async def handle(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        self.requests.append((body, dict(request.headers)))
-        k = len(self.outputs)
-        params = body["sampling_params"]
-        ids = self.tokenizer.encode(self.turns[min(k, len(self.turns) - 1)], add_special_tokens=False)
-        ids = ids[: params["max_new_tokens"]]
-        text = self.tokenizer.decode(ids, skip_special_tokens=params.get("skip_special_tokens", False))
-        matched = next((s for s in params.get("stop") or [] if text.endswith(s)), None)
-        if ids and ids[-1] == self.tokenizer.eos_token_id:
-            finish = {"type": "stop", "matched": ids[-1]}
-        elif matched is not None:
-            finish = {"type": "stop", "matched": matched}
-        else:
-            finish = {"type": "length", "length": len(ids)}
-        logprobs = [[-(k + 1) / 10 - j / 1000, t, None] for j, t in enumerate(ids)]
-        out = {"text": text, "output_ids": ids,
-               "meta_info": {"finish_reason": finish, "output_token_logprobs": logprobs, "weight_version": "3"}}
-        self.outputs.append(out)
-        return web.json_response(out)
-
-
 @pytest.fixture
 def hook_env(tiny_model_dir, tmp_path) -> tuple[Namespace, Any]:
     from slime.arguments import parse_args
     from slime.rollout.sglang_rollout import GenerateState
 
-    args = parse_args(_train_argv(tiny_model_dir, tmp_path / "run"))
+    args = parse_args(train_argv("coding_agent", tiny_model_dir, tmp_path / "run"))
     return args, GenerateState(args).tokenizer
 
 
@@ -126,25 +78,9 @@ def _run(args: Namespace, tokenizer: Any, turns: list[str], sample: Sample,
          max_new_tokens: int = 200) -> tuple[Sample, ScriptedEngine]:
     """Run the hook once against a ScriptedEngine served on a free loopback port."""
     from examples.coding_agent.generate import generate
-    from slime.rollout.sglang_rollout import sampling_params_from_args
 
     engine = ScriptedEngine(tokenizer, turns)
-    params = sampling_params_from_args(args, evaluation=False)
-    params["max_new_tokens"] = max_new_tokens
-
-    async def main() -> Sample:
-        app = web.Application()
-        app.router.add_post("/generate", engine.handle)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
-        args.sglang_router_ip, args.sglang_router_port = "127.0.0.1", runner.addresses[0][1]
-        try:
-            return await generate(args, sample, params)
-        finally:
-            await runner.cleanup()
-
-    return asyncio.run(main()), engine
+    return run_hook(generate, args, engine, sample, max_new_tokens=max_new_tokens), engine
 
 
 ADD_TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0"
@@ -284,7 +220,7 @@ def test_short_training_run_with_sandboxed_tools(tiny_model_dir, tmp_path):
 
     run_dir = tmp_path / "run"
     try:
-        args = parse_args(_train_argv(tiny_model_dir, run_dir, "tests.examples.test_coding_agent.reward_through_hook"))
+        args = parse_args(train_argv("coding_agent", tiny_model_dir, run_dir, "tests.examples.test_coding_agent.reward_through_hook"))
         train(args)
     finally:
         shutdown()

@@ -84,16 +84,7 @@ def test_metrics_per_agent():
 
 
 # ------------------------------------------------------------------------------------ real engine
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
-    from slime.engine.launcher import EngineProcess
-
-    eng = EngineProcess.start(tiny_model_dir, num_threads=1, extra_args=["--random-seed", "0", "--weight-version", "0"])
-    try:
-        eng.wait_until_healthy(timeout=120)
-        yield eng
-    finally:
-        eng.stop()
+# (the `engine` fixture, a real engine server, is in tests/examples/conftest.py)
 
 
 def _args(tiny_model_dir, task_dir, engine, *extra: str) -> Namespace:

@@ -1,0 +1,15 @@
+"""Fixtures of the example tests: one real engine server per module."""
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    from slime.engine.launcher import EngineProcess
+
+    eng = EngineProcess.start(tiny_model_dir, num_threads=1, extra_args=["--random-seed", "0", "--weight-version", "0"])
+    try:
+        eng.wait_until_healthy(timeout=120)
+        yield eng
+    finally:
+        eng.stop()
