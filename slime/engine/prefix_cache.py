@@ -45,6 +45,9 @@ class PrefixCache:
         self.max_tokens = int(max_tokens)
         self.min_match = int(min_match)
         self._entries: "OrderedDict[bytes, PrefixEntry]" = OrderedDict()
+        # entries by their first `min_match` tokens: only those can share `min_match` tokens with
+        # a prompt (or be a prefix of a new entry), so lookups never scan the whole cache
+        self._by_head: dict[bytes, set[bytes]] = {}
         self.num_tokens = 0
         self.hits = 0
         self.hit_tokens = 0
@@ -54,7 +57,19 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._entries.clear()
+        self._by_head.clear()
         self.num_tokens = 0
+
+    def _head(self, tokens: np.ndarray) -> bytes:
+        return tokens[: self.min_match].tobytes()
+
+    def _pop(self, key: bytes) -> None:
+        entry = self._entries.pop(key)
+        self.num_tokens -= len(entry)
+        same = self._by_head[self._head(entry.tokens)]
+        same.discard(key)
+        if not same:
+            del self._by_head[self._head(entry.tokens)]
 
     def insert(self, tokens: list[int], keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
         """Keep the KV of `tokens` (each layer's tensors [kv_heads, len(tokens), head_dim])."""
@@ -67,13 +82,15 @@ class PrefixCache:
             self._entries.move_to_end(key)
             return
         # an entry that is a prefix of this one adds nothing any more
-        for k in [k for k, e in self._entries.items() if len(e) <= n and common_prefix_len(e.tokens, arr) == len(e)]:
-            self.num_tokens -= len(self._entries.pop(k))
+        head = self._head(arr)
+        for k in [k for k in self._by_head.get(head, ()) if len(self._entries[k]) <= n
+                  and common_prefix_len(self._entries[k].tokens, arr) == len(self._entries[k])]:
+            self._pop(k)
         self._entries[key] = PrefixEntry(arr, keys, values)
+        self._by_head.setdefault(head, set()).add(key)
         self.num_tokens += n
         while self.num_tokens > self.max_tokens:
-            _, old = self._entries.popitem(last=False)
-            self.num_tokens -= len(old)
+            self._pop(next(iter(self._entries)))  # least recently used
 
     def match(self, prompt: list[int]) -> tuple[int, PrefixEntry | None]:
         """(tokens of `prompt` whose KV an entry holds, that entry); at most len(prompt) - 1 tokens,
@@ -82,9 +99,8 @@ class PrefixCache:
             return 0, None
         arr = np.asarray(prompt, dtype=np.int64)
         best, best_entry, best_key = 0, None, None
-        for key, entry in self._entries.items():
-            if entry.tokens[0] != arr[0]:
-                continue
+        for key in self._by_head.get(self._head(arr), ()):
+            entry = self._entries[key]
             m = min(common_prefix_len(entry.tokens, arr), len(prompt) - 1)
             if m > best:
                 best, best_entry, best_key = m, entry, key

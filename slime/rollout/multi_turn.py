@@ -112,10 +112,6 @@ class Trajectory:
         return [lps[t.start:t.end] for t in self.turns if t.role == "model"]
 
 
-def _engine_url(args: Namespace) -> str:
-    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/generate"
-
-
 async def run_multi_turn(
     args: Namespace,
     sample: Sample,
@@ -137,7 +133,7 @@ async def run_multi_turn(
     says which), ABORTED when the engine aborted a turn. A trajectory always starts from the
     prompt (an aborted one is generated again, not resumed).
     """
-    from slime.rollout.sglang_rollout import GenerateState, prompt_ids_of
+    from slime.rollout.sglang_rollout import GenerateState, engine_url, prompt_ids_of
 
     state = GenerateState(args)
     tokenizer = tokenizer or state.tokenizer
@@ -170,7 +166,7 @@ async def run_multi_turn(
             return stop(Sample.Status.ABORTED, "abort")
         params = dict(sampling_params)
         params["max_new_tokens"] = min(room(), max_new_tokens_per_turn or room())
-        output = await post(_engine_url(args), {"input_ids": list(sample.tokens), "sampling_params": params,
+        output = await post(engine_url(args), {"input_ids": list(sample.tokens), "sampling_params": params,
                                                  "return_logprob": True}, headers=session_headers(sample.session_id))
         text = traj.add_model_turn(output)
         finish = traj.turns[-1].finish_reason
