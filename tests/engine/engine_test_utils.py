@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import torch
@@ -19,6 +20,19 @@ def start_engine(model_dir, *extra: str, log_dir: Path | None = None):
         eng.stop()
         raise
     return eng
+
+
+def run_async(coro):
+    """asyncio.run(coro), closing the loop's shared HTTP session (slime.utils.http_utils) at the end."""
+    from slime.utils.http_utils import close_sessions
+
+    async def wrapped():
+        try:
+            return await coro
+        finally:
+            await close_sessions()
+
+    return asyncio.run(wrapped())
 
 
 # ----------------------------------------------------------------------------------- reference

@@ -3,11 +3,9 @@ tokens, loss mask and log-probs it should, and the turn and token limits hold.""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
-from engine_test_utils import reference_logprobs
+from engine_test_utils import reference_logprobs, run_async as _run
 
 TURN = 4  # tokens per model turn (ignore_eos: every turn is exactly this long)
 
@@ -30,18 +28,6 @@ def _params(args, **kw):
     from slime.rollout.sglang_rollout import GenerateState
 
     return dict(GenerateState(args).sampling_params, ignore_eos=True, **kw)
-
-
-def _run(coro):
-    from slime.utils.http_utils import close_sessions
-
-    async def wrapped():
-        try:
-            return await coro
-        finally:
-            await close_sessions()
-
-    return asyncio.run(wrapped())
 
 
 def test_scripted_tool_conversation_has_exact_tokens_mask_and_logprobs(args, tokenizer, hf_model):

@@ -14,9 +14,9 @@ from argparse import Namespace
 import httpx
 import pytest
 
-from engine_test_utils import start_engine
+from engine_test_utils import run_async as _run, start_engine
 from slime.engine.router import EngineWatcher, start_router
-from slime.utils.http_utils import close_sessions, post, session_headers
+from slime.utils.http_utils import post, session_headers
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -41,16 +41,6 @@ def _gen(ids, max_new_tokens=4):
     return {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens,
                                                   "temperature": 1.0},
             "return_logprob": True}
-
-
-def _run(coro):
-    async def wrapped():
-        try:
-            return await coro
-        finally:
-            await close_sessions()
-
-    return asyncio.run(wrapped())
 
 
 def _listen_ips(port: int) -> set[str]:

@@ -1,4 +1,4 @@
-"""Fixtures of the example tests: one real engine server per module."""
+"""Fixtures of the example tests: one real engine server per module, a fresh GenerateState."""
 
 import pytest
 
@@ -13,3 +13,13 @@ def engine(tiny_model_dir):
         yield eng
     finally:
         eng.stop()
+
+
+@pytest.fixture
+def fresh_generate_state():
+    """GenerateState is a per-process singleton: a test that uses it gets its own (own tokenizer/args)."""
+    from slime.rollout.sglang_rollout import GenerateState
+
+    GenerateState.reset()
+    yield
+    GenerateState.reset()

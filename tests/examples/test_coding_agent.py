@@ -13,12 +13,14 @@ import math
 import socket
 from argparse import Namespace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
 from slime.utils.types import Sample
 from tests.examples.hook_testing import ScriptedEngine, run_hook, train_argv
+
+pytestmark = pytest.mark.usefixtures("fresh_generate_state")
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "coding_agent"
@@ -34,16 +36,6 @@ REFERENCE = [
     "def fizz(n):\n    return 'Fizz' if n % 3 == 0 else str(n)",
     "n = int(input())\nprint(n * n)",
 ]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_generate_state() -> Iterator[None]:
-    """GenerateState is a per-process singleton: each test gets its own (own tokenizer/args)."""
-    from slime.rollout.sglang_rollout import GenerateState
-
-    GenerateState.reset()
-    yield
-    GenerateState.reset()
 
 
 async def reward_through_hook(args: Namespace, sample: Sample) -> float:

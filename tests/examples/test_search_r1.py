@@ -26,6 +26,8 @@ import pytest
 from slime.utils.types import Sample
 from tests.examples.hook_testing import ScriptedEngine, run_hook, train_argv
 
+pytestmark = pytest.mark.usefixtures("fresh_generate_state")
+
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "search_r1"
 
@@ -77,16 +79,6 @@ def retrieval_url() -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop_process(proc)
-
-
-@pytest.fixture(autouse=True)
-def _fresh_generate_state() -> Iterator[None]:
-    """GenerateState is a per-process singleton: each test gets its own (own tokenizer/args)."""
-    from slime.rollout.sglang_rollout import GenerateState
-
-    GenerateState.reset()
-    yield
-    GenerateState.reset()
 
 
 async def reward_through_hook(args: Namespace, sample: Sample) -> float:
