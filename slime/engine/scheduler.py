@@ -354,40 +354,41 @@ class Scheduler:
             logger.exception("delivering %d results failed", len(reqs))
 
     # ---------------------------------------------------------------- one batch
-    def _prefill_rows(self, rows: list[Req]):
-        """Prefill `rows`; deliver those with nothing to generate. Returns (rows left, last logits, state)
-        or None when no row is left."""
+    def _add_rows(self, state, rows: list[Req], new: list[Req]):
+        """Prefill `new` into the batch `state` after its `rows`; deliver new rows with nothing to
+        generate. Returns (the batch's rows now, logits [k, V] of the k new rows that stay), or
+        None when the batch cannot take rows (nothing changed)."""
         runner = self.runner
         version = self.weight_version
-        for r in rows:
-            r.weight_version = version
         # Requests with nothing to generate (max_new_tokens reached, e.g. 0) still get a prefill
         # when they asked for input log-probs.
-        need_input_lp = [r.return_logprob and r.logprob_start_len >= 0 and r.input_logprobs is None for r in rows]
-        max_new = max(r.params.max_new_tokens - len(r.output_ids) for r in rows)
-        prompts = [r.input_ids + r.output_ids for r in rows]
-        last, all_logits, state = runner.prefill(prompts, max_new, full_logits=any(need_input_lp))
-        for r, cached in zip(rows, state.cached):
-            r.cached_tokens = cached
+        need_input_lp = [r.return_logprob and r.logprob_start_len >= 0 and r.input_logprobs is None for r in new]
+        max_new = max(r.params.max_new_tokens - len(r.output_ids) for r in new)
+        prompts = [r.input_ids + r.output_ids for r in new]
+        got = runner.add_rows(state, prompts, max_new, full_logits=any(need_input_lp))
+        if got is None:
+            return None
+        last, full, cached = got
+        for r, c in zip(new, cached):
+            r.weight_version = version
+            r.cached_tokens = c
             r.kv_epoch = runner.weights_epoch
-        if all_logits is not None:
-            width = all_logits.shape[1]
-            for i, r in enumerate(rows):
+        if full is not None:
+            for i, r in enumerate(new):
                 if need_input_lp[i]:
-                    r.input_logprobs = _input_logprobs(all_logits[i], r, width)
-            del all_logits
-        done_now = [r for r in rows if len(r.output_ids) >= r.params.max_new_tokens]
+                    r.input_logprobs = _input_logprobs(full[i], r)
+            del full
+        done_now = [r for r in new if len(r.output_ids) >= r.params.max_new_tokens]
         for r in done_now:
             r.finish_reason = {"type": "length", "length": r.params.max_new_tokens}
-        if done_now:
-            self._safe_deliver(done_now)
-            keep = [i for i, r in enumerate(rows) if not r.finished]
-            if not keep:
-                return None
-            runner.select_rows(state, keep)
-            last = last.index_select(0, torch.tensor(keep))
-            rows = [rows[i] for i in keep]
-        return rows, last, state
+        if not done_now:
+            return rows + new, last
+        self._safe_deliver(done_now)
+        staying = [i for i, r in enumerate(new) if not r.finished]
+        if not rows and not staying:
+            return [], last[:0]
+        runner.select_rows(state, list(range(len(rows))) + [len(rows) + i for i in staying])
+        return rows + [new[i] for i in staying], last.index_select(0, torch.tensor(staying, dtype=torch.long))
 
     def _admit(self, batch: list[Req], rows: list[Req], alive: int) -> list[Req]:
         """Continuous batching: take waiting requests into the running batch (between decode steps)."""
@@ -407,15 +408,13 @@ class Scheduler:
     def _run_batch(self, batch: list[Req]) -> None:
         runner = self.runner
         self.batches_run += 1
-        got = self._prefill_rows(list(batch))
-        if got is None:
+        state = runner.new_batch()
+        rows, logits = self._add_rows(state, [], list(batch))
+        if not rows:
             return
-        rows, last, state = got
-
         sampler = BatchSampler(rows, runner.vocab_size, self.generator)
         eos = runner.eos_token_ids
         suppress_ids = self._suppress_table(rows, eos)
-        logits = last
         tokenizer = runner.tokenizer
         alive = len(rows)
         steps_since_admit = 0
@@ -455,11 +454,10 @@ class Scheduler:
                 if alive <= 0:
                     break
                 dead = len(rows) - alive
-                # Finished rows leave the batch when enough of them pile up: dropping rows
-                # copies the KV cache, which costs about as much as ~1/3 of a decode step, so
-                # one at a time is slower than carrying a few dead rows along.
+                # Finished rows leave the batch when enough of them pile up: each compaction
+                # moves KV rows, so one at a time is slower than carrying a few dead rows along.
                 if dead >= self.compact_fraction * len(rows):
-                    keep = [i for i, r in enumerate(rows) if r.finish_reason is None]
+                    keep = compaction_order([r.finish_reason is None for r in rows])
                     runner.select_rows(state, keep)
                     sampler.select(keep)
                     tokens_t = tokens_t.index_select(0, torch.tensor(keep, dtype=torch.long))
@@ -477,23 +475,23 @@ class Scheduler:
                 new = self._admit(batch, rows, alive)
                 if new:
                     steps_since_admit = 0
-                    got = self._prefill_rows(new)
+                    got = self._add_rows(state, rows, new)
                     if got is not None:
-                        new_rows, new_last, new_state = got
-                        if runner.merge(state, new_state):
-                            rows = rows + new_rows
-                            logits = torch.cat([logits, new_last], dim=0)
-                            alive += len(new_rows)
+                        added = len(got[0]) - len(rows)
+                        rows, new_logits = got
+                        if added:
+                            logits = torch.cat([logits, new_logits], dim=0)
+                            alive += added
                             sampler._set_rows(rows)
                             suppress_ids = self._suppress_table(rows, eos)
-                        else:  # cannot merge this cache type: back to the front of the queue
-                            self.continuous = False
-                            with self._cv:
-                                for r in reversed(new_rows):
-                                    self._waiting.appendleft(r)
-                                self._running = [r for r in rows if r.finish_reason is None]
-                            for r in new_rows:
-                                batch.remove(r)
+                    else:  # cannot merge this cache type: back to the front of the queue
+                        self.continuous = False
+                        with self._cv:
+                            for r in reversed(new):
+                                self._waiting.appendleft(r)
+                            self._running = [r for r in rows if r.finish_reason is None]
+                        for r in new:
+                            batch.remove(r)
 
     def _remember(self, rows: list[Req], leaving: list[Req], state) -> None:
         """Rows leaving the batch keep their KV in the prefix cache (if all of it is from the
@@ -591,12 +589,21 @@ class Scheduler:
         return mask
 
 
-def _input_logprobs(logits: torch.Tensor, r: Req, width: int) -> list[float | None]:
-    """Log-probs of prompt tokens from index `logprob_start_len` (the first token gets None)."""
+def compaction_order(alive: list[bool]) -> list[int]:
+    """Which row each position takes when dead rows leave: the alive rows in the tail fill the
+    holes in front, every other alive row keeps its position (so the native KV pool copies only
+    the rows that move)."""
+    n = sum(alive)
+    tail = iter([i for i in range(n, len(alive)) if alive[i]])
+    return [i if alive[i] else next(tail) for i in range(n)]
+
+
+def _input_logprobs(logits: torch.Tensor, r: Req) -> list[float | None]:
+    """Log-probs of prompt tokens from index `logprob_start_len` (the first token gets None).
+    `logits` [len(prompt + output so far), V]: row t predicts token t + 1."""
     ids = r.input_ids
     n = len(ids)
     start = min(r.logprob_start_len, n)
-    offset = width - (n + len(r.output_ids))  # left padding of this row
     out: list[float | None] = []
     first = start
     if start == 0:
@@ -604,7 +611,7 @@ def _input_logprobs(logits: torch.Tensor, r: Req, width: int) -> list[float | No
         first = 1
     if first < n:
         temp = 1.0 if r.params.greedy else r.params.temperature
-        rows = logits[offset + first - 1: offset + n - 1]
+        rows = logits[first - 1: n - 1]
         if temp != 1.0:
             rows = rows / temp
         lp = torch.log_softmax(rows, dim=-1)

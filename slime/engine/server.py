@@ -98,6 +98,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "(SGLang's meaning; default: no token budget, only --max-running-requests)")
     p.add_argument("--max-total-tokens", type=int, default=None,
                    help="KV token budget of the running batch (overrides --mem-fraction-static)")
+    p.add_argument("--model-impl", default="auto", choices=["auto", "native", "sglang", "transformers"],
+                   help="forward implementation (SGLang's flag): native (the engine's own, Llama-family models; "
+                        "'sglang' is an alias), transformers (the model's HF forward), auto (native where it covers "
+                        "the model)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     return p
 
@@ -191,6 +195,7 @@ class EngineState:
             args.model_path, dtype=args.dtype, context_length=args.context_length,
             tokenizer_path=args.tokenizer_path, trust_remote_code=args.trust_remote_code,
             share_prefix=not args.disable_radix_cache, prefix_cache_tokens=args.prefix_cache_tokens,
+            model_impl=args.model_impl,
         )
         self.model_path = args.model_path
         self.max_total_tokens = kv_token_budget(args, self.runner)
@@ -362,6 +367,7 @@ class EngineState:
             "is_generation": True,
             "weight_version": sch.weight_version,
             "model_type": getattr(self.runner.config, "model_type", None),
+            "model_impl": self.runner.model_impl,
             "vocab_size": self.runner.vocab_size,
             "context_length": self.runner.context_length,
             "max_total_num_tokens": self.max_total_tokens,

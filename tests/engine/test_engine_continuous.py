@@ -1,5 +1,6 @@
 """Continuous batching: a request that arrives while a batch decodes joins it between decode steps,
-finishes before the long one, and gets exactly what it would get alone (greedy = HF forward)."""
+finishes before the long one, and gets exactly what it would get alone (greedy = HF forward).
+Run with both forward implementations: the native slot pool and the HF forward's padded cache."""
 
 from __future__ import annotations
 
@@ -14,9 +15,12 @@ from slime.engine.client import EngineClient
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tmp_path_factory):
-    eng = start_engine(tiny_model_dir, "--step-delay-ms", "5", log_dir=tmp_path_factory.mktemp("cb_log"))
+@pytest.fixture(scope="module", params=["native", "transformers"])
+def engine(request, tiny_model_dir, tmp_path_factory):
+    eng = start_engine(tiny_model_dir, "--step-delay-ms", "5", "--model-impl", request.param,
+                       log_dir=tmp_path_factory.mktemp("cb_log"))
+    with EngineClient(eng.url, timeout=60) as c:
+        assert c.get_model_info()["model_impl"] == request.param
     yield eng
     eng.stop()
 

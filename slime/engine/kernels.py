@@ -1,0 +1,161 @@
+"""The native decode step's C kernels (`csrc/decode_kernels.c`): built once, cached, loaded
+with ctypes.
+
+The source is compiled with the system C compiler (`$CC`, default `gcc`; about a second) into
+`$SLIME_KERNEL_CACHE` (default `~/.cache/slime-rl/kernels`) under a name that hashes the source,
+the flags, the compiler and this CPU's feature flags (`-march=native`), so a change to any of
+them builds anew and concurrent builds cannot clash (each writes a temp file, then renames it).
+Where no compiler works, or with `SLIME_DISABLE_KERNELS=1`, `load()` returns None and the native
+forward runs the same steps as torch operations (one log line says why).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.c"
+FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
+
+_lock = threading.Lock()
+_loaded: "DecodeKernels | None" = None
+_tried = False
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SLIME_KERNEL_CACHE") or Path.home() / ".cache" / "slime-rl" / "kernels")
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line.strip()
+    except OSError:
+        pass
+    return ""
+
+
+def build(cc: str | None = None) -> Path:
+    """Compile the kernels (unless a build for this source/flags/compiler/CPU is cached); returns
+    the shared library's path. Raises RuntimeError with the compiler's message on failure."""
+    cc = cc or os.environ.get("CC") or "gcc"
+    exe = shutil.which(cc)
+    if exe is None:
+        raise RuntimeError(f"no C compiler {cc!r} on PATH")
+    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), "".join(version).encode(),
+                                     _cpu_flags().encode()])).hexdigest()[:16]
+    out = cache_dir() / f"decode_kernels-{key}.so"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
+    os.close(fd)
+    try:
+        proc = subprocess.run([exe, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{cc} failed to build {SOURCE.name}: {proc.stderr.strip()[-2000:]}")
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return out
+
+
+def load() -> "DecodeKernels | None":
+    """The kernels, built and loaded once per process; None (logged once) where unavailable."""
+    global _loaded, _tried
+    with _lock:
+        if not _tried:
+            _tried = True
+            if os.environ.get("SLIME_DISABLE_KERNELS", "") not in ("", "0"):
+                logger.info("C decode kernels disabled (SLIME_DISABLE_KERNELS): torch operations instead")
+            else:
+                try:
+                    _loaded = DecodeKernels(ctypes.CDLL(str(build())))
+                except (RuntimeError, OSError) as e:
+                    logger.warning("C decode kernels unavailable (%s): torch operations instead", e)
+        return _loaded
+
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+def _ptr(t: torch.Tensor) -> int:
+    if t.dtype != torch.float32 and t.dtype != torch.int64:
+        raise TypeError(f"kernel arguments are float32/int64 tensors, got {t.dtype}")
+    if not t.is_contiguous():
+        raise ValueError("kernel arguments must be contiguous")
+    return t.data_ptr()
+
+
+class DecodeKernels:
+    """Typed wrappers: every tensor is contiguous, float32 (int64 for positions and lengths).
+    The caller guarantees the indices: positions inside the cos/sin table, lens[b] < cap (the
+    native forward checks both once per step, not per layer)."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        lib.add_rms_norm_f32.argtypes = [_P, _P, _P, _P, _I, _I, _F]
+        lib.silu_mul_f32.argtypes = [_P, _P, _I]
+        lib.rope_store_f32.argtypes = [_P, _P, _P, _P, _P, _P, _P, _P, _I, _I, _I, _I, _I]
+        lib.decode_attention_f32.argtypes = [_P, _P, _P, _P, _P, _I, _I, _I, _I, _I, _F]
+        for fn in (lib.add_rms_norm_f32, lib.silu_mul_f32, lib.rope_store_f32, lib.decode_attention_f32):
+            fn.restype = None
+
+    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+        """x += delta (in place, when given); returns RMSNorm(x) * weight (rows of the last dim)."""
+        n = x.shape[-1]
+        out = torch.empty_like(x)
+        self.lib.add_rms_norm_f32(_ptr(x), None if delta is None else _ptr(delta), _ptr(weight), _ptr(out),
+                                  x.numel() // n, n, eps)
+        return out
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        """gate = silu(gate) * up, in place; returns gate."""
+        if gate.shape != up.shape:
+            raise ValueError(f"silu_mul: shapes {tuple(gate.shape)} and {tuple(up.shape)} differ")
+        self.lib.silu_mul_f32(_ptr(gate), _ptr(up), gate.numel())
+        return gate
+
+    def rope_store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Rotate q [B, hq, d] in place; rotate k [B, hk, d] and store it, and v, at position
+        positions[b] of slot b of keys [slots, hk, d, cap] / values [slots, hk, cap, d]."""
+        b, hq, d = q.shape
+        slots, hk, _, cap = keys.shape
+        if slots < b or k.shape != (b, hk, d) or v.shape != (b, hk, d) or d > 512:
+            raise ValueError(f"rope_store: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                             f"do not fit keys {tuple(keys.shape)}")
+        self.lib.rope_store_f32(_ptr(q), _ptr(k), _ptr(v), _ptr(cos), _ptr(sin), _ptr(positions), _ptr(keys),
+                                _ptr(values), b, hq, hk, d, cap)
+
+    def decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lens: torch.Tensor,
+                         scale: float) -> torch.Tensor:
+        """q [B, hk * g, d]; keys [slots >= B, hk, d, cap] (transposed), values [slots, hk, cap, d]
+        (row b in slot b, positions 0..lens[b] visible; cap a multiple of 16). Returns [B, hk * g, d]."""
+        b, hq, d = q.shape
+        slots, hk, _, cap = keys.shape
+        if cap % 16:
+            raise ValueError(f"decode_attention: key capacity {cap} is not a multiple of 16")
+        if slots < b:
+            raise IndexError(f"decode_attention: {b} rows, the KV pool has {slots} slots")
+        out = torch.empty_like(q)
+        self.lib.decode_attention_f32(_ptr(q), _ptr(keys), _ptr(values), _ptr(out), _ptr(lens), b, hk, hq // hk,
+                                      d, cap, scale)
+        return out

@@ -1,0 +1,434 @@
+"""The engine's own forward pass for Llama-family decoders, over a slot KV pool.
+
+Hugging Face's forward with a `DynamicCache` keeps a running batch left-padded: every row's cache
+is as long as the longest row, a request joining the batch re-pads and copies the whole cache,
+and a finished row leaving it copies the whole cache again. Here each running row owns one *slot*
+of a preallocated pool (`KVPool`: per layer, keys and values `[slots, kv_heads, capacity,
+head_dim]`), its tokens start at column 0 of the slot, and its length is its own:
+
+* joining the batch writes only the new rows' KV into free slots (no copy of the others);
+* leaving it moves only the rows that fill the holes (rows `0..n-1` stay the running batch);
+* a decode step writes one position per row and attends over that row's own length (the C
+  kernel) or over positions `0..longest` with a length mask (torch), GQA without repeating
+  keys: the query heads of one KV head are grouped.
+
+Keys are kept transposed (`[slots, kv_heads, head_dim, capacity]`): a query's scores over
+consecutive positions are then contiguous multiply-adds, with no horizontal sums.
+
+Weights are the HF module's own parameters, read at every call, so an in-place weight update of
+the module is seen by the next step. Covered: `llama`, `qwen2`, `qwen3` (q/k norms), `mistral`
+without a sliding window, SiLU MLPs, static RoPE types; anything else runs on the HF forward
+(`native_unsupported` says why). Numerics follow the HF modules: RMSNorm in fp32, RoPE tables
+from the model's own rotary module, softmax in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+# tokens of new rows run through the model at once in a prefill; larger batches go in chunks so
+# activations (tokens x intermediate size) stay small
+PREFILL_CHUNK_TOKENS = 8192
+
+
+def native_unsupported(model) -> str | None:
+    """Why the native forward cannot run `model` (None: it can)."""
+    cfg = model.config
+    mt = getattr(cfg, "model_type", None)
+    if mt not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {mt!r} (native forward covers {', '.join(SUPPORTED_MODEL_TYPES)})"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r}"
+    if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
+        return "pretraining_tp > 1"
+    window = getattr(cfg, "sliding_window", None)
+    if window and (getattr(cfg, "use_sliding_window", mt == "mistral") or mt == "mistral"):
+        return f"sliding_window {window}"
+    layer_types = getattr(cfg, "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return "layers other than full attention"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rope_type not in _STATIC_ROPE:
+        return f"rope_type {rope_type!r}"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "no model.layers / model.rotary_emb"
+    return None
+
+
+def kv_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """KV cache dtype. bf16/fp16 KV is kept in fp32 on CPUs without bf16 instructions: there the
+    attention matmuls over the cache run several times faster in fp32, and the values are the
+    same (the keys and values come out of the projections in the model dtype and widen exactly);
+    attention then accumulates in fp32 as SDPA's CPU kernel does internally."""
+    if dtype == torch.float32:
+        return dtype
+    try:
+        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    except AttributeError:  # pragma: no cover - older torch
+        native = False
+    return dtype if native else torch.float32
+
+
+class KVPool:
+    """Keys `[slots, kv_heads, head_dim, capacity]` and values `[slots, kv_heads, capacity,
+    head_dim]` of every layer, grown on demand; capacity is a multiple of 16 (the attention
+    kernel reads keys in blocks of 16 positions)."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, zero_fill: bool = True):
+        self.num_layers, self.kv_heads, self.head_dim, self.dtype = num_layers, kv_heads, head_dim, dtype
+        self.zero_fill = zero_fill
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.slots = 0
+        self.capacity = 0
+
+    def ensure(self, slots: int, capacity: int, used_slots: int, used_len: int) -> None:
+        """Room for `slots` rows of `capacity` positions; the first `used_slots` rows' first
+        `used_len` columns are kept. Grows geometrically, so a growing batch reallocates rarely."""
+        if slots <= self.slots and capacity <= self.capacity:
+            return
+        new_slots = max(slots, self.slots, min(2 * self.slots, slots + 64) if self.slots else slots)
+        new_cap = self.capacity
+        if capacity > self.capacity:
+            # a first allocation takes what the rows asked for; growing past it (rare: only
+            # rows re-prefilled after a retract outgrow it) leaves room for more
+            room = max(32, capacity // 4) if self.capacity else 0
+            new_cap = -(-(capacity + room) // 16) * 16
+        kv, d = self.kv_heads, self.head_dim
+        # The torch decode step multiplies masked-out positions too (as 0 x value), so its pool
+        # starts as zeros (reused allocator memory may hold NaN bit patterns). The C kernels never
+        # read past a row's length: their pool is left uninitialised, and pages are only touched
+        # where rows really write (zeroing a pool sized for the longest request was ~3% of a rollout).
+        new = torch.zeros if self.zero_fill else torch.empty
+        keys = [new((new_slots, kv, d, new_cap), dtype=self.dtype) for _ in range(self.num_layers)]
+        values = [new((new_slots, kv, new_cap, d), dtype=self.dtype) for _ in range(self.num_layers)]
+        if used_slots and used_len:
+            for old, new in zip(self.keys, keys):
+                new[:used_slots, ..., :used_len] = old[:used_slots, ..., :used_len]
+            for old, new in zip(self.values, values):
+                new[:used_slots, :, :used_len] = old[:used_slots, :, :used_len]
+        self.keys, self.values, self.slots, self.capacity = keys, values, new_slots, new_cap
+
+    def positions(self, n: int) -> list[torch.Tensor]:
+        """Views of the first `n` positions of every key and value tensor (dim 0: slots)."""
+        return [k[..., :n] for k in self.keys] + [v[:, :, :n] for v in self.values]
+
+    def write(self, layer: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Put `keys`/`values` [kv_heads, m, head_dim] at positions 0..m-1 of `slot`."""
+        m = keys.shape[1]
+        self.keys[layer][slot, ..., :m] = keys.transpose(-1, -2)
+        self.values[layer][slot, :, :m] = values
+
+    def read(self, layer: int, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of positions 0..n-1 of `slot`: keys and values [kv_heads, n, head_dim]."""
+        return (self.keys[layer][slot, ..., :n].transpose(-1, -2).clone(),
+                self.values[layer][slot, :, :n].clone())
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+
+@dataclass
+class SlotBatch:
+    """A running batch: row i lives in slot i; `lens[i]` positions of it are cached."""
+
+    pool: KVPool
+    lens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
+    max_len: int = 0  # max(lens), kept as a Python int so a step needs no tensor read-back
+    # per row: prompt tokens whose KV was reused (from an identical prompt or the prefix cache)
+    cached: list[int] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return int(self.lens.shape[0])
+
+
+class NativeForward:
+    def __init__(self, model, dtype: torch.dtype, context_length: int, use_kernels: bool = True):
+        self.model = model
+        cfg = model.config
+        self.inner = model.model
+        self.layers = list(self.inner.layers)
+        self.num_heads = int(cfg.num_attention_heads)
+        self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads)
+        self.group = self.num_heads // self.kv_heads
+        self.scaling = self.head_dim ** -0.5
+        self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
+        self.dtype = dtype
+        self.kv_dtype = kv_dtype_for(dtype)
+        self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
+        # fp32 decode steps run on the C kernels where they build (slime.engine.kernels)
+        self.kernels = None
+        if dtype == torch.float32 and use_kernels:
+            from slime.engine.kernels import load
+
+            self.kernels = load()
+        # RoPE cos/sin for every position, from the model's own rotary module (its scaling rules)
+        positions = torch.arange(context_length + 1, dtype=torch.long).unsqueeze(0)
+        with torch.inference_mode():
+            cos, sin = self.inner.rotary_emb(torch.zeros(1, dtype=dtype), positions)
+        self.cos, self.sin = cos[0].to(dtype), sin[0].to(dtype)  # [P, head_dim]
+
+    # ------------------------------------------------------------------ batch interface
+    def new_batch(self) -> SlotBatch:
+        return SlotBatch(pool=KVPool(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype,
+                                     zero_fill=self.kernels is None))
+
+    @torch.inference_mode()
+    def add_rows(self, batch: SlotBatch, prompts: list[list[int]], max_new: int, full_logits: bool,
+                 hits: dict, share: bool):
+        """Prefill `prompts` into the next free slots (rows `batch.rows..`). Identical prompts
+        (`share`) are prefilled once and the KV copied to the others; a prompt with a prefix-cache
+        hit `hits[j] = (m, entry)` starts from the entry's first `m` positions. Returns (last
+        logits [n, V] fp32, per-row prompt logits or None, per-row reused prompt tokens)."""
+        base, n_new = batch.rows, len(prompts)
+        capacity = max(max(len(p) for p in prompts) + max(max_new, 0) + 1, batch.max_len + 1)
+        batch.pool.ensure(base + n_new, capacity, base, batch.max_len)
+        first: dict[tuple[int, ...], int] = {}
+        source = list(range(n_new))  # row whose prefill row j reuses (itself when computed)
+        if share:
+            for j, p in enumerate(prompts):
+                source[j] = first.setdefault(tuple(p), j)
+        computed = [j for j in range(n_new) if source[j] == j]
+        starts = []
+        for j in computed:
+            m, entry = hits.get(j, (0, None))
+            if entry is not None:
+                for layer, (k, v) in enumerate(zip(entry.keys, entry.values)):
+                    batch.pool.write(layer, base + j, k[:, :m], v[:, :m])
+            starts.append(m)
+        last_c, full_c = self.extend(batch, [base + j for j in computed],
+                                     [prompts[j][m:] for j, m in zip(computed, starts)], starts, full_logits)
+        pos = {j: i for i, j in enumerate(computed)}
+        dups = [j for j in range(n_new) if source[j] != j]
+        if dups:  # one copy per tensor for all of them
+            dst = torch.tensor([base + j for j in dups], dtype=torch.long)
+            src = torch.tensor([base + source[j] for j in dups], dtype=torch.long)
+            for view in batch.pool.positions(max(len(prompts[j]) for j in dups)):
+                view.index_copy_(0, dst, view.index_select(0, src))
+        order = torch.tensor([pos[source[j]] for j in range(n_new)], dtype=torch.long)
+        last = last_c.index_select(0, order)
+        full = None if full_c is None else [full_c[pos[source[j]]] for j in range(n_new)]
+        cached = [len(prompts[j]) if source[j] != j else starts[pos[j]] for j in range(n_new)]
+        new_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
+        batch.lens = torch.cat([batch.lens, new_lens])
+        batch.max_len = max(batch.max_len, int(new_lens.max()))
+        batch.cached = batch.cached + cached
+        return last, full, cached
+
+    @torch.inference_mode()
+    def row_kv(self, batch: SlotBatch, row: int, n: int):
+        """The KV of row `row`'s first `n` positions (per layer [kv_heads, n, head_dim])."""
+        if n > int(batch.lens[row]):
+            return None
+        kv = [batch.pool.read(layer, row, n) for layer in range(len(self.layers))]
+        return [k for k, _ in kv], [v for _, v in kv]
+
+    @torch.inference_mode()
+    def select_rows(self, batch: SlotBatch, keep: list[int]) -> None:
+        """Rows `keep[i]` become rows i. Only rows that change slot are copied."""
+        moves = [(dst, src) for dst, src in enumerate(keep) if dst != src]
+        if moves:
+            dst = torch.tensor([m[0] for m in moves], dtype=torch.long)
+            src = torch.tensor([m[1] for m in moves], dtype=torch.long)
+            for view in batch.pool.positions(batch.max_len):
+                view.index_copy_(0, dst, view.index_select(0, src))
+        idx = torch.tensor(keep, dtype=torch.long)
+        batch.lens = batch.lens.index_select(0, idx)
+        batch.cached = [batch.cached[i] for i in keep]
+        batch.max_len = int(batch.lens.max()) if keep else 0
+
+    # ------------------------------------------------------------------ compute
+    def _rms(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return weight * xf.to(x.dtype)
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        half = x.shape[-1] // 2
+        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return x * cos + rotated * sin
+
+    def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
+        mlp = layer.mlp
+        gate = F.silu(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias))
+        gate.mul_(F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias))
+        return F.linear(gate, mlp.down_proj.weight, mlp.down_proj.bias)
+
+    def _qkv(self, layer, h: torch.Tensor, shape_q, shape_kv):
+        attn = layer.self_attn
+        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(shape_q)
+        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(shape_kv)
+        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(shape_kv)
+        if self.qk_norm:
+            q = self._rms(q, attn.q_norm.weight)
+            k = self._rms(k, attn.k_norm.weight)
+        return q, k, v
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Final norm and LM head of the last hidden states; fp32 logits."""
+        x = self._rms(x, self.inner.norm.weight)
+        head = self.model.lm_head
+        return F.linear(x, head.weight, getattr(head, "bias", None)).float()
+
+    @torch.inference_mode()
+    def decode(self, batch: SlotBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """Feed one token per row ([B] long); returns the next logits [B, V] fp32."""
+        pool = batch.pool
+        if batch.max_len + 1 > pool.capacity:
+            pool.ensure(pool.slots, batch.max_len + 1, batch.rows, batch.max_len)
+        if batch.max_len >= self.cos.shape[0]:
+            raise IndexError(f"position {batch.max_len} is past the context length {self.cos.shape[0] - 1}")
+        if self.kernels is not None:
+            x = self._decode_layers_kernels(batch, tokens)
+        else:
+            x = self._decode_layers_torch(batch, tokens)
+        batch.lens = batch.lens + 1
+        batch.max_len += 1
+        head = self.model.lm_head
+        return F.linear(x, head.weight, getattr(head, "bias", None)).float()
+
+    def _decode_layers_kernels(self, batch: SlotBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """The decoder layers with the C kernels (fp32): residual add + RMSNorm, RoPE, attention
+        over each row's own length and SiLU-gate in one pass each. Returns the final-norm output."""
+        kern, eps = self.kernels, self.eps
+        b, kv, d, heads = batch.rows, self.kv_heads, self.head_dim, self.num_heads
+        lens, pool = batch.lens, batch.pool
+        x = self.inner.embed_tokens(tokens)  # [B, H], the residual stream (updated in place)
+        h = kern.add_rms_norm(x, None, self.layers[0].input_layernorm.weight, eps)
+        for i, layer in enumerate(self.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            q, k, v = self._qkv(layer, h, (b, heads, d), (b, kv, d))
+            keys, values = pool.keys[i], pool.values[i]
+            q = q.contiguous()  # (a no-op but after q/k norms)
+            kern.rope_store(q, k.contiguous(), v.contiguous(), self.cos, self.sin, lens, keys, values)
+            out = kern.decode_attention(q, keys, values, lens, self.scaling)
+            delta = F.linear(out.view(b, heads * d), attn.o_proj.weight, attn.o_proj.bias)
+            h = kern.add_rms_norm(x, delta, layer.post_attention_layernorm.weight, eps)
+            gate = kern.silu_mul(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias),
+                                 F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias))
+            delta = F.linear(gate, mlp.down_proj.weight, mlp.down_proj.bias)
+            after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.inner.norm
+            h = kern.add_rms_norm(x, delta, after.weight, eps)
+        return h
+
+    def _decode_layers_torch(self, batch: SlotBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """The same steps as torch operations (bf16, or no C compiler): attention over columns
+        0..longest with a per-row length mask. Returns the final-norm output."""
+        b, kv, g, d = batch.rows, self.kv_heads, self.group, self.head_dim
+        lens, pool = batch.lens, batch.pool
+        width = batch.max_len + 1
+        rows = torch.arange(b)
+        cos = self.cos.index_select(0, lens).unsqueeze(1)  # [B, 1, D]
+        sin = self.sin.index_select(0, lens).unsqueeze(1)
+        # column j of row i is visible when j <= lens[i] (the new token sits at lens[i])
+        mask = torch.zeros((b, 1, 1, width), dtype=self.kv_dtype)
+        mask.masked_fill_((torch.arange(width).unsqueeze(0) > lens.unsqueeze(1)).view(b, 1, 1, width), float("-inf"))
+        x = self.inner.embed_tokens(tokens)  # [B, H]
+        for i, layer in enumerate(self.layers):
+            h = self._rms(x, layer.input_layernorm.weight)
+            q, k, v = self._qkv(layer, h, (b, self.num_heads, d), (b, kv, d))
+            q = self._rope(q, cos, sin)
+            k = self._rope(k, cos, sin)
+            keys, values = pool.keys[i], pool.values[i]
+            keys[rows, :, :, lens] = k.to(self.kv_dtype)
+            values[rows, :, lens] = v.to(self.kv_dtype)
+            qg = (q * self.scaling).to(self.kv_dtype).view(b, kv, g, d)
+            scores = torch.matmul(qg, keys[:b, ..., :width])  # [B, kv, g, width]
+            scores += mask
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.kv_dtype)
+            out = torch.matmul(probs, values[:b, :, :width]).view(b, self.num_heads * d).to(x.dtype)
+            attn = layer.self_attn
+            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self._mlp(layer, self._rms(x, layer.post_attention_layernorm.weight))
+        return self._rms(x, self.inner.norm.weight)
+
+    @torch.inference_mode()
+    def extend(self, batch: SlotBatch, slots: list[int], tokens: list[list[int]], starts: list[int],
+               full_logits: bool) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """Run `tokens[j]` through the model on top of `starts[j]` cached positions of slot
+        `slots[j]` (rows right-padded to the longest); their KV lands in the pool. Returns the
+        last position's logits [n, V] fp32 and, with `full_logits`, each row's logits for all of
+        its tokens ([len(tokens[j]), V])."""
+        last, full = [], [] if full_logits else None
+        i = 0
+        while i < len(tokens):  # chunks of about PREFILL_CHUNK_TOKENS tokens
+            j, longest = i, 0
+            while j < len(tokens) and (j == i or (j - i + 1) * max(longest, len(tokens[j])) <= PREFILL_CHUNK_TOKENS):
+                longest = max(longest, len(tokens[j]))
+                j += 1
+            lo, fu = self._extend(batch, slots[i:j], tokens[i:j], starts[i:j], full_logits)
+            last.append(lo)
+            if full is not None:
+                full.extend(fu)
+            i = j
+        return torch.cat(last, dim=0), full
+
+    def _extend(self, batch, slots, tokens, starts, full_logits):
+        """One chunk of `extend`. Token-wise work (projections, MLP, norms, RoPE) runs on the
+        packed real tokens only; attention runs on rows right-padded to the longest."""
+        pool = batch.pool
+        b = len(tokens)
+        n = max(len(t) for t in tokens)
+        lengths = torch.tensor([len(t) for t in tokens], dtype=torch.long)
+        start = torch.tensor(starts, dtype=torch.long)
+        offsets = torch.arange(n).unsqueeze(0)
+        real = offsets < lengths.unsqueeze(1)  # [b, n]: cells of the padded grid that hold a token
+        positions = start.unsqueeze(1) + offsets  # [b, n]
+        width = int((start + lengths).max())
+        if width > pool.capacity or width > self.cos.shape[0]:
+            raise RuntimeError(f"extend needs {width} positions, the pool has {pool.capacity}")
+        pos = positions[real]  # [T], the packed tokens in row order
+        cos, sin = self.cos[pos].unsqueeze(1), self.sin[pos].unsqueeze(1)  # [T, 1, D]
+        slot_idx = torch.tensor(slots, dtype=torch.long)
+        slot_of = slot_idx.unsqueeze(1).expand(b, n)[real]
+        contiguous = slots == list(range(slots[0], slots[0] + b))
+        # query t of row r (absolute position start+t) sees keys 0..start+t; padded queries
+        # (t >= length) see key 0 only, so their softmax is defined (their output is unused)
+        cols = torch.arange(width).view(1, 1, width)
+        visible = cols <= positions.unsqueeze(2)
+        visible &= real.unsqueeze(2) | (cols == 0)
+        visible = visible.unsqueeze(1)  # [b, 1, n, width]
+        # positions past a row's end are masked, but still multiplied (as 0 x value): make
+        # them finite, whatever an uninitialised pool held there
+        past_end = (cols.view(1, width) >= (start + lengths).unsqueeze(1)).view(b, 1, width, 1)
+        kv, d, heads = self.kv_heads, self.head_dim, self.num_heads
+        t = int(pos.shape[0])
+        x = self.inner.embed_tokens(torch.tensor([tok for row in tokens for tok in row], dtype=torch.long))  # [T, H]
+        for i, layer in enumerate(self.layers):
+            h = self._rms(x, layer.input_layernorm.weight)
+            q, k, v = self._qkv(layer, h, (t, heads, d), (t, kv, d))
+            q = self._rope(q, cos, sin)
+            k = self._rope(k, cos, sin)
+            keys, values = pool.keys[i], pool.values[i]
+            keys[slot_of, :, :, pos] = k.to(self.kv_dtype)
+            values[slot_of, :, pos] = v.to(self.kv_dtype)
+            if contiguous:
+                ks, vs = keys[slots[0]:slots[0] + b, ..., :width], values[slots[0]:slots[0] + b, :, :width]
+            else:
+                ks = keys[..., :width].index_select(0, slot_idx)
+                vs = values[:, :, :width].index_select(0, slot_idx)
+            ks = ks.transpose(-1, -2)  # [b, kv, width, D]
+            ks.masked_fill_(past_end, 0.0)
+            vs.masked_fill_(past_end, 0.0)
+            q_pad = q.new_zeros((b, n, heads, d), dtype=self.kv_dtype)
+            q_pad[real] = q.to(self.kv_dtype)
+            out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), ks, vs, attn_mask=visible,
+                                                 scale=self.scaling, enable_gqa=self.group > 1)
+            out = out.transpose(1, 2)[real].reshape(t, heads * d).to(x.dtype)
+            attn = layer.self_attn
+            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+            x = x + self._mlp(layer, self._rms(x, layer.post_attention_layernorm.weight))
+        last = self._logits(x[lengths.cumsum(0) - 1])
+        full = None
+        if full_logits:
+            full = list(self._logits(x).split(lengths.tolist()))
+        return last, full
