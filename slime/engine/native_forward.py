@@ -34,6 +34,8 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 # tokens of new rows run through the model at once in a prefill; larger batches go in chunks so
 # activations (tokens x intermediate size) stay small
 PREFILL_CHUNK_TOKENS = 8192
+# pool positions reserved past the longest prompt when rows are added; more as they decode
+INITIAL_DECODE_ROOM = 64
 
 
 def native_unsupported(model) -> str | None:
@@ -91,16 +93,17 @@ class KVPool:
 
     def ensure(self, slots: int, capacity: int, used_slots: int, used_len: int) -> None:
         """Room for `slots` rows of `capacity` positions; the first `used_slots` rows' first
-        `used_len` columns are kept. Grows geometrically, so a growing batch reallocates rarely."""
+        `used_len` positions are kept. Grows geometrically, so a growing batch reallocates
+        rarely; growing the positions drops slots past `slots` (rows that left the batch), so
+        the pool follows the rows really running, not the batch's widest moment."""
         if slots <= self.slots and capacity <= self.capacity:
             return
-        new_slots = max(slots, self.slots, min(2 * self.slots, slots + 64) if self.slots else slots)
-        new_cap = self.capacity
         if capacity > self.capacity:
-            # a first allocation takes what the rows asked for; growing past it (rare: only
-            # rows re-prefilled after a retract outgrow it) leaves room for more
-            room = max(32, capacity // 4) if self.capacity else 0
-            new_cap = -(-(capacity + room) // 16) * 16
+            new_slots = max(slots, used_slots)
+            new_cap = -(-(capacity + (max(64, capacity // 2) if self.capacity else 0)) // 16) * 16
+        else:
+            new_slots = max(slots, min(2 * self.slots, slots + 64))
+            new_cap = self.capacity
         kv, d = self.kv_heads, self.head_dim
         # The torch decode step multiplies masked-out positions too (as 0 x value), so its pool
         # starts as zeros (reused allocator memory may hold NaN bit patterns). The C kernels never
@@ -190,7 +193,10 @@ class NativeForward:
         hit `hits[j] = (m, entry)` starts from the entry's first `m` positions. Returns (last
         logits [n, V] fp32, per-row prompt logits or None, per-row reused prompt tokens)."""
         base, n_new = batch.rows, len(prompts)
-        capacity = max(max(len(p) for p in prompts) + max(max_new, 0) + 1, batch.max_len + 1)
+        # positions for the prompts and the first INITIAL_DECODE_ROOM new tokens; decode grows
+        # the pool as rows get longer (most rows of a rollout stop long before max_new_tokens)
+        capacity = max(max(len(p) for p in prompts) + min(max(max_new, 0), INITIAL_DECODE_ROOM) + 1,
+                       batch.max_len + 1)
         batch.pool.ensure(base + n_new, capacity, base, batch.max_len)
         first: dict[tuple[int, ...], int] = {}
         source = list(range(n_new))  # row whose prefill row j reuses (itself when computed)
@@ -284,7 +290,7 @@ class NativeForward:
         """Feed one token per row ([B] long); returns the next logits [B, V] fp32."""
         pool = batch.pool
         if batch.max_len + 1 > pool.capacity:
-            pool.ensure(pool.slots, batch.max_len + 1, batch.rows, batch.max_len)
+            pool.ensure(batch.rows, batch.max_len + 1, batch.rows, batch.max_len)
         if batch.max_len >= self.cos.shape[0]:
             raise IndexError(f"position {batch.max_len} is past the context length {self.cos.shape[0] - 1}")
         if self.kernels is not None:

@@ -375,6 +375,47 @@ class EngineState:
         }
 
 
+def _error_body(msg: str) -> dict:
+    return {"error": {"message": msg}, "success": False, "message": msg}
+
+
+def _parse_json(raw: bytes, allow_empty: bool) -> Any:
+    if not raw.strip():
+        if allow_empty:
+            return {}
+        raise _bad("empty request body; expected a JSON object")
+    try:
+        return _loads(raw)
+    except ValueError as e:
+        raise _bad(f"request body is not valid JSON: {e}") from None
+
+
+def _generate_ahead_of(app, handle):
+    """`app` with POST /generate answered by `handle(raw body) -> (status, answer)` in a plain
+    ASGI handler, ahead of FastAPI's middleware and routing: a rollout sends hundreds of requests
+    at once, and FastAPI's per-request layers were more than half of taking one in (512
+    requests: 0.30 s through FastAPI, 0.12 s here)."""
+    json_headers = [(b"content-type", b"application/json")]
+
+    async def asgi(scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/generate" or scope["method"] != "POST":
+            return await app(scope, receive, send)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        status, answer = await handle(b"".join(chunks))
+        body = _dumps(answer)
+        await send({"type": "http.response.start", "status": status,
+                    "headers": json_headers + [(b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return asgi
+
+
 def _resolve(items) -> None:
     for fut, result, err in items:
         if fut.done():
@@ -408,29 +449,21 @@ def create_app(state: EngineState):
                         media_type="application/json")
 
     def error(msg: str, status: int = 400) -> Response:
-        return ok({"error": {"message": msg}, "success": False, "message": msg}, status)
+        return ok(_error_body(msg), status)
 
     async def read_json(request: Request, *, allow_empty: bool = True) -> Any:
-        raw = await request.body()
-        if not raw.strip():
-            if allow_empty:
-                return {}
-            raise BadRequest("empty request body; expected a JSON object")
-        try:
-            return _loads(raw)
-        except ValueError as e:
-            raise BadRequest(f"request body is not valid JSON: {e}") from None
+        return _parse_json(await request.body(), allow_empty)
 
     async def control(fn, *, needs_idle: bool = True):
         return await asyncio.wrap_future(sch.run_control(fn, needs_idle=needs_idle))
 
-    @app.post("/generate")
-    async def generate(request: Request):
+    async def generate(raw: bytes) -> tuple[int, Any]:
+        """POST /generate from its raw body: (HTTP status, answer). Served by
+        `_generate_ahead_of`, not by a FastAPI route."""
         try:
-            body = await read_json(request, allow_empty=False)
-            reqs, is_batch = state.parse_generate(body)
+            reqs, is_batch = state.parse_generate(_parse_json(raw, allow_empty=False))
         except BadRequest as e:
-            return error(str(e))
+            return 400, _error_body(str(e))
         loop = asyncio.get_running_loop()
         futs = []
         for r in reqs:
@@ -441,8 +474,8 @@ def create_app(state: EngineState):
         try:
             results = await asyncio.gather(*futs)
         except Exception as e:  # noqa: BLE001 - an engine failure; answered as 500
-            return error(f"generation failed: {type(e).__name__}: {e}", 500)
-        return ok(results if is_batch else results[0])
+            return 500, _error_body(f"generation failed: {type(e).__name__}: {e}")
+        return 200, results if is_batch else results[0]
 
     @app.get("/health")
     async def health():
@@ -785,7 +818,7 @@ def create_app(state: EngineState):
                              f"{type(e).__name__}: {e}", 500)
         return await _apply_update(named, body, "update_weights_from_distributed")
 
-    return app
+    return _generate_ahead_of(app, generate)
 
 
 # ------------------------------------------------------------------------------------ process
