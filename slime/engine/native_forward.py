@@ -258,6 +258,15 @@ class NativeForward:
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return weight * xf.to(x.dtype)
 
+    def _add_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor):
+        """The residual add and the RMSNorm after it: (x + delta, RMSNorm(x + delta) * weight).
+        The C kernel does both in one pass and updates x in place."""
+        if self.kernels is not None:
+            return x, self.kernels.add_rms_norm(x, delta, weight, self.eps)
+        if delta is not None:
+            x = x + delta
+        return x, self._rms(x, weight)
+
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         half = x.shape[-1] // 2
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -265,25 +274,41 @@ class NativeForward:
 
     def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
         mlp = layer.mlp
-        gate = F.silu(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias))
-        gate.mul_(F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias))
+        gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
+        up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+        if self.kernels is not None:
+            gate = self.kernels.silu_mul(gate, up)
+        else:
+            gate = F.silu(gate).mul_(up)
         return F.linear(gate, mlp.down_proj.weight, mlp.down_proj.bias)
 
-    def _qkv(self, layer, h: torch.Tensor, shape_q, shape_kv):
-        attn = layer.self_attn
-        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(shape_q)
-        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(shape_kv)
-        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(shape_kv)
+    def _qkv(self, layer, h: torch.Tensor, rows: int):
+        """q [rows, heads, D], k and v [rows, kv_heads, D] (after Qwen3's q/k norms)."""
+        attn, d = layer.self_attn, self.head_dim
+        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(rows, self.num_heads, d)
+        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(rows, self.kv_heads, d)
+        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(rows, self.kv_heads, d)
         if self.qk_norm:
             q = self._rms(q, attn.q_norm.weight)
             k = self._rms(k, attn.k_norm.weight)
         return q, k, v
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor:
-        """Final norm and LM head of the last hidden states; fp32 logits."""
-        x = self._rms(x, self.inner.norm.weight)
+    def _layers(self, x: torch.Tensor, attend) -> torch.Tensor:
+        """The decoder stack over hidden states x [T, H]. `attend(i, layer, h)` maps layer i's
+        normed input to its attention output [T, heads * D] (and stores the KV). Returns the
+        final-norm output [T, H]."""
+        x, h = self._add_norm(x, None, self.layers[0].input_layernorm.weight)
+        for i, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            delta = F.linear(attend(i, layer, h), attn.o_proj.weight, attn.o_proj.bias)
+            x, h = self._add_norm(x, delta, layer.post_attention_layernorm.weight)
+            after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.inner.norm
+            x, h = self._add_norm(x, self._mlp(layer, h), after.weight)
+        return h
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         head = self.model.lm_head
-        return F.linear(x, head.weight, getattr(head, "bias", None)).float()
+        return F.linear(h, head.weight, getattr(head, "bias", None)).float()
 
     @torch.inference_mode()
     def decode(self, batch: SlotBatch, tokens: torch.Tensor) -> torch.Tensor:
@@ -293,77 +318,54 @@ class NativeForward:
             pool.ensure(batch.rows, batch.max_len + 1, batch.rows, batch.max_len)
         if batch.max_len >= self.cos.shape[0]:
             raise IndexError(f"position {batch.max_len} is past the context length {self.cos.shape[0] - 1}")
-        if self.kernels is not None:
-            x = self._decode_layers_kernels(batch, tokens)
-        else:
-            x = self._decode_layers_torch(batch, tokens)
+        attend = self._decode_attend_kernels if self.kernels is not None else self._decode_attend_torch(batch)
+        h = self._layers(self.inner.embed_tokens(tokens), lambda i, layer, h: attend(batch, i, layer, h))
         batch.lens = batch.lens + 1
         batch.max_len += 1
-        head = self.model.lm_head
-        return F.linear(x, head.weight, getattr(head, "bias", None)).float()
+        return self._head(h)
 
-    def _decode_layers_kernels(self, batch: SlotBatch, tokens: torch.Tensor) -> torch.Tensor:
-        """The decoder layers with the C kernels (fp32): residual add + RMSNorm, RoPE, attention
-        over each row's own length and SiLU-gate in one pass each. Returns the final-norm output."""
-        kern, eps = self.kernels, self.eps
-        b, kv, d, heads = batch.rows, self.kv_heads, self.head_dim, self.num_heads
-        lens, pool = batch.lens, batch.pool
-        x = self.inner.embed_tokens(tokens)  # [B, H], the residual stream (updated in place)
-        h = kern.add_rms_norm(x, None, self.layers[0].input_layernorm.weight, eps)
-        for i, layer in enumerate(self.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            q, k, v = self._qkv(layer, h, (b, heads, d), (b, kv, d))
-            keys, values = pool.keys[i], pool.values[i]
-            q = q.contiguous()  # (a no-op but after q/k norms)
-            kern.rope_store(q, k.contiguous(), v.contiguous(), self.cos, self.sin, lens, keys, values)
-            out = kern.decode_attention(q, keys, values, lens, self.scaling)
-            delta = F.linear(out.view(b, heads * d), attn.o_proj.weight, attn.o_proj.bias)
-            h = kern.add_rms_norm(x, delta, layer.post_attention_layernorm.weight, eps)
-            gate = kern.silu_mul(F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias),
-                                 F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias))
-            delta = F.linear(gate, mlp.down_proj.weight, mlp.down_proj.bias)
-            after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.inner.norm
-            h = kern.add_rms_norm(x, delta, after.weight, eps)
-        return h
+    def _decode_attend_kernels(self, batch: SlotBatch, i: int, layer, h: torch.Tensor) -> torch.Tensor:
+        """RoPE + KV store in one pass, then attention over each row's own length (C kernels)."""
+        b = batch.rows
+        q, k, v = self._qkv(layer, h, b)
+        q = q.contiguous()  # (a no-op but after q/k norms)
+        keys, values = batch.pool.keys[i], batch.pool.values[i]
+        self.kernels.rope_store(q, k.contiguous(), v.contiguous(), self.cos, self.sin, batch.lens, keys, values)
+        return self.kernels.decode_attention(q, keys, values, batch.lens, self.scaling).view(b, -1)
 
-    def _decode_layers_torch(self, batch: SlotBatch, tokens: torch.Tensor) -> torch.Tensor:
-        """The same steps as torch operations (bf16, or no C compiler): attention over columns
-        0..longest with a per-row length mask. Returns the final-norm output."""
+    def _decode_attend_torch(self, batch: SlotBatch):
+        """Attention as torch operations (bf16, or no C compiler): over positions 0..longest with
+        a per-row length mask, GQA by grouping the query heads of each KV head."""
         b, kv, g, d = batch.rows, self.kv_heads, self.group, self.head_dim
-        lens, pool = batch.lens, batch.pool
+        lens = batch.lens
         width = batch.max_len + 1
         rows = torch.arange(b)
         cos = self.cos.index_select(0, lens).unsqueeze(1)  # [B, 1, D]
         sin = self.sin.index_select(0, lens).unsqueeze(1)
-        # column j of row i is visible when j <= lens[i] (the new token sits at lens[i])
+        # position j of row i is visible when j <= lens[i] (the new token sits at lens[i])
         mask = torch.zeros((b, 1, 1, width), dtype=self.kv_dtype)
         mask.masked_fill_((torch.arange(width).unsqueeze(0) > lens.unsqueeze(1)).view(b, 1, 1, width), float("-inf"))
-        x = self.inner.embed_tokens(tokens)  # [B, H]
-        for i, layer in enumerate(self.layers):
-            h = self._rms(x, layer.input_layernorm.weight)
-            q, k, v = self._qkv(layer, h, (b, self.num_heads, d), (b, kv, d))
-            q = self._rope(q, cos, sin)
-            k = self._rope(k, cos, sin)
-            keys, values = pool.keys[i], pool.values[i]
+
+        def attend(batch: SlotBatch, i: int, layer, h: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._qkv(layer, h, b)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+            keys, values = batch.pool.keys[i], batch.pool.values[i]
             keys[rows, :, :, lens] = k.to(self.kv_dtype)
             values[rows, :, lens] = v.to(self.kv_dtype)
             qg = (q * self.scaling).to(self.kv_dtype).view(b, kv, g, d)
             scores = torch.matmul(qg, keys[:b, ..., :width])  # [B, kv, g, width]
             scores += mask
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.kv_dtype)
-            out = torch.matmul(probs, values[:b, :, :width]).view(b, self.num_heads * d).to(x.dtype)
-            attn = layer.self_attn
-            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            x = x + self._mlp(layer, self._rms(x, layer.post_attention_layernorm.weight))
-        return self._rms(x, self.inner.norm.weight)
+            return torch.matmul(probs, values[:b, :, :width]).view(b, self.num_heads * d).to(h.dtype)
+
+        return attend
 
     @torch.inference_mode()
     def extend(self, batch: SlotBatch, slots: list[int], tokens: list[list[int]], starts: list[int],
                full_logits: bool) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """Run `tokens[j]` through the model on top of `starts[j]` cached positions of slot
-        `slots[j]` (rows right-padded to the longest); their KV lands in the pool. Returns the
-        last position's logits [n, V] fp32 and, with `full_logits`, each row's logits for all of
-        its tokens ([len(tokens[j]), V])."""
+        `slots[j]`; their KV lands in the pool. Returns the last position's logits [n, V] fp32
+        and, with `full_logits`, each row's logits for all of its tokens ([len(tokens[j]), V])."""
         last, full = [], [] if full_logits else None
         i = 0
         while i < len(tokens):  # chunks of about PREFILL_CHUNK_TOKENS tokens
@@ -406,14 +408,12 @@ class NativeForward:
         # positions past a row's end are masked, but still multiplied (as 0 x value): make
         # them finite, whatever an uninitialised pool held there
         past_end = (cols.view(1, width) >= (start + lengths).unsqueeze(1)).view(b, 1, width, 1)
-        kv, d, heads = self.kv_heads, self.head_dim, self.num_heads
+        heads, d = self.num_heads, self.head_dim
         t = int(pos.shape[0])
-        x = self.inner.embed_tokens(torch.tensor([tok for row in tokens for tok in row], dtype=torch.long))  # [T, H]
-        for i, layer in enumerate(self.layers):
-            h = self._rms(x, layer.input_layernorm.weight)
-            q, k, v = self._qkv(layer, h, (t, heads, d), (t, kv, d))
-            q = self._rope(q, cos, sin)
-            k = self._rope(k, cos, sin)
+
+        def attend(i: int, layer, h: torch.Tensor) -> torch.Tensor:
+            q, k, v = self._qkv(layer, h, t)
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             keys, values = pool.keys[i], pool.values[i]
             keys[slot_of, :, :, pos] = k.to(self.kv_dtype)
             values[slot_of, :, pos] = v.to(self.kv_dtype)
@@ -429,12 +429,10 @@ class NativeForward:
             q_pad[real] = q.to(self.kv_dtype)
             out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), ks, vs, attn_mask=visible,
                                                  scale=self.scaling, enable_gqa=self.group > 1)
-            out = out.transpose(1, 2)[real].reshape(t, heads * d).to(x.dtype)
-            attn = layer.self_attn
-            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            x = x + self._mlp(layer, self._rms(x, layer.post_attention_layernorm.weight))
-        last = self._logits(x[lengths.cumsum(0) - 1])
-        full = None
-        if full_logits:
-            full = list(self._logits(x).split(lengths.tolist()))
+            return out.transpose(1, 2)[real].reshape(t, heads * d).to(h.dtype)
+
+        ids = torch.tensor([tok for row in tokens for tok in row], dtype=torch.long)
+        h = self._layers(self.inner.embed_tokens(ids), attend)  # [T, H]
+        last = self._head(h[lengths.cumsum(0) - 1])
+        full = list(self._head(h).split(lengths.tolist())) if full_logits else None
         return last, full
