@@ -3,8 +3,8 @@
 Hugging Face's forward with a `DynamicCache` keeps a running batch left-padded: every row's cache
 is as long as the longest row, a request joining the batch re-pads and copies the whole cache,
 and a finished row leaving it copies the whole cache again. Here each running row owns one *slot*
-of a preallocated pool (`KVPool`: per layer, keys and values `[slots, kv_heads, capacity,
-head_dim]`), its tokens start at column 0 of the slot, and its length is its own:
+of a pool (`KVPool`: per layer, the keys and values of every slot), its tokens start at position
+0 of the slot, and its length is its own:
 
 * joining the batch writes only the new rows' KV into free slots (no copy of the others);
 * leaving it moves only the rows that fill the holes (rows `0..n-1` stay the running batch);
@@ -49,7 +49,7 @@ def native_unsupported(model) -> str | None:
     if getattr(cfg, "pretraining_tp", 1) not in (None, 1):
         return "pretraining_tp > 1"
     window = getattr(cfg, "sliding_window", None)
-    if window and (getattr(cfg, "use_sliding_window", mt == "mistral") or mt == "mistral"):
+    if window and (mt == "mistral" or getattr(cfg, "use_sliding_window", False)):
         return f"sliding_window {window}"
     layer_types = getattr(cfg, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
@@ -134,9 +134,6 @@ class KVPool:
         return (self.keys[layer][slot, ..., :n].transpose(-1, -2).clone(),
                 self.values[layer][slot, :, :n].clone())
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
 
 @dataclass
 class SlotBatch:
@@ -145,8 +142,6 @@ class SlotBatch:
     pool: KVPool
     lens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     max_len: int = 0  # max(lens), kept as a Python int so a step needs no tensor read-back
-    # per row: prompt tokens whose KV was reused (from an identical prompt or the prefix cache)
-    cached: list[int] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -227,7 +222,6 @@ class NativeForward:
         new_lens = torch.tensor([len(p) for p in prompts], dtype=torch.long)
         batch.lens = torch.cat([batch.lens, new_lens])
         batch.max_len = max(batch.max_len, int(new_lens.max()))
-        batch.cached = batch.cached + cached
         return last, full, cached
 
     @torch.inference_mode()
@@ -249,7 +243,6 @@ class NativeForward:
                 view.index_copy_(0, dst, view.index_select(0, src))
         idx = torch.tensor(keep, dtype=torch.long)
         batch.lens = batch.lens.index_select(0, idx)
-        batch.cached = [batch.cached[i] for i in keep]
         batch.max_len = int(batch.lens.max()) if keep else 0
 
     # ------------------------------------------------------------------ compute
