@@ -91,16 +91,18 @@ class KVPool:
         self.slots = 0
         self.capacity = 0
 
-    def ensure(self, slots: int, capacity: int, used_slots: int, used_len: int) -> None:
+    def ensure(self, slots: int, capacity: int, used_slots: int, used_len: int, limit: int = 0) -> None:
         """Room for `slots` rows of `capacity` positions; the first `used_slots` rows' first
-        `used_len` positions are kept. Grows geometrically, so a growing batch reallocates
-        rarely; growing the positions drops slots past `slots` (rows that left the batch), so
-        the pool follows the rows really running, not the batch's widest moment."""
+        `used_len` positions are kept. Grows geometrically (but not past `limit`, the most any
+        row can need), so a growing batch reallocates rarely; growing the positions drops slots
+        past `slots` (rows that left the batch), so the pool follows the rows really running,
+        not the batch's widest moment."""
         if slots <= self.slots and capacity <= self.capacity:
             return
         if capacity > self.capacity:
             new_slots = max(slots, used_slots)
-            new_cap = -(-(capacity + (max(64, capacity // 2) if self.capacity else 0)) // 16) * 16
+            room = max(64, capacity // 2) if self.capacity else 0
+            new_cap = -(-max(capacity, min(capacity + room, limit)) // 16) * 16
         else:
             new_slots = max(slots, min(2 * self.slots, slots + 64))
             new_cap = self.capacity
@@ -142,6 +144,7 @@ class SlotBatch:
     pool: KVPool
     lens: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))
     max_len: int = 0  # max(lens), kept as a Python int so a step needs no tensor read-back
+    need: int = 0  # the most positions any row may reach (prompt + max_new_tokens + 1)
 
     @property
     def rows(self) -> int:
@@ -190,9 +193,10 @@ class NativeForward:
         base, n_new = batch.rows, len(prompts)
         # positions for the prompts and the first INITIAL_DECODE_ROOM new tokens; decode grows
         # the pool as rows get longer (most rows of a rollout stop long before max_new_tokens)
-        capacity = max(max(len(p) for p in prompts) + min(max(max_new, 0), INITIAL_DECODE_ROOM) + 1,
-                       batch.max_len + 1)
-        batch.pool.ensure(base + n_new, capacity, base, batch.max_len)
+        longest = max(len(p) for p in prompts)
+        batch.need = max(batch.need, longest + max(max_new, 0) + 1)
+        capacity = max(longest + min(max(max_new, 0), INITIAL_DECODE_ROOM) + 1, batch.max_len + 1)
+        batch.pool.ensure(base + n_new, capacity, base, batch.max_len, batch.need)
         first: dict[tuple[int, ...], int] = {}
         source = list(range(n_new))  # row whose prefill row j reuses (itself when computed)
         if share:
@@ -308,7 +312,7 @@ class NativeForward:
         """Feed one token per row ([B] long); returns the next logits [B, V] fp32."""
         pool = batch.pool
         if batch.max_len + 1 > pool.capacity:
-            pool.ensure(batch.rows, batch.max_len + 1, batch.rows, batch.max_len)
+            pool.ensure(batch.rows, batch.max_len + 1, batch.rows, batch.max_len, batch.need)
         if batch.max_len >= self.cos.shape[0]:
             raise IndexError(f"position {batch.max_len} is past the context length {self.cos.shape[0] - 1}")
         attend = self._decode_attend_kernels if self.kernels is not None else self._decode_attend_torch(batch)

@@ -1,0 +1,64 @@
+"""Burst coalescing: while requests stream in, the worker waits for the burst to land instead of
+decoding a batch that is small next to the queue; it never waits without a reason."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from slime.engine.sampling import SamplingParams
+from slime.engine.scheduler import BURST_GAP_S, BURST_MAX_WAIT_S, Req, Scheduler
+
+
+def reqs(n: int) -> list[Req]:
+    return [Req(input_ids=[1, 2, 3], params=SamplingParams(max_new_tokens=4)) for _ in range(n)]
+
+
+def test_waits_until_the_burst_has_landed():
+    sch = Scheduler(runner=None, max_running_requests=256)
+    sch.submit(reqs(3))  # a burst has begun: 3 waiting, 1 running
+
+    def stream():
+        for _ in range(40):  # one request every 0.5 ms: faster than the burst gap
+            time.sleep(0.0005)
+            sch.submit(reqs(1))
+
+    t = threading.Thread(target=stream)
+    t0 = time.perf_counter()
+    t.start()
+    assert sch._settle_burst(alive=1) is True
+    waited = time.perf_counter() - t0
+    t.join()
+    assert len(sch._waiting) == 43, "returned before the burst ended"
+    assert waited < BURST_MAX_WAIT_S
+
+
+def test_no_wait_without_a_burst():
+    sch = Scheduler(runner=None, max_running_requests=256)
+    sch.submit(reqs(2))
+    time.sleep(3 * BURST_GAP_S)  # the last arrival is old: no burst in progress
+    t0 = time.perf_counter()
+    assert sch._settle_burst(alive=1) is False
+    sch.submit(reqs(1))  # a fresh arrival, but the running batch is not small next to the queue
+    assert sch._settle_burst(alive=8) is False
+    sch.submit(reqs(300))  # the batch would be full with what waits: take it now
+    assert sch._settle_burst(alive=1) is False
+    assert time.perf_counter() - t0 < BURST_GAP_S * 3
+
+
+def test_an_interrupt_ends_the_wait():
+    sch = Scheduler(runner=None, max_running_requests=256)
+
+    def stream():
+        for _ in range(400):
+            time.sleep(0.0005)
+            sch.submit(reqs(1))
+
+    sch.submit(reqs(5))
+    t = threading.Thread(target=stream)
+    t.start()
+    threading.Timer(0.02, sch.pause, args=("retract",)).start()  # a pause interrupts the worker
+    t0 = time.perf_counter()
+    sch._settle_burst(alive=1)
+    assert time.perf_counter() - t0 < 0.15
+    t.join()
