@@ -136,9 +136,10 @@ class DecodeKernels:
     def rope_store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
         """Rotate q [B, hq, d] in place; rotate k [B, hk, d] and store it, and v, at position
-        positions[b] of slot b of keys [slots, hk, d, cap] / values [slots, hk, cap, d]."""
+        positions[b] of slot b of keys [slots, hk, cap / 16, d, 16] / values [slots, hk, cap, d]."""
         b, hq, d = q.shape
-        slots, hk, _, cap = keys.shape
+        slots, hk, blocks, _, _ = keys.shape
+        cap = blocks * 16
         if slots < b or k.shape != (b, hk, d) or v.shape != (b, hk, d) or d > 512:
             raise ValueError(f"rope_store: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
                              f"do not fit keys {tuple(keys.shape)}")
@@ -147,12 +148,15 @@ class DecodeKernels:
 
     def decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lens: torch.Tensor,
                          scale: float) -> torch.Tensor:
-        """q [B, hk * g, d]; keys [slots >= B, hk, d, cap] (transposed), values [slots, hk, cap, d]
-        (row b in slot b, positions 0..lens[b] visible; cap a multiple of 16). Returns [B, hk * g, d]."""
+        """q [B, hk * g, d]; keys [slots >= B, hk, cap / 16, d, 16] (blocks of 16 positions,
+        feature-major), values [slots, hk, cap, d] (row b in slot b, positions 0..lens[b]
+        visible). Returns [B, hk * g, d]."""
         b, hq, d = q.shape
-        slots, hk, _, cap = keys.shape
-        if cap % 16:
-            raise ValueError(f"decode_attention: key capacity {cap} is not a multiple of 16")
+        slots, hk, blocks, _, block = keys.shape
+        cap = blocks * block
+        if block != 16 or values.shape[2] != cap:
+            raise ValueError(f"decode_attention: keys {tuple(keys.shape)} / values {tuple(values.shape)} "
+                             "are not in blocks of 16 positions")
         if slots < b:
             raise IndexError(f"decode_attention: {b} rows, the KV pool has {slots} slots")
         out = torch.empty_like(q)

@@ -12,8 +12,10 @@ of a pool (`KVPool`: per layer, the keys and values of every slot), its tokens s
   kernel) or over positions `0..longest` with a length mask (torch), GQA without repeating
   keys: the query heads of one KV head are grouped.
 
-Keys are kept transposed (`[slots, kv_heads, head_dim, capacity]`): a query's scores over
-consecutive positions are then contiguous multiply-adds, with no horizontal sums.
+Keys are kept in blocks of 16 positions, each block transposed (`[slots, kv_heads, capacity / 16,
+head_dim, 16]`): a query's scores over 16 consecutive positions are then contiguous multiply-adds
+with no horizontal sums, and a row's keys are read as one contiguous run (measured 20% faster
+than a plain transposed `[head_dim, capacity]` layout at 70 positions, cold caches).
 
 Weights are the HF module's own parameters, read at every call, so an in-place weight update of
 the module is seen by the next step. Covered: `llama`, `qwen2`, `qwen3` (q/k norms), `mistral`
@@ -78,10 +80,12 @@ def kv_dtype_for(dtype: torch.dtype) -> torch.dtype:
     return dtype if native else torch.float32
 
 
+BLOCK = 16  # key positions per block
+
+
 class KVPool:
-    """Keys `[slots, kv_heads, head_dim, capacity]` and values `[slots, kv_heads, capacity,
-    head_dim]` of every layer, grown on demand; capacity is a multiple of 16 (the attention
-    kernel reads keys in blocks of 16 positions)."""
+    """Keys `[slots, kv_heads, capacity / BLOCK, head_dim, BLOCK]` and values `[slots, kv_heads,
+    capacity, head_dim]` of every layer, grown on demand (capacity a multiple of BLOCK)."""
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, zero_fill: bool = True):
         self.num_layers, self.kv_heads, self.head_dim, self.dtype = num_layers, kv_heads, head_dim, dtype
@@ -102,7 +106,7 @@ class KVPool:
         if capacity > self.capacity:
             new_slots = max(slots, used_slots)
             room = max(64, capacity // 2) if self.capacity else 0
-            new_cap = -(-max(capacity, min(capacity + room, limit)) // 16) * 16
+            new_cap = -(-max(capacity, min(capacity + room, limit)) // BLOCK) * BLOCK
         else:
             new_slots = max(slots, min(2 * self.slots, slots + 64))
             new_cap = self.capacity
@@ -112,29 +116,43 @@ class KVPool:
         # read past a row's length: their pool is left uninitialised, and pages are only touched
         # where rows really write (zeroing a pool sized for the longest request was ~3% of a rollout).
         new = torch.zeros if self.zero_fill else torch.empty
-        keys = [new((new_slots, kv, d, new_cap), dtype=self.dtype) for _ in range(self.num_layers)]
+        keys = [new((new_slots, kv, new_cap // BLOCK, d, BLOCK), dtype=self.dtype) for _ in range(self.num_layers)]
         values = [new((new_slots, kv, new_cap, d), dtype=self.dtype) for _ in range(self.num_layers)]
         if used_slots and used_len:
-            for old, new in zip(self.keys, keys):
-                new[:used_slots, ..., :used_len] = old[:used_slots, ..., :used_len]
-            for old, new in zip(self.values, values):
-                new[:used_slots, :, :used_len] = old[:used_slots, :, :used_len]
+            for old, new in zip(self.positions(used_len, used_slots), self._views(keys, values, used_len, used_slots)):
+                new.copy_(old)
         self.keys, self.values, self.slots, self.capacity = keys, values, new_slots, new_cap
 
-    def positions(self, n: int) -> list[torch.Tensor]:
-        """Views of the first `n` positions of every key and value tensor (dim 0: slots)."""
-        return [k[..., :n] for k in self.keys] + [v[:, :, :n] for v in self.values]
+    @staticmethod
+    def _views(keys, values, n: int, slots: int | None) -> list[torch.Tensor]:
+        blocks = -(-n // BLOCK)
+        return [k[:slots, :, :blocks] for k in keys] + [v[:slots, :, :n] for v in values]
+
+    def positions(self, n: int, slots: int | None = None) -> list[torch.Tensor]:
+        """Views of (at least) the first `n` positions of every key and value tensor (dim 0:
+        slots; keys in whole blocks)."""
+        return self._views(self.keys, self.values, n, slots)
+
+    def key_rows(self, layer: int, slots: slice | torch.Tensor, n: int) -> torch.Tensor:
+        """Keys of positions 0..n-1 of `slots` as [rows, kv_heads, n, head_dim] (a copy)."""
+        k = self.keys[layer][:, :, : -(-n // BLOCK)]
+        k = k[slots] if isinstance(slots, slice) else k.index_select(0, slots)
+        rows, kv, blocks, d, _ = k.shape
+        return k.transpose(-1, -2).reshape(rows, kv, blocks * BLOCK, d)[:, :, :n]
 
     def write(self, layer: int, slot: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Put `keys`/`values` [kv_heads, m, head_dim] at positions 0..m-1 of `slot`."""
-        m = keys.shape[1]
-        self.keys[layer][slot, ..., :m] = keys.transpose(-1, -2)
+        """Put `keys`/`values` [kv_heads, m, head_dim] at positions 0..m-1 of `slot` (the rest
+        of the last key block is overwritten with zeros)."""
+        kv, m, d = keys.shape
+        blocks = -(-m // BLOCK)
+        padded = keys.new_zeros((kv, blocks * BLOCK, d))
+        padded[:, :m] = keys
+        self.keys[layer][slot, :, :blocks] = padded.view(kv, blocks, BLOCK, d).transpose(-1, -2)
         self.values[layer][slot, :, :m] = values
 
     def read(self, layer: int, slot: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of positions 0..n-1 of `slot`: keys and values [kv_heads, n, head_dim]."""
-        return (self.keys[layer][slot, ..., :n].transpose(-1, -2).clone(),
-                self.values[layer][slot, :, :n].clone())
+        return self.key_rows(layer, slice(slot, slot + 1), n)[0], self.values[layer][slot, :, :n].clone()
 
 
 @dataclass
@@ -336,6 +354,7 @@ class NativeForward:
         b, kv, g, d = batch.rows, self.kv_heads, self.group, self.head_dim
         lens = batch.lens
         width = batch.max_len + 1
+        blocks = -(-width // BLOCK)
         rows = torch.arange(b)
         cos = self.cos.index_select(0, lens).unsqueeze(1)  # [B, 1, D]
         sin = self.sin.index_select(0, lens).unsqueeze(1)
@@ -347,10 +366,12 @@ class NativeForward:
             q, k, v = self._qkv(layer, h, b)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             keys, values = batch.pool.keys[i], batch.pool.values[i]
-            keys[rows, :, :, lens] = k.to(self.kv_dtype)
+            keys[rows, :, lens // BLOCK, :, lens % BLOCK] = k.to(self.kv_dtype)
             values[rows, :, lens] = v.to(self.kv_dtype)
-            qg = (q * self.scaling).to(self.kv_dtype).view(b, kv, g, d)
-            scores = torch.matmul(qg, keys[:b, ..., :width])  # [B, kv, g, width]
+            qg = (q * self.scaling).to(self.kv_dtype).view(b, kv, 1, g, d)
+            # [B, kv, 1, g, D] @ [B, kv, blocks, D, BLOCK] -> [B, kv, blocks, g, BLOCK], no copy of keys
+            scores = torch.matmul(qg, keys[:b, :, :blocks])
+            scores = scores.transpose(2, 3).reshape(b, kv, g, blocks * BLOCK)[..., :width]
             scores += mask
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(self.kv_dtype)
             return torch.matmul(probs, values[:b, :, :width]).view(b, self.num_heads * d).to(h.dtype)
@@ -412,14 +433,11 @@ class NativeForward:
             q, k, v = self._qkv(layer, h, t)
             q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
             keys, values = pool.keys[i], pool.values[i]
-            keys[slot_of, :, :, pos] = k.to(self.kv_dtype)
+            keys[slot_of, :, pos // BLOCK, :, pos % BLOCK] = k.to(self.kv_dtype)
             values[slot_of, :, pos] = v.to(self.kv_dtype)
-            if contiguous:
-                ks, vs = keys[slots[0]:slots[0] + b, ..., :width], values[slots[0]:slots[0] + b, :, :width]
-            else:
-                ks = keys[..., :width].index_select(0, slot_idx)
-                vs = values[:, :, :width].index_select(0, slot_idx)
-            ks = ks.transpose(-1, -2)  # [b, kv, width, D]
+            rows = slice(slots[0], slots[0] + b) if contiguous else slot_idx
+            ks = pool.key_rows(i, rows, width)  # [b, kv, width, D], a copy
+            vs = values[rows, :, :width] if contiguous else values[:, :, :width].index_select(0, slot_idx)
             ks.masked_fill_(past_end, 0.0)
             vs.masked_fill_(past_end, 0.0)
             q_pad = q.new_zeros((b, n, heads, d), dtype=self.kv_dtype)

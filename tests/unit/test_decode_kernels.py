@@ -50,7 +50,7 @@ def test_rope_store_rotates_and_writes_the_new_position():
     angles = torch.rand(positions, d // 2, generator=g) * 6
     cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
     pos = torch.tensor([0, 3, 49, 7, 7, 20])
-    keys, values = torch.zeros(b + 1, hk, d, cap), torch.zeros(b + 1, hk, cap, d)
+    keys, values = torch.zeros(b + 1, hk, cap // 16, d, 16), torch.zeros(b + 1, hk, cap, d)
 
     def rotate(x):
         c, s = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
@@ -61,7 +61,7 @@ def test_rope_store_rotates_and_writes_the_new_position():
     torch.testing.assert_close(q, rq, rtol=1e-6, atol=1e-6)
     want_k, want_v = torch.zeros_like(keys), torch.zeros_like(values)
     rows = torch.arange(b)
-    want_k[rows, :, :, pos] = rk
+    want_k[rows, :, pos // 16, :, pos % 16] = rk
     want_v[rows, :, pos] = v
     torch.testing.assert_close(keys, want_k, rtol=1e-6, atol=1e-6)  # and nothing else written
     torch.testing.assert_close(values, want_v, rtol=0, atol=0)
@@ -79,7 +79,8 @@ def test_decode_attention_matches_masked_softmax(group, d):
     keys[:, :, 40:] = float("nan")  # never read into a result: past every row's length
     q = torch.randn(b, hk * group, d, generator=g)
     lens = torch.tensor([0, 5, 39, 12, 1])  # row b sees positions 0..lens[b]
-    out = K.decode_attention(q, keys.transpose(-1, -2).contiguous(), values, lens, 0.25)
+    blocked = keys.view(b + 2, hk, cap // 16, 16, d).transpose(-1, -2).contiguous()  # the pool's layout
+    out = K.decode_attention(q, blocked, values, lens, 0.25)
     for row in range(b):
         n = int(lens[row]) + 1
         for h in range(hk * group):
@@ -94,10 +95,10 @@ def test_wrappers_refuse_what_the_kernels_cannot_read():
     with pytest.raises(ValueError, match="contiguous"):
         K.silu_mul(torch.zeros(4, 4).t(), torch.zeros(4, 4))
     with pytest.raises(IndexError, match="slots"):
-        K.decode_attention(torch.zeros(3, 2, 8), torch.zeros(2, 2, 8, 16), torch.zeros(2, 2, 16, 8),
+        K.decode_attention(torch.zeros(3, 2, 8), torch.zeros(2, 2, 1, 8, 16), torch.zeros(2, 2, 16, 8),
                            torch.zeros(3, dtype=torch.long), 1.0)
-    with pytest.raises(ValueError, match="multiple of 16"):
-        K.decode_attention(torch.zeros(2, 2, 8), torch.zeros(2, 2, 8, 20), torch.zeros(2, 2, 20, 8),
+    with pytest.raises(ValueError, match="blocks of 16"):
+        K.decode_attention(torch.zeros(2, 2, 8), torch.zeros(2, 2, 2, 8, 10), torch.zeros(2, 2, 20, 8),
                            torch.zeros(2, dtype=torch.long), 1.0)
 
 

@@ -92,10 +92,14 @@ static inline void rotate(const float *x, float *out, const float *c, const floa
   }
 }
 
+/* Key layout: [slots, hk, cap / 16, d, 16]: blocks of 16 positions, each block transposed
+ * (feature-major), so 16 consecutive positions of one feature are one 64-byte vector. */
+#define KEY_AT(keys, slot_head, p, i, d, cap) ((keys) + (slot_head) * (d) * (cap) + ((p) / 16) * (d) * 16 + (i) * 16 + (p) % 16)
+
 /* The decode step's RoPE and KV write in one pass: row r (slot r) is at position pos[r]; its
  * q [rows, hq, d] heads are rotated in place, its k [rows, hk, d] heads rotated and stored at
- * position pos[r] of keys [slots, hk, d, cap] (transposed), its v [rows, hk, d] stored at
- * values [slots, hk, cap, d]. cos/sin tables [positions, d]. */
+ * position pos[r] of keys (blocked layout above), its v [rows, hk, d] stored at values
+ * [slots, hk, cap, d]. cos/sin tables [positions, d]. */
 void rope_store_f32(float *q, const float *k, const float *v, const float *cos_t, const float *sin_t,
                     const int64_t *pos, float *keys, float *values, int64_t rows, int64_t hq, int64_t hk, int64_t d,
                     int64_t cap) {
@@ -112,8 +116,8 @@ void rope_store_f32(float *q, const float *k, const float *v, const float *cos_t
     }
     for (int64_t h = 0; h < hk; h++) {
       rotate(k + (r * hk + h) * d, tmp, c, s, d);
-      float *kt = keys + (r * hk + h) * d * cap + p;
-      for (int64_t i = 0; i < d; i++) kt[i * cap] = tmp[i];
+      float *kt = KEY_AT(keys, r * hk + h, p, 0, d, cap);
+      for (int64_t i = 0; i < d; i++) kt[i * 16] = tmp[i];
       const float *vs = v + (r * hk + h) * d;
       float *vt = values + ((r * hk + h) * cap + p) * d;
       for (int64_t i = 0; i < d; i++) vt[i] = vs[i];
@@ -123,12 +127,11 @@ void rope_store_f32(float *q, const float *k, const float *v, const float *cos_t
 
 /* One decode step of attention, grouped-query: row b (slot b of the pools) has lens[b] + 1
  * visible positions (its new token's keys/values are already written at lens[b]).
- * q [rows, hk * g, d]; keys [slots, hk, d, cap] (transposed: one row of positions per feature,
- * so a query's scores over 16 positions are 16-wide FMAs with no horizontal sums); values
- * [slots, hk, cap, d]; out [rows, hk * g, d]; cap a multiple of 16. The g query heads of one KV
- * head read its keys and values once. Softmax in fp32 with the max subtracted. Positions past
- * lens[b] are never read into a result (the AVX-512 path loads whole 16-column blocks and
- * ignores the tail lanes). */
+ * q [rows, hk * g, d]; keys in the blocked layout above (a query's scores over a block of 16
+ * positions are 16-wide FMAs with no horizontal sums); values [slots, hk, cap, d]; out [rows,
+ * hk * g, d]; cap a multiple of 16. The g query heads of one KV head read its keys and values
+ * once. Softmax in fp32 with the max subtracted. Positions past lens[b] are never read into a
+ * result (whole 16-position blocks are loaded, the tail lanes ignored). */
 #if defined(__AVX512F__)
 #include <immintrin.h>
 
@@ -159,14 +162,14 @@ static void attend_group_avx512(const float *qb, int gn, const float *kb, const 
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, c0 = a0, c1 = a0, c2 = a0, c3 = a0;
     const int two = j0 + 16 < n;
     for (int64_t i = 0; i < d; i++) {
-      const float *kr = kb + i * cap + j0;
+      const float *kr = kb + (j0 / 16) * d * 16 + i * 16;
       const __m512 k0 = _mm512_loadu_ps(kr);
       a0 = _mm512_fmadd_ps(_mm512_set1_ps(qs[0][i]), k0, a0);
       a1 = _mm512_fmadd_ps(_mm512_set1_ps(qs[1][i]), k0, a1);
       a2 = _mm512_fmadd_ps(_mm512_set1_ps(qs[2][i]), k0, a2);
       a3 = _mm512_fmadd_ps(_mm512_set1_ps(qs[3][i]), k0, a3);
       if (two) {
-        const __m512 k1 = _mm512_loadu_ps(kr + 16);
+        const __m512 k1 = _mm512_loadu_ps(kr + d * 16);
         c0 = _mm512_fmadd_ps(_mm512_set1_ps(qs[0][i]), k1, c0);
         c1 = _mm512_fmadd_ps(_mm512_set1_ps(qs[1][i]), k1, c1);
         c2 = _mm512_fmadd_ps(_mm512_set1_ps(qs[2][i]), k1, c2);
@@ -239,12 +242,15 @@ static void attend_group_avx512(const float *qb, int gn, const float *kb, const 
 /* one query head, portable C */
 static void attend_one(const float *qg, const float *kb, const float *vb, float *og, int64_t n, int64_t d,
                        int64_t cap, float scale, float *sg) {
-  for (int64_t j = 0; j < n; j++) sg[j] = 0.f;
-  for (int64_t i = 0; i < d; i++) {
-    const float qv = qg[i] * scale;
-    const float *kr = kb + i * cap;
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    float acc[16] = {0.f};
+    for (int64_t i = 0; i < d; i++) {
+      const float qv = qg[i] * scale;
+      const float *kr = kb + (j0 / 16) * d * 16 + i * 16;
 #pragma omp simd
-    for (int64_t j = 0; j < n; j++) sg[j] += qv * kr[j];
+      for (int jj = 0; jj < 16; jj++) acc[jj] += qv * kr[jj];
+    }
+    for (int jj = 0; jj < 16 && j0 + jj < n; jj++) sg[j0 + jj] = acc[jj];
   }
   float m = sg[0];
   for (int64_t j = 1; j < n; j++) m = sg[j] > m ? sg[j] : m;
