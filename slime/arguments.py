@@ -74,10 +74,11 @@ def build_parser() -> _Parser:
     g.add_argument("--colocate", action="store_true",
                    help="Engines and trainers share the machine and take turns (engine frees its KV cache while training).")
     g.add_argument("--train-backend", choices=TRAIN_BACKENDS, default="fsdp")
-    g.add_argument("--update-weight-mode", choices=["tensor", "distributed"], default="tensor",
-                   help="Weight sync into engines: 'tensor' posts safetensors bytes to /update_weights_from_tensor; "
-                        "'distributed' broadcasts over a gloo group (/init_weights_update_group + "
-                        "/update_weights_from_distributed), as slime does for non-colocated engines.")
+    g.add_argument("--update-weight-mode", choices=["tensor", "distributed"], default=None,
+                   help="Weight sync into engines: 'tensor' posts safetensors bytes to /update_weights_from_tensor "
+                        "(the built-in engine's payload; default with it); 'distributed' broadcasts over a gloo group "
+                        "(/init_weights_update_group + /update_weights_from_distributed), as slime does for "
+                        "non-colocated engines (default with --rollout-backend sglang).")
     g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024 ** 2,
                    help="Bytes per bucket of a distributed weight update (one HTTP call per bucket).")
     g.add_argument("--train-num-threads", type=int, default=None,
@@ -479,6 +480,14 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         from slime.engine.sglang_backend import default_rollout_backend
 
         args.rollout_backend = default_rollout_backend()
+    if args.update_weight_mode is None:
+        args.update_weight_mode = "distributed" if args.rollout_backend == "sglang" else "tensor"
+    elif args.update_weight_mode == "tensor" and args.rollout_backend == "sglang":
+        # SGLang's /update_weights_from_tensor takes torch multiprocessing handles (CUDA IPC), which
+        # only a GPU trainer on the same machine can make; the tensor payload here is the built-in's
+        raise SlimeError("--update-weight-mode tensor posts the built-in engine's safetensors payload, which "
+                         "SGLang's /update_weights_from_tensor does not take (it wants CUDA IPC handles); with "
+                         "--rollout-backend sglang use --update-weight-mode distributed")
     if args.num_rollout is None:
         args.num_rollout = _rollouts_for_epochs(args)
     check_algorithm_args(args)

@@ -43,6 +43,16 @@ def test_rollout_backend_default_and_choice(monkeypatch):
     assert parse_args(BASE).rollout_backend == "builtin"
 
 
+def test_weight_update_mode_follows_the_backend():
+    """SGLang cannot take the built-in engine's tensor payload: its backend defaults to the
+    distributed path and refuses 'tensor' at parse time, naming both arguments."""
+    assert parse_args(BASE).update_weight_mode == "tensor"
+    assert parse_args(BASE + ["--rollout-backend", "sglang"]).update_weight_mode == "distributed"
+    assert parse_args(BASE + ["--update-weight-mode", "distributed"]).update_weight_mode == "distributed"
+    with pytest.raises(SlimeError, match="--update-weight-mode tensor.*--rollout-backend sglang"):
+        parse_args(BASE + ["--rollout-backend", "sglang", "--update-weight-mode", "tensor"])
+
+
 def test_sglang_server_command_forwards_every_sglang_arg_verbatim():
     from slime.engine.sglang_backend import sglang_server_command
 
