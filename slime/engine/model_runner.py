@@ -146,7 +146,12 @@ class ModelRunner:
         return 2 * layers * kv_heads * head_dim * torch.finfo(kv_dtype).bits // 8
 
     def weight_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """The model's parameters, plus the fp32 copies a widened bf16 forward multiplies."""
+        own = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        if getattr(self.forward, "wide", None) is None:
+            return own
+        linear = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
+        return own + sum(w.numel() * 4 for w in linear)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

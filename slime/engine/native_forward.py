@@ -18,7 +18,8 @@ with no horizontal sums, and a row's keys are read as one contiguous run (measur
 than a plain transposed `[head_dim, capacity]` layout at 70 positions, cold caches).
 
 Weights are the HF module's own parameters, read at every call, so an in-place weight update of
-the module is seen by the next step. Covered: `llama`, `qwen2`, `qwen3` (q/k norms), `mistral`
+the module is seen by the next step (bf16 on a CPU without bf16 instructions multiplies fp32
+copies of them, `WideWeights`, rebuilt when a weight changes). Covered: `llama`, `qwen2`, `qwen3` (q/k norms), `mistral`
 without a sliding window, SiLU MLPs, static RoPE types; anything else runs on the HF forward
 (`native_unsupported` says why). Numerics follow the HF modules: RMSNorm in fp32, RoPE tables
 from the model's own rotary module, softmax in fp32.
@@ -66,18 +67,50 @@ def native_unsupported(model) -> str | None:
     return None
 
 
+def has_bf16_matmul() -> bool:
+    """Whether this CPU has bf16 multiply instructions (AVX512-BF16 or AMX)."""
+    try:
+        return bool(torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported())
+    except AttributeError:  # pragma: no cover - older torch
+        return False
+
+
 def kv_dtype_for(dtype: torch.dtype) -> torch.dtype:
     """KV cache dtype. bf16/fp16 KV is kept in fp32 on CPUs without bf16 instructions: there the
     attention matmuls over the cache run several times faster in fp32, and the values are the
     same (the keys and values come out of the projections in the model dtype and widen exactly);
     attention then accumulates in fp32 as SDPA's CPU kernel does internally."""
-    if dtype == torch.float32:
+    if dtype == torch.float32 or has_bf16_matmul():
         return dtype
-    try:
-        native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    except AttributeError:  # pragma: no cover - older torch
-        native = False
-    return dtype if native else torch.float32
+    return torch.float32
+
+
+class WideWeights:
+    """fp32 copies of a bf16/fp16 model's linear weights, for CPUs without bf16 instructions.
+
+    There a bf16 `F.linear` was measured 3-4x slower than fp32 on the same shapes (torch emulates
+    the bf16 multiply). The projection is computed as `F.linear(x.float(), W.float())` rounded back
+    to the model dtype: the inputs widen exactly and both accumulate in fp32, so outputs agree with
+    the bf16 kernel up to accumulation order (1 in 10^4 elements differed by one bf16 ulp in a
+    test here). The cost is the fp32 copy's memory (twice the bf16 weights). A copy is rebuilt when
+    its weight changes: an in-place update bumps the tensor's version counter, a replaced `.data`
+    changes its storage, and both are checked at every call."""
+
+    def __init__(self):
+        # id(weight) -> (weight, its (version, storage) when copied, the copy); holding the
+        # weight keeps its id from being reused by another tensor
+        self._copies: dict[int, tuple[torch.Tensor, tuple[int, int], torch.Tensor]] = {}
+
+    def get(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        key = (t._version, t.data_ptr())
+        hit = self._copies.get(id(t))
+        if hit is None or hit[1] != key:
+            # column-major, as column_major_linears stores the model's own weights
+            wide = t.t().float().contiguous().t() if t.dim() == 2 else t.float()
+            hit = self._copies[id(t)] = (t, key, wide)
+        return hit[2]
 
 
 BLOCK = 16  # key positions per block
@@ -170,7 +203,10 @@ class SlotBatch:
 
 
 class NativeForward:
-    def __init__(self, model, dtype: torch.dtype, context_length: int, use_kernels: bool = True):
+    def __init__(self, model, dtype: torch.dtype, context_length: int, use_kernels: bool = True,
+                 widen: bool | None = None):
+        """`widen`: multiply a bf16/fp16 model's projections in fp32 (`WideWeights`); by default
+        where the CPU has no bf16 instructions."""
         self.model = model
         cfg = model.config
         self.inner = model.model
@@ -183,13 +219,19 @@ class NativeForward:
         self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
         self.dtype = dtype
         self.kv_dtype = kv_dtype_for(dtype)
+        if widen is None:
+            widen = not has_bf16_matmul()
+        self.wide = WideWeights() if widen and dtype != torch.float32 else None
         self.qk_norm = hasattr(self.layers[0].self_attn, "q_norm")
-        # fp32 decode steps run on the C kernels where they build (slime.engine.kernels)
-        self.kernels = None
-        if dtype == torch.float32 and use_kernels:
+        # fp32 decode steps run on the C kernels where they build (slime.engine.kernels); a
+        # bf16 model whose KV pool is fp32 uses their attention only (the rest of its step
+        # rounds to bf16 where the HF modules do, as torch operations)
+        self.kernels = self.attention_kernel = None
+        if use_kernels and self.kv_dtype == torch.float32:
             from slime.engine.kernels import load
 
-            self.kernels = load()
+            self.attention_kernel = load()
+            self.kernels = self.attention_kernel if dtype == torch.float32 else None
         # RoPE cos/sin for every position, from the model's own rotary module (its scaling rules)
         positions = torch.arange(context_length + 1, dtype=torch.long).unsqueeze(0)
         with torch.inference_mode():
@@ -287,22 +329,28 @@ class NativeForward:
         rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
         return x * cos + rotated * sin
 
+    def _linear(self, x: torch.Tensor, module) -> torch.Tensor:
+        bias = getattr(module, "bias", None)
+        if self.wide is None:
+            return F.linear(x, module.weight, bias)
+        return F.linear(x.float(), self.wide.get(module.weight), self.wide.get(bias)).to(x.dtype)
+
     def _mlp(self, layer, h: torch.Tensor) -> torch.Tensor:
         mlp = layer.mlp
-        gate = F.linear(h, mlp.gate_proj.weight, mlp.gate_proj.bias)
-        up = F.linear(h, mlp.up_proj.weight, mlp.up_proj.bias)
+        gate = self._linear(h, mlp.gate_proj)
+        up = self._linear(h, mlp.up_proj)
         if self.kernels is not None:
             gate = self.kernels.silu_mul(gate, up)
         else:
             gate = F.silu(gate).mul_(up)
-        return F.linear(gate, mlp.down_proj.weight, mlp.down_proj.bias)
+        return self._linear(gate, mlp.down_proj)
 
     def _qkv(self, layer, h: torch.Tensor, rows: int):
         """q [rows, heads, D], k and v [rows, kv_heads, D] (after Qwen3's q/k norms)."""
         attn, d = layer.self_attn, self.head_dim
-        q = F.linear(h, attn.q_proj.weight, attn.q_proj.bias).view(rows, self.num_heads, d)
-        k = F.linear(h, attn.k_proj.weight, attn.k_proj.bias).view(rows, self.kv_heads, d)
-        v = F.linear(h, attn.v_proj.weight, attn.v_proj.bias).view(rows, self.kv_heads, d)
+        q = self._linear(h, attn.q_proj).view(rows, self.num_heads, d)
+        k = self._linear(h, attn.k_proj).view(rows, self.kv_heads, d)
+        v = self._linear(h, attn.v_proj).view(rows, self.kv_heads, d)
         if self.qk_norm:
             q = self._rms(q, attn.q_norm.weight)
             k = self._rms(k, attn.k_norm.weight)
@@ -315,15 +363,14 @@ class NativeForward:
         x, h = self._add_norm(x, None, self.layers[0].input_layernorm.weight)
         for i, layer in enumerate(self.layers):
             attn = layer.self_attn
-            delta = F.linear(attend(i, layer, h), attn.o_proj.weight, attn.o_proj.bias)
+            delta = self._linear(attend(i, layer, h), attn.o_proj)
             x, h = self._add_norm(x, delta, layer.post_attention_layernorm.weight)
             after = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.inner.norm
             x, h = self._add_norm(x, self._mlp(layer, h), after.weight)
         return h
 
     def _head(self, h: torch.Tensor) -> torch.Tensor:
-        head = self.model.lm_head
-        return F.linear(h, head.weight, getattr(head, "bias", None)).float()
+        return self._linear(h, self.model.lm_head).float()
 
     @torch.inference_mode()
     def decode(self, batch: SlotBatch, tokens: torch.Tensor) -> torch.Tensor:
@@ -349,8 +396,9 @@ class NativeForward:
         return self.kernels.decode_attention(q, keys, values, batch.lens, self.scaling).view(b, -1)
 
     def _decode_attend_torch(self, batch: SlotBatch):
-        """Attention as torch operations (bf16, or no C compiler): over positions 0..longest with
-        a per-row length mask, GQA by grouping the query heads of each KV head."""
+        """The decode step's attention as torch operations (bf16, or no C compiler): RoPE and the
+        KV store, then (unless the C attention kernel is there) attention over positions
+        0..longest with a per-row length mask, GQA by grouping the query heads of each KV head."""
         b, kv, g, d = batch.rows, self.kv_heads, self.group, self.head_dim
         lens = batch.lens
         width = batch.max_len + 1
@@ -368,6 +416,10 @@ class NativeForward:
             keys, values = batch.pool.keys[i], batch.pool.values[i]
             keys[rows, :, lens // BLOCK, :, lens % BLOCK] = k.to(self.kv_dtype)
             values[rows, :, lens] = v.to(self.kv_dtype)
+            if self.attention_kernel is not None:
+                out = self.attention_kernel.decode_attention(q.to(self.kv_dtype).contiguous(), keys, values, lens,
+                                                             self.scaling)
+                return out.view(b, self.num_heads * d).to(h.dtype)
             qg = (q * self.scaling).to(self.kv_dtype).view(b, kv, 1, g, d)
             # [B, kv, 1, g, D] @ [B, kv, blocks, D, BLOCK] -> [B, kv, blocks, g, BLOCK], no copy of keys
             scores = torch.matmul(qg, keys[:b, :, :blocks])

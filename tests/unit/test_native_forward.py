@@ -40,11 +40,12 @@ def make_model(kind: str, heads: int = 4, kv_heads: int = 2, hidden: int = 64, s
     return model
 
 
-def forwards(model, dtype=torch.float32, use_kernels=True):
+def forwards(model, dtype=torch.float32, use_kernels=True, widen=None):
     model = model.to(dtype)
     native_model = copy.deepcopy(model)
     column_major_linears(native_model)  # as the engine loads it: same values, other memory order
-    return (NativeForward(native_model, dtype, 128, use_kernels=use_kernels), HFForward(model, pad_token_id=0))
+    return (NativeForward(native_model, dtype, 128, use_kernels=use_kernels, widen=widen),
+            HFForward(model, pad_token_id=0))
 
 
 def script(fwd, cache: PrefixCache | None = None):
@@ -95,11 +96,41 @@ def test_native_matches_hf_forward(kind, heads, kv_heads, use_kernels):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
 
 
-def test_native_matches_hf_forward_bf16():
-    native, hf = forwards(make_model("qwen2"), dtype=torch.bfloat16)
-    assert native.kernels is None  # the C kernels are fp32; bf16 runs the torch steps
+@pytest.mark.parametrize("widen", [True, False], ids=["fp32-projections", "bf16-projections"])
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["attention-kernel", "torch"])
+def test_native_matches_hf_forward_bf16(widen, use_kernels):
+    native, hf = forwards(make_model("qwen2"), dtype=torch.bfloat16, use_kernels=use_kernels, widen=widen)
+    assert native.kernels is None  # the whole-step C kernels are fp32; bf16 rounds where HF does
+    assert (native.wide is not None) == widen
+    if not use_kernels:
+        assert native.attention_kernel is None
     for a, b in zip(script(native), script(hf), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0.1)  # logits of size ~4: a few bf16 ulps
+
+
+def test_widened_projections_follow_weight_updates():
+    """The fp32 copies of a bf16 model's weights are rebuilt when a weight changes in place (a
+    weight sync) or is replaced: the next step equals a fresh forward over the new weights."""
+    model = make_model("qwen2").to(torch.bfloat16)
+    native = NativeForward(model, torch.bfloat16, 128, widen=True)
+    fresh = lambda: NativeForward(copy.deepcopy(model), torch.bfloat16, 128, widen=True)  # noqa: E731
+
+    def logits(fwd):
+        return fwd.add_rows(fwd.new_batch(), [[3, 4, 5, 6]], 2, False, {}, True)[0]
+
+    before = logits(native)
+    with torch.no_grad():
+        model.model.layers[0].mlp.up_proj.weight.mul_(-1.5)  # in place, as load_named_tensors copies
+        model.model.layers[1].self_attn.q_proj.bias.add_(0.5)
+    after = logits(native)
+    assert not torch.equal(before, after)
+    torch.testing.assert_close(after, logits(fresh()), rtol=0, atol=0)
+    with torch.no_grad():
+        proj = model.model.layers[1].mlp.down_proj
+        proj.weight.data = (proj.weight.data * 0.5).contiguous()  # storage replaced
+    replaced = logits(native)
+    assert not torch.equal(after, replaced)
+    torch.testing.assert_close(replaced, logits(fresh()), rtol=0, atol=0)
 
 
 def test_prefix_cache_hit_equals_full_prefill():
