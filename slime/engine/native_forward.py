@@ -19,9 +19,9 @@ than a plain transposed `[head_dim, capacity]` layout at 70 positions, cold cach
 
 Weights are the HF module's own parameters, read at every call, so an in-place weight update of
 the module is seen by the next step (bf16 on a CPU without bf16 instructions multiplies fp32
-copies of them, `WideWeights`, rebuilt when a weight changes). Covered: `llama`, `qwen2`, `qwen3` (q/k norms), `mistral`
-without a sliding window, SiLU MLPs, static RoPE types; anything else runs on the HF forward
-(`native_unsupported` says why). Numerics follow the HF modules: RMSNorm in fp32, RoPE tables
+copies of them, `WideWeights`, rebuilt when a weight changes). Covered: `llama`, `qwen2`,
+`qwen3` (q/k norms), `mistral` without a sliding window, SiLU MLPs, static RoPE types; anything
+else runs on the HF forward (`native_unsupported` says why). Numerics follow the HF modules: RMSNorm in fp32, RoPE tables
 from the model's own rotary module, softmax in fp32.
 """
 
