@@ -28,6 +28,14 @@ class DecodeState:
     cached: list[int] = field(default_factory=list)  # prompt tokens per row whose KV was reused
 
 
+def _take_rows(state: DecodeState, idx: torch.Tensor) -> None:
+    """Row idx[i] of the batch becomes row i (cache, mask, positions, reuse counts), in place."""
+    state.cache.batch_select_indices(idx)
+    state.mask = state.mask.index_select(0, idx)
+    state.next_pos = state.next_pos.index_select(0, idx)
+    state.cached = [state.cached[j] for j in idx.tolist()]
+
+
 @dataclass
 class HFBatch:
     state: DecodeState | None = None
@@ -98,11 +106,7 @@ class HFForward:
     def select_rows(self, batch: HFBatch, keep: list[int]) -> None:
         """Rows `keep[i]` become rows i (finished rows leave; left columns no row uses go)."""
         state = batch.state
-        idx = torch.tensor(keep, dtype=torch.long)
-        state.cache.batch_select_indices(idx)
-        state.mask = state.mask.index_select(0, idx)
-        state.next_pos = state.next_pos.index_select(0, idx)
-        state.cached = [state.cached[i] for i in keep]
+        _take_rows(state, torch.tensor(keep, dtype=torch.long))
         used = state.mask[:, : state.length]
         first = int(used.any(dim=0).to(torch.int8).argmax())
         if first > 0 and self._crop_left(state.cache, first):
@@ -138,9 +142,7 @@ class HFForward:
         if share and len(unique) < len(prompts):
             last, all_logits, state = self._prefill_plain([list(p) for p in unique], max_new, full_logits)
             idx = torch.tensor(src, dtype=torch.long)
-            state.cache.batch_select_indices(idx)  # repeated indices copy the shared rows
-            state.mask = state.mask.index_select(0, idx)
-            state.next_pos = state.next_pos.index_select(0, idx)
+            _take_rows(state, idx)  # repeated indices copy the shared rows
             first_row = {u: src.index(u) for u in set(src)}
             state.cached = [len(p) if first_row[u] != row else 0 for row, (p, u) in enumerate(zip(prompts, src))]
             return last.index_select(0, idx), (None if all_logits is None else all_logits.index_select(0, idx)), state
@@ -182,10 +184,7 @@ class HFForward:
             lasts.append(last)
             order.append(i)
         idx = torch.tensor([order.index(i) for i in range(len(prompts))], dtype=torch.long)
-        state.cache.batch_select_indices(idx)
-        state.mask = state.mask.index_select(0, idx)
-        state.next_pos = state.next_pos.index_select(0, idx)
-        state.cached = [state.cached[j] for j in idx.tolist()]
+        _take_rows(state, idx)
         return torch.cat(lasts, dim=0).index_select(0, idx), None, state
 
     def _prefill_from_entry(self, prompt, m, entry, max_new):

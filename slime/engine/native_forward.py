@@ -144,9 +144,9 @@ class KVPool:
             new_slots = max(slots, min(2 * self.slots, slots + 64))
             new_cap = self.capacity
         kv, d = self.kv_heads, self.head_dim
-        # The torch decode step multiplies masked-out positions too (as 0 x value), so its pool
-        # starts as zeros (reused allocator memory may hold NaN bit patterns). The C kernels never
-        # read past a row's length: their pool is left uninitialised, and pages are only touched
+        # The torch decode attention multiplies masked-out positions too (as 0 x value), so its
+        # pool starts as zeros (reused allocator memory may hold NaN bit patterns). The C kernel
+        # never reads past a row's length: their pool is left uninitialised, and pages are only touched
         # where rows really write (zeroing a pool sized for the longest request was ~3% of a rollout).
         new = torch.zeros if self.zero_fill else torch.empty
         keys = [new((new_slots, kv, new_cap // BLOCK, d, BLOCK), dtype=self.dtype) for _ in range(self.num_layers)]
@@ -241,7 +241,7 @@ class NativeForward:
     # ------------------------------------------------------------------ batch interface
     def new_batch(self) -> SlotBatch:
         return SlotBatch(pool=KVPool(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype,
-                                     zero_fill=self.kernels is None))
+                                     zero_fill=self.attention_kernel is None))
 
     @torch.inference_mode()
     def add_rows(self, batch: SlotBatch, prompts: list[list[int]], max_new: int, full_logits: bool,
@@ -406,9 +406,11 @@ class NativeForward:
         rows = torch.arange(b)
         cos = self.cos.index_select(0, lens).unsqueeze(1)  # [B, 1, D]
         sin = self.sin.index_select(0, lens).unsqueeze(1)
-        # position j of row i is visible when j <= lens[i] (the new token sits at lens[i])
-        mask = torch.zeros((b, 1, 1, width), dtype=self.kv_dtype)
-        mask.masked_fill_((torch.arange(width).unsqueeze(0) > lens.unsqueeze(1)).view(b, 1, 1, width), float("-inf"))
+        if self.attention_kernel is None:
+            # position j of row i is visible when j <= lens[i] (the new token sits at lens[i])
+            mask = torch.zeros((b, 1, 1, width), dtype=self.kv_dtype)
+            mask.masked_fill_((torch.arange(width).unsqueeze(0) > lens.unsqueeze(1)).view(b, 1, 1, width),
+                              float("-inf"))
 
         def attend(batch: SlotBatch, i: int, layer, h: torch.Tensor) -> torch.Tensor:
             q, k, v = self._qkv(layer, h, b)
