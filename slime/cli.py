@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sys
 from typing import Sequence
@@ -28,6 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # `python -m slime` (a console script does not put the working directory on sys.path).
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    # Each command imports only its own side: `slime serve` is the standalone engine and must not
+    # load Ray or the trainer, and `slime tiny-model` / `make-data` start in a second.
     if cmd == "train":
         from slime.default_job import is_default_job, run_default_job
         from slime.train import main as train_main
@@ -45,8 +48,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slime.data.arithmetic import main as data_main
 
         return data_main(rest) or 0
-    import difflib
-
     close = difflib.get_close_matches(cmd, ["train", "serve", "tiny-model", "make-data"], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     print(f"slime: unknown command {cmd!r}{hint}\n\n{USAGE}", file=sys.stderr)

@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Sequence
 
 from slime.arguments import parse_args, to_argv
+from slime.data.arithmetic import write_arithmetic_dataset
+from slime.data.tiny_model import build_tiny_model
+from slime.train import finish_run, run_cli, train
 
 SHARED_FLAGS = ("--run-dir", "--use-tensorboard", "--seed", "--colocate")
 
@@ -34,9 +37,6 @@ def is_default_job(argv: Sequence[str]) -> bool:
 
 def ensure_assets(root: Path) -> tuple[Path, Path]:
     """Tiny model and data set, built on first use (a few seconds)."""
-    from slime.data.arithmetic import write_arithmetic_dataset
-    from slime.data.tiny_model import build_tiny_model
-
     model_dir, data_dir = root / "tiny-model", root / "data"
     if not (model_dir / "config.json").exists():
         print(f"[slime] building the tiny model in {model_dir}", flush=True)
@@ -85,8 +85,6 @@ def _shared(argv: Sequence[str]) -> list[str]:
 
 
 def run_default_job(argv: Sequence[str]) -> int:
-    from slime.train import finish_run, run_cli, train
-
     def body() -> None:
         user = list(argv)
         if not any(a.split("=", 1)[0] == "--run-dir" for a in user):

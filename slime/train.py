@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import ray
+from ray.util.placement_group import remove_placement_group
+from transformers import AutoTokenizer
 
 from slime.arguments import parse_args, save_args
 from slime.errors import SlimeError
@@ -59,8 +61,6 @@ def train(args: Namespace) -> dict[str, float]:
 
 def _release(rollout_manager, actor_model: RayTrainGroup, placement) -> None:
     """Stop engines, kill this stage's actors and free its placement group."""
-    from ray.util.placement_group import remove_placement_group
-
     try:
         ray.get(rollout_manager.dispose.remote(), timeout=60)
     except Exception:  # the manager may already be dead; its engines exit with their owner
@@ -141,8 +141,6 @@ def _get_rollout_metrics(metrics_ref, data_ref) -> dict[str, float]:
 
 def _parity_tokens(args: Namespace) -> list[int]:
     """A fixed token sequence for the engine/trainer log-prob comparison."""
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(args.hf_checkpoint)
     return tok("The quick brown fox: 12+34=46.", add_special_tokens=False)["input_ids"]
 

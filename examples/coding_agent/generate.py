@@ -54,15 +54,13 @@ def tool_call(text: str) -> str | None:
 
 
 def sandbox_limits(args: Namespace) -> dict[str, Any]:
-    return dict(timeout_s=getattr(args, "sandbox_timeout", None) or 10.0,
-                cpu_s=getattr(args, "sandbox_cpu_time", None) or 5.0,
-                memory_mb=getattr(args, "sandbox_memory_mb", None) or 1024)
+    return dict(timeout_s=args.sandbox_timeout, cpu_s=args.sandbox_cpu_time, memory_mb=args.sandbox_memory_mb)
 
 
 def sandbox_slot(args: Namespace) -> threading.BoundedSemaphore:
     """At most `--sandbox-concurrency` sandboxed programs at once, tool runs and grading together
     (a rollout generates many samples concurrently; unbounded, they would swamp the CPUs)."""
-    n = max(1, int(getattr(args, "sandbox_concurrency", None) or 2))
+    n = args.sandbox_concurrency
     return _slots.setdefault(n, threading.BoundedSemaphore(n))
 
 
@@ -97,8 +95,7 @@ def _context_length(hf_checkpoint: str) -> int | None:
 
 def context_length(args: Namespace) -> int | None:
     """Prompt + response must fit the model's context, or the engine refuses the request (HTTP 400)."""
-    path = getattr(args, "hf_checkpoint", None)
-    return _context_length(str(path)) if path else None
+    return _context_length(str(args.hf_checkpoint)) if args.hf_checkpoint else None
 
 
 async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:

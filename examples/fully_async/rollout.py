@@ -222,7 +222,7 @@ def get_worker(args: Namespace, data_source: Any) -> AsyncRolloutWorker:
     global _worker
     with _worker_lock:
         if _worker is None:
-            if getattr(args, "dynamic_sampling_filter_path", None):
+            if args.dynamic_sampling_filter_path:
                 raise SlimeError("examples.fully_async does not apply --dynamic-sampling-filter-path; drop it")
             size, inflight = queue_limits(args)
             _worker = AsyncRolloutWorker(args, data_source, size, inflight).start()

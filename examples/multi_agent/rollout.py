@@ -235,7 +235,7 @@ def multi_agent_metrics(args: Namespace, groups: list[list[Sample]], agents: tup
 
 
 async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> RolloutFnTrainOutput:
-    if getattr(args, "apply_chat_template", False):
+    if args.apply_chat_template:
         raise SlimeError("examples.multi_agent renders each agent's context with the chat template itself: "
                          "run it without --apply-chat-template (evaluation still applies it, for the solver's view)")
     num_prompts = prompts_per_rollout(args, len(AGENTS))

@@ -87,8 +87,7 @@ def _context_length(hf_checkpoint: str) -> int | None:
 
 def context_length(args: Namespace) -> int | None:
     """Prompt + response must fit the model's context, or the engine refuses the request (HTTP 400)."""
-    path = getattr(args, "hf_checkpoint", None)
-    return _context_length(str(path)) if path else None
+    return _context_length(str(args.hf_checkpoint)) if args.hf_checkpoint else None
 
 
 async def env_step(text: str, trajectory: Trajectory) -> str | None:

@@ -24,12 +24,15 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from transformers import AutoTokenizer
+
 from slime.data.dataset import PromptSamples, load_prompt_samples
 from slime.errors import SlimeError
+from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, iter_dir, latest_dir
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 _STATE_VERSION = 2
-STATE_FILE = "rollout_state.json"
 
 
 def load_tokenizer(path: str | None, *, arg_name: str = "--hf-checkpoint"):
@@ -37,8 +40,6 @@ def load_tokenizer(path: str | None, *, arg_name: str = "--hf-checkpoint"):
     if not path:
         raise SlimeError(f"{arg_name} is not set, but a tokenizer is needed")
     try:
-        from transformers import AutoTokenizer
-
         return AutoTokenizer.from_pretrained(str(path), trust_remote_code=True)
     except Exception as e:
         raise SlimeError(f"cannot load a tokenizer from {arg_name} {str(path)!r}: {type(e).__name__}: {e}") from e
@@ -49,11 +50,9 @@ class RolloutDataSource:
 
     def __init__(self, args: Any, *, tokenizer: Any = None):
         self.args = args
-        self.n_samples_per_prompt = int(getattr(args, "n_samples_per_prompt", 1) or 1)
-        if self.n_samples_per_prompt < 1:
-            raise SlimeError(f"--n-samples-per-prompt must be >= 1, got {self.n_samples_per_prompt}")
-        self.shuffle = bool(getattr(args, "rollout_shuffle", False))
-        self.seed = int(getattr(args, "rollout_seed", 42) or 0)
+        self.n_samples_per_prompt = args.n_samples_per_prompt
+        self.shuffle = args.rollout_shuffle
+        self.seed = args.rollout_seed
         self._tokenizer = tokenizer
         # A rollout function may fetch from a background thread (fully async) while the manager
         # saves a checkpoint: every read or change of the position holds this lock.
@@ -64,23 +63,20 @@ class RolloutDataSource:
         self.group_counter = 0  # next group_index
         self.sample_counter = 0  # next index
 
-        prompt_data = getattr(args, "prompt_data", None)
+        prompt_data = args.prompt_data
         self.dataset: PromptSamples | None = None
         if prompt_data:
-            apply_template = bool(getattr(args, "apply_chat_template", False))
-            max_prompt_len = getattr(args, "rollout_max_prompt_len", None)
-            tokenizer = self.tokenizer if (apply_template or max_prompt_len) else None
-            input_key = getattr(args, "input_key", None) or "input"
+            tokenizer = self.tokenizer if (args.apply_chat_template or args.rollout_max_prompt_len) else None
             self.dataset = load_prompt_samples(
                 prompt_data,
-                input_key=input_key,
-                label_key=getattr(args, "label_key", None),
-                metadata_key=getattr(args, "metadata_key", None),
-                tool_key=getattr(args, "tool_key", None),
+                input_key=args.input_key,
+                label_key=args.label_key,
+                metadata_key=args.metadata_key,
+                tool_key=args.tool_key,
                 tokenizer=tokenizer,
-                apply_chat_template=apply_template,
-                apply_chat_template_kwargs=getattr(args, "apply_chat_template_kwargs", None),
-                max_prompt_len=max_prompt_len,
+                apply_chat_template=args.apply_chat_template,
+                apply_chat_template_kwargs=args.apply_chat_template_kwargs,
+                max_prompt_len=args.rollout_max_prompt_len,
             )
             if not self.dataset:
                 dropped = f" ({self.dataset.num_dropped} dropped as longer than --rollout-max-prompt-len)" if self.dataset.num_dropped else ""
@@ -92,7 +88,7 @@ class RolloutDataSource:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(getattr(self.args, "hf_checkpoint", None))
+            self._tokenizer = load_tokenizer(self.args.hf_checkpoint)
         return self._tokenizer
 
     def __len__(self) -> int:
@@ -180,15 +176,13 @@ class RolloutDataSource:
 
     def _state_path(self, where: int | str | Path | None, directory_arg: str) -> Path:
         """A rollout id -> that checkpoint's state file (under --save or --load); a path -> itself."""
-        from slime.backends.torch.checkpoint import iter_dir, latest_dir
-
         if isinstance(where, (str, Path)):
             return Path(where)
-        root = getattr(self.args, directory_arg, None)
+        root = getattr(self.args, directory_arg)  # "save" or "load"
         if not root:
             raise SlimeError(f"--{directory_arg} is not set: nowhere to keep the data source state")
         directory = latest_dir(root) if where is None else iter_dir(root, int(where))
-        return directory / STATE_FILE
+        return directory / ROLLOUT_STATE_FILE
 
     def save(self, rollout_id_or_path: int | str | Path) -> Path:
         """Write `state_dict()` as JSON (atomically: a crash never leaves half a file)."""
@@ -231,13 +225,8 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     def __init__(self, args: Any, *, tokenizer: Any = None):
         super().__init__(args, tokenizer=tokenizer)
         self.buffer: list[list[Sample]] = []
-        path = getattr(args, "buffer_filter_path", None)
-        if path:
-            from slime.utils.misc import load_function
-
-            self.buffer_filter = load_function(path, arg_name="--buffer-filter-path")
-        else:
-            self.buffer_filter = pop_first
+        path = args.buffer_filter_path
+        self.buffer_filter = load_function(path, arg_name="--buffer-filter-path") if path else pop_first
         self.rollout_id: int | None = None  # set by the rollout manager; passed to the buffer filter
 
     def get_samples(self, num_groups: int) -> list[list[Sample]]:
@@ -250,7 +239,7 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
     def _from_buffer(self, num_groups: int) -> list[list[Sample]]:
         before = len(self.buffer)
         taken = self.buffer_filter(self.args, self.rollout_id, self.buffer, num_groups)
-        path = getattr(self.args, "buffer_filter_path", None) or "pop_first"
+        path = self.args.buffer_filter_path or "pop_first"
         if not isinstance(taken, list) or not all(isinstance(g, list) for g in taken):
             raise SlimeError(f"--buffer-filter-path {path} must return a list of groups (lists of Sample), "
                              f"got {type(taken).__name__}")

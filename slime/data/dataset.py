@@ -66,7 +66,7 @@ def _iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
 def _iter_parquet(path: str | Path) -> Iterator[tuple[str, dict]]:
     p = _check_file(path)
     try:
-        import pyarrow.parquet as pq
+        import pyarrow.parquet as pq  # lazily: Parquet input only (pyarrow comes with `datasets`)
 
         rows = pq.read_table(str(p)).to_pylist()
     except Exception as e:  # ArrowInvalid, OSError, ...
@@ -152,68 +152,58 @@ def load_prompt_samples(
         raise SlimeError(f"loading {path!r}: --apply-chat-template needs a tokenizer (set --hf-checkpoint)")
     template_kwargs = dict(apply_chat_template_kwargs or {})
     out = PromptSamples(path=path)
-
     for loc, row in iter_rows(path):
         where = f"{path}: {loc}"
         for key, arg in ((input_key, "--input-key"), (label_key, "--label-key")):
             if key is not None and key not in row:
                 raise SlimeError(f"{where}: no key {key!r} ({arg}); the row has keys {sorted(row)}")
-
-        value = row[input_key]
-        if isinstance(value, list):
-            _check_messages(value, where, input_key)
-        elif not isinstance(value, str):
-            raise SlimeError(
-                f"{where}: {input_key!r} must be a string or a list of chat messages, got {type(value).__name__}"
-            )
-
         tools = _tools_of(row, tool_key, where)
         row_kwargs = dict(template_kwargs, tools=tools) if tools is not None else template_kwargs
-        prompt: str | list
-        complete_conversation = isinstance(value, list) and bool(value) and value[-1].get("role") == "assistant"
-        if apply_chat_template and not complete_conversation:
-            messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
-            try:
-                prompt = tokenizer.apply_chat_template(
-                    messages, tokenize=False, add_generation_prompt=True, **row_kwargs
-                )
-            except Exception as e:
-                raise SlimeError(f"{where}: applying the chat template failed: {type(e).__name__}: {e}") from e
-        else:
-            prompt = copy.deepcopy(value)
-
+        prompt = _prompt_of(row[input_key], where, input_key, tokenizer if apply_chat_template else None, row_kwargs)
         if max_prompt_len is not None and tokenizer is not None:
-            if isinstance(prompt, str):
-                text = prompt
-            else:
-                text = tokenizer.apply_chat_template(
-                    prompt, tokenize=False, add_generation_prompt=True, **row_kwargs
-                )
+            text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(
+                prompt, tokenize=False, add_generation_prompt=True, **row_kwargs)
             if len(tokenizer.encode(text, add_special_tokens=False)) > max_prompt_len:
                 out.num_dropped += 1
                 continue
-
-        metadata: dict = {}
-        if metadata_key is not None and row.get(metadata_key) is not None:
-            raw = row[metadata_key]
-            if isinstance(raw, str):
-                try:
-                    raw = json.loads(raw)
-                except json.JSONDecodeError:
-                    pass
-            if not isinstance(raw, dict):
-                raise SlimeError(
-                    f"{where}: {metadata_key!r} (--metadata-key) must be an object, got {type(raw).__name__}"
-                )
-            metadata = copy.deepcopy(raw)
+        metadata = _metadata_of(row, metadata_key, where)
         if tools is not None:
             metadata["tools"] = tools
-
-        out.append(
-            Sample(
-                prompt=prompt,
-                label=_label_to_str(row[label_key]) if label_key is not None else None,
-                metadata=metadata,
-            )
-        )
+        label = _label_to_str(row[label_key]) if label_key is not None else None
+        out.append(Sample(prompt=prompt, label=label, metadata=metadata))
     return out
+
+
+def _prompt_of(value: Any, where: str, input_key: str, template_tokenizer: Any, template_kwargs: dict) -> str | list:
+    """The row's prompt: rendered with the chat template when a tokenizer is given for it, else as
+    written. A conversation that already ends with an assistant turn is SFT data: there is no
+    generation prompt to add, so it stays a messages list either way."""
+    if isinstance(value, list):
+        _check_messages(value, where, input_key)
+    elif not isinstance(value, str):
+        raise SlimeError(f"{where}: {input_key!r} must be a string or a list of chat messages, "
+                         f"got {type(value).__name__}")
+    complete_conversation = isinstance(value, list) and bool(value) and value[-1].get("role") == "assistant"
+    if template_tokenizer is None or complete_conversation:
+        return copy.deepcopy(value)
+    messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
+    try:
+        return template_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                      **template_kwargs)
+    except Exception as e:
+        raise SlimeError(f"{where}: applying the chat template failed: {type(e).__name__}: {e}") from e
+
+
+def _metadata_of(row: dict, metadata_key: str | None, where: str) -> dict:
+    """The row's metadata column: an object, or a JSON string of one; {} when absent."""
+    if metadata_key is None or row.get(metadata_key) is None:
+        return {}
+    raw = row[metadata_key]
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(raw, dict):
+        raise SlimeError(f"{where}: {metadata_key!r} (--metadata-key) must be an object, got {type(raw).__name__}")
+    return copy.deepcopy(raw)

@@ -25,6 +25,14 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import torch
+from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+from tokenizers.models import BPE
+from transformers import (
+    AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, Qwen2Config, TokenizersBackend,
+)
+from transformers.utils import logging as hf_logging
+
 from slime.errors import SlimeError
 
 ARCHS = ("qwen2", "llama")
@@ -79,9 +87,6 @@ def _training_corpus(seed: int) -> list[str]:
 
 
 def _train_tokenizer(vocab_size: int, seed: int):
-    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
-    from tokenizers.models import BPE
-
     tok = Tokenizer(
         BPE(
             dropout=None,
@@ -113,8 +118,6 @@ def _train_tokenizer(vocab_size: int, seed: int):
 
 def build_tokenizer(*, vocab_size: int = 320, seed: int = 0, model_max_length: int = 256):
     """The tiny model's tokenizer as a transformers tokenizer (not saved anywhere)."""
-    from transformers import TokenizersBackend
-
     min_vocab = 256 + len(SPECIAL_TOKENS)
     if vocab_size < min_vocab:
         raise SlimeError(f"tiny model vocab_size={vocab_size} is too small: the byte-level tokenizer needs >= {min_vocab}")
@@ -160,6 +163,46 @@ def build_tiny_model(
     `vocab_size` bounds the tokenizer (256 byte tokens + 6 special tokens + learned merges); the
     model's vocabulary is exactly the tokenizer's size.
     """
+    _check_shape(arch, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
+                 max_position_embeddings)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise SlimeError(f"--out {str(out)!r} exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, model_max_length=max_position_embeddings)
+    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+    end_id = tokenizer.convert_tokens_to_ids(END_TOKEN)
+    common = dict(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
+        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings, bos_token_id=None, eos_token_id=end_id, pad_token_id=pad_id,
+    )
+    config = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=end_id, pad_token_id=pad_id)
+    bars_were_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # no "Writing model shards" bar for a 0.5 MB file
+    try:
+        model.save_pretrained(out)
+    finally:
+        if bars_were_on:
+            hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(out)
+
+    # Record the class AutoTokenizer picks for this model_type, so the files say what loads them.
+    cfg_path = out / "tokenizer_config.json"
+    tok_cfg = json.loads(cfg_path.read_text())
+    tok_cfg["tokenizer_class"] = _TOKENIZER_CLASS[arch]
+    cfg_path.write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n")
+    _check_round_trip(out, tokenizer, arch)
+    return out
+
+
+def _check_shape(arch: str, hidden_size: int, num_hidden_layers: int, num_attention_heads: int,
+                 num_key_value_heads: int, intermediate_size: int, max_position_embeddings: int) -> None:
     if arch not in ARCHS:
         raise SlimeError(f"--arch {arch!r} is not supported by the tiny model; choose one of {', '.join(ARCHS)}")
     for name, value in (
@@ -176,54 +219,10 @@ def build_tiny_model(
         raise SlimeError(f"--hidden-size {hidden_size} must be divisible by --num-heads {num_attention_heads}")
     if num_attention_heads % num_key_value_heads:
         raise SlimeError(f"--num-heads {num_attention_heads} must be divisible by --num-kv-heads {num_key_value_heads}")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise SlimeError(f"--out {str(out)!r} exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
 
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, Qwen2Config
 
-    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, model_max_length=max_position_embeddings)
-    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
-    end_id = tokenizer.convert_tokens_to_ids(END_TOKEN)
-
-    common = dict(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads,
-        intermediate_size=intermediate_size,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=None,
-        eos_token_id=end_id,
-        pad_token_id=pad_id,
-    )
-    config = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=end_id, pad_token_id=pad_id)
-    from transformers.utils import logging as hf_logging
-
-    bars_were_on = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # no "Writing model shards" bar for a 0.5 MB file
-    try:
-        model.save_pretrained(out)
-    finally:
-        if bars_were_on:
-            hf_logging.enable_progress_bar()
-    tokenizer.save_pretrained(out)
-
-    # Record the class AutoTokenizer picks for this model_type, so the files say what loads them.
-    cfg_path = out / "tokenizer_config.json"
-    tok_cfg = json.loads(cfg_path.read_text())
-    tok_cfg["tokenizer_class"] = _TOKENIZER_CLASS[arch]
-    cfg_path.write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n")
-
-    # The round trip must be exact: ids from the saved directory == ids from the trained tokenizer.
+def _check_round_trip(out: Path, tokenizer, arch: str) -> None:
+    """The round trip must be exact: ids from the saved directory == ids from the trained tokenizer."""
     loaded = AutoTokenizer.from_pretrained(str(out))
     for text in _PROBE_TEXTS:
         want = tokenizer.encode(text, add_special_tokens=False)
@@ -233,7 +232,6 @@ def build_tiny_model(
                 f"tiny model tokenizer round trip is not exact for {arch} ({type(loaded).__name__}): "
                 f"{text!r} -> {got} instead of {want}"
             )
-    return out
 
 
 def count_parameters(model) -> int:
@@ -266,12 +264,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_position_embeddings=a.max_position_embeddings,
         seed=a.seed,
     )
-    import torch
-    from transformers import AutoModelForCausalLM
-
     with torch.device("meta"):
-        from transformers import AutoConfig
-
         model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(str(out)))
     n = count_parameters(model)
     vocab = model.config.vocab_size

@@ -10,14 +10,13 @@ import base64
 from typing import Any
 
 import httpx
+from safetensors.torch import save
 
 from slime.utils.http_utils import HTTPRequestError, _error_message
 
 
 def serialize_named_tensors(named_tensors: dict) -> str:
     """{name: tensor} -> base64 of safetensors bytes (the built-in engine's wire format)."""
-    from safetensors.torch import save
-
     tensors = {n: t.detach().to("cpu").contiguous() for n, t in named_tensors.items()}
     return base64.b64encode(save(tensors)).decode("ascii")
 

@@ -13,6 +13,7 @@ import inspect
 from dataclasses import dataclass, field
 
 import torch
+from transformers import DynamicCache
 
 from slime.engine.kv_cache import is_plain_layer, use_growable_layers
 
@@ -54,8 +55,6 @@ class HFForward:
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"  # renamed in transformers 5.2x
 
     def _new_cache(self):
-        from transformers import DynamicCache
-
         try:
             cache = DynamicCache(config=self.config)
         except TypeError:

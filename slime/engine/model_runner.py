@@ -15,17 +15,22 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import os
 import warnings
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from slime.engine.args import MODEL_IMPLS
+from slime.engine.hf_forward import HFForward
+from slime.engine.native_forward import NativeForward, native_unsupported
+from slime.engine.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
            "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
-MODEL_IMPLS = ("auto", "native", "sglang", "transformers")
 
 
 def column_major_linears(model) -> int:
@@ -72,14 +77,8 @@ class ModelRunner:
         self.share_prefix = share_prefix
         # KV of finished requests for later requests with the same prefix (multi-turn, resumed
         # partial samples); cleared whenever the weights change (weights_epoch)
-        from slime.engine.prefix_cache import PrefixCache
-
         self.prefix_cache = PrefixCache(prefix_cache_tokens) if share_prefix and prefix_cache_tokens > 0 else None
         self.weights_epoch = 0
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
         self.model_path = str(model_path)
         self.tokenizer_path = str(tokenizer_path or model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(self.tokenizer_path, trust_remote_code=trust_remote_code)
@@ -122,9 +121,6 @@ class ModelRunner:
 
     def _pick_forward(self, model_impl: str):
         """(forward, its name): the native one where it covers the model, unless told otherwise."""
-        from slime.engine.hf_forward import HFForward
-        from slime.engine.native_forward import NativeForward, native_unsupported
-
         if model_impl != "transformers":
             reason = native_unsupported(self.model)
             if reason is None:
@@ -248,8 +244,6 @@ class ModelRunner:
 
     @staticmethod
     def read_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
-        from safetensors.torch import load_file
-
         p = Path(path)
         if p.is_file():
             files = [str(p)]

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from slime.engine import kernels
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 # tokens of new rows run through the model at once in a prefill; larger batches go in chunks so
@@ -228,9 +230,7 @@ class NativeForward:
         # rounds to bf16 where the HF modules do, as torch operations)
         self.kernels = self.attention_kernel = None
         if use_kernels and self.kv_dtype == torch.float32:
-            from slime.engine.kernels import load
-
-            self.attention_kernel = load()
+            self.attention_kernel = kernels.load()
             self.kernels = self.attention_kernel if dtype == torch.float32 else None
         # RoPE cos/sin for every position, from the model's own rotary module (its scaling rules)
         positions = torch.arange(context_length + 1, dtype=torch.long).unsqueeze(0)

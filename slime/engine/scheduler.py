@@ -1,31 +1,26 @@
 """Request queue and worker thread of the built-in engine.
 
-Requests wait in a FIFO queue. One worker thread (the asyncio loop of the HTTP server stays free
-to accept requests) takes up to `max_running_requests` of them and runs them as one batch:
-left-padded prefill, then batched decode steps with a KV cache. Rows finish independently and
-leave the batch (their KV rows are dropped). Continuous batching: requests that arrive meanwhile
-are prefilled between decode steps and their KV rows merged into the running batch (re-padded on
-the left), up to `max_running_requests` rows; admission stops while a control operation, pause
-or abort is pending, so those still run between batches. KV budget (`max_total_tokens`, from
-`--max-total-tokens` or `--mem-fraction-static`): the batch's cache is padded, so it holds
-rows x the longest row; a request is admitted only if, with it, rows x the largest
-`prompt + max_new_tokens` stays within the budget (admission control; a request that could
-never fit is refused by the server with a 400). Control operations (weight updates, flush, memory release) run on the same thread between
-batches, so weights never change inside a batch unless a client asked for that explicitly
-(`pause_generation` mode `in_place` followed by an update with `flush_cache: false`).
+Requests wait in a FIFO queue. One worker thread (the HTTP server's event loop stays free to take
+requests in) runs up to `max_running_requests` of them as one batch: a prefill, then batched
+decode steps. Rows finish independently and leave the batch. Continuous batching: requests that
+arrive meanwhile join the running batch between decode steps; admission stops while a control
+operation, pause or abort is pending. KV budget (`max_total_tokens`, from `--max-total-tokens` or
+`--mem-fraction-static`): a request is admitted only if, with it, rows x the largest
+`prompt + max_new_tokens` stays within the budget (one that could never fit gets a 400 from the
+server). Control operations (weight updates, flush, memory release) run on this thread between
+batches, so weights never change inside one unless a client asked for it (`pause_generation`
+mode `in_place`, then an update with `flush_cache: false`).
 
 Pause modes (SGLang's): `abort` aborts every request and pauses; `retract` puts running requests
-back at the front of the queue (their KV is dropped, what they generated so far is kept and
-re-prefilled on continue); `in_place` freezes the running batch with its KV cache. While frozen in
-place, control operations that need to drop the KV cache (flush, release, an update with
-`flush_cache: true`) first retract the frozen batch.
+back at the front of the queue (their KV is dropped, what they generated is kept and prefilled
+again on continue); `in_place` freezes the running batch with its KV cache. While frozen in place,
+control operations that drop the KV cache (flush, release, an update with `flush_cache: true`)
+first retract the frozen batch.
 
-Bursts (a rollout sends all its samples at once) are coalesced: while requests are still
-streaming in faster than one per BURST_GAP_S and the queue is longer than the running batch, the
-worker waits for the burst to land and takes it in one prefill (`_settle_burst`).
-
-Between two decode steps the worker checks one flag (`_interrupt`), so aborts and pauses cost
-nothing while there are none.
+Bursts (a rollout sends all its samples at once) are coalesced: while requests stream in faster
+than one per BURST_GAP_S and the queue is longer than the running batch, the worker waits for the
+burst to land and takes it in one prefill (`_settle_burst`). Between two decode steps the worker
+checks one flag (`_interrupt`), so aborts and pauses cost nothing while there are none.
 """
 
 from __future__ import annotations
@@ -34,15 +29,15 @@ import concurrent.futures
 import logging
 import threading
 import time
-import uuid
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from slime.engine.model_runner import ModelRunner
-from slime.engine.sampling import BatchSampler, SamplingParams
+from slime.engine.request import Req, check_stop_strings, input_logprobs
+from slime.engine.sampling import BatchSampler
 
 logger = logging.getLogger(__name__)
 
@@ -51,42 +46,16 @@ BURST_GAP_S = 0.002
 BURST_MAX_WAIT_S = 0.5
 
 
-@dataclass(eq=False)
-class Req:
-    input_ids: list[int]
-    params: SamplingParams
-    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    return_logprob: bool = False
-    logprob_start_len: int = -1
-    return_text_in_logprobs: bool = False
-    # filled while it runs
-    output_ids: list[int] = field(default_factory=list)
-    output_logprobs: list[float] = field(default_factory=list)
-    input_logprobs: list[float | None] | None = None
-    finish_reason: dict | None = None
-    stop_str_pos: int | None = None  # where a matched stop string starts in the decoded text
-    generator: torch.Generator | None = None
-    stop_ids: frozenset = frozenset()
-    created: float = field(default_factory=time.perf_counter)
-    weight_version: str = ""
-    cached_tokens: int = 0  # prompt tokens not prefilled: shared with another request or from the prefix cache
-    kv_epoch: int = -1  # the runner's weights_epoch when this request's KV was (re)computed
-    error: BaseException | None = None
-    delivered: bool = False
-    # delivery: the server sets these
-    future: Any = None
-    loop: Any = None
+@dataclass
+class _Running:
+    """The batch the worker is decoding: its KV state, rows (finished ones until compaction),
+    sampler, min_new_tokens suppression table and how many rows still generate."""
 
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-    def kv_need(self) -> int:
-        """Cache positions this request may take by its end (prompt + every new token)."""
-        return len(self.input_ids) + self.params.max_new_tokens
-
-    def num_tokens(self) -> int:
-        return len(self.input_ids) + len(self.output_ids)
+    state: Any
+    rows: list[Req]
+    sampler: BatchSampler
+    suppress_ids: list | None
+    alive: int
 
 
 class _Retract(Exception):
@@ -404,7 +373,7 @@ class Scheduler:
         if full is not None:
             for i, r in enumerate(new):
                 if need_input_lp[i]:
-                    r.input_logprobs = _input_logprobs(full[i], r)
+                    r.input_logprobs = input_logprobs(full[i], r)
             del full
         done_now = [r for r in new if len(r.output_ids) >= r.params.max_new_tokens]
         for r in done_now:
@@ -440,87 +409,96 @@ class Scheduler:
         rows, logits = self._add_rows(state, [], list(batch))
         if not rows:
             return
-        sampler = BatchSampler(rows, runner.vocab_size, self.generator)
-        eos = runner.eos_token_ids
-        suppress_ids = self._suppress_table(rows, eos)
-        tokenizer = runner.tokenizer
-        alive = len(rows)
+        run = _Running(state, rows, BatchSampler(rows, runner.vocab_size, self.generator),
+                       self._suppress_table(rows), alive=len(rows))
         steps_since_admit = 0
         while True:
             suppress = None
-            if suppress_ids is not None:
-                suppress = self._suppress_mask(rows, suppress_ids, logits.shape[1])
-            tokens_t, logprobs_t = sampler.sample(logits, suppress)
-            tokens = tokens_t.tolist()
-            logprobs = logprobs_t.tolist()
-            newly: list[Req] = []
-            for i, r in enumerate(rows):
-                if r.finish_reason is not None:  # finished earlier, waiting for compaction
-                    continue
-                t = tokens[i]
-                r.output_ids.append(t)
-                r.output_logprobs.append(logprobs[i])
-                n = len(r.output_ids)
-                p = r.params
-                if n >= p.min_new_tokens:
-                    if t in r.stop_ids:
-                        r.finish_reason = {"type": "stop", "matched": t}
-                    elif p.stop:
-                        _check_stop_strings(r, tokenizer)
-                if r.finish_reason is None and n >= p.max_new_tokens:
-                    r.finish_reason = {"type": "length", "length": p.max_new_tokens}
-                if r.finish_reason is not None:
-                    newly.append(r)
-            self.tokens_generated += alive
+            if run.suppress_ids is not None:
+                suppress = self._suppress_mask(run.rows, run.suppress_ids, logits.shape[1])
+            tokens_t, logprobs_t = run.sampler.sample(logits, suppress)
+            newly = self._record_step(run.rows, tokens_t.tolist(), logprobs_t.tolist())
+            self.tokens_generated += run.alive
             if self._interrupt:
-                newly += self._handle_interrupt(rows)
-            if newly and runner.prefix_cache is not None:
-                self._remember(rows, newly, state)
+                newly += self._handle_interrupt(run.rows)
             if newly:
+                if runner.prefix_cache is not None:
+                    self._remember(run.rows, newly, state)
                 self._safe_deliver(newly)
-                alive -= len(newly)
-                if alive <= 0:
+                run.alive -= len(newly)
+                if run.alive <= 0:
                     break
-                dead = len(rows) - alive
-                # Finished rows leave the batch when enough of them pile up: each compaction
-                # moves KV rows, so one at a time is slower than carrying a few dead rows along.
-                if dead >= self.compact_fraction * len(rows):
-                    keep = compaction_order([r.finish_reason is None for r in rows])
-                    runner.select_rows(state, keep)
-                    sampler.select(keep)
-                    tokens_t = tokens_t.index_select(0, torch.tensor(keep, dtype=torch.long))
-                    rows = [rows[i] for i in keep]
-                    if suppress_ids is not None:
-                        suppress_ids = self._suppress_table(rows, eos)
-                with self._cv:
-                    self._running = [r for r in rows if r.finish_reason is None]
+                tokens_t = self._maybe_compact(run, tokens_t)
             if self.step_delay_s:
                 time.sleep(self.step_delay_s)
             logits = runner.decode(state, tokens_t)
             steps_since_admit += 1
-            settled = bool(self._waiting) and self.continuous and self._settle_burst(alive)
-            if (self._waiting and self.continuous and alive < self.max_running
-                    and (settled or steps_since_admit >= 4 or len(self._waiting) >= self.max_running - alive)):
-                new = self._admit(batch, rows, alive)
+            settled = bool(self._waiting) and self.continuous and self._settle_burst(run.alive)
+            if (self._waiting and self.continuous and run.alive < self.max_running
+                    and (settled or steps_since_admit >= 4 or len(self._waiting) >= self.max_running - run.alive)):
+                new = self._admit(batch, run.rows, run.alive)
                 if new:
                     steps_since_admit = 0
-                    got = self._add_rows(state, rows, new)
-                    if got is not None:
-                        added = len(got[0]) - len(rows)
-                        rows, new_logits = got
-                        if added:
-                            logits = torch.cat([logits, new_logits], dim=0)
-                            alive += added
-                            sampler._set_rows(rows)
-                            suppress_ids = self._suppress_table(rows, eos)
-                    else:  # cannot merge this cache type: back to the front of the queue
-                        self.continuous = False
-                        with self._cv:
-                            for r in reversed(new):
-                                self._waiting.appendleft(r)
-                            self._running = [r for r in rows if r.finish_reason is None]
-                        for r in new:
-                            batch.remove(r)
+                    logits = self._join(run, batch, new, logits)
+
+    def _record_step(self, rows: list[Req], tokens: list[int], logprobs: list[float]) -> list[Req]:
+        """Append each running row's sampled token; returns the rows this step finished."""
+        tokenizer = self.runner.tokenizer
+        newly: list[Req] = []
+        for i, r in enumerate(rows):
+            if r.finish_reason is not None:  # finished earlier, waiting for compaction
+                continue
+            t = tokens[i]
+            r.output_ids.append(t)
+            r.output_logprobs.append(logprobs[i])
+            n = len(r.output_ids)
+            p = r.params
+            if n >= p.min_new_tokens:
+                if t in r.stop_ids:
+                    r.finish_reason = {"type": "stop", "matched": t}
+                elif p.stop:
+                    check_stop_strings(r, tokenizer)
+            if r.finish_reason is None and n >= p.max_new_tokens:
+                r.finish_reason = {"type": "length", "length": p.max_new_tokens}
+            if r.finish_reason is not None:
+                newly.append(r)
+        return newly
+
+    def _maybe_compact(self, run: "_Running", tokens_t: torch.Tensor) -> torch.Tensor:
+        """Finished rows leave the batch when enough of them pile up: each compaction moves KV
+        rows, so one at a time is slower than carrying a few dead rows along."""
+        if len(run.rows) - run.alive >= self.compact_fraction * len(run.rows):
+            keep = compaction_order([r.finish_reason is None for r in run.rows])
+            self.runner.select_rows(run.state, keep)
+            run.sampler.select(keep)
+            tokens_t = tokens_t.index_select(0, torch.tensor(keep, dtype=torch.long))
+            run.rows = [run.rows[i] for i in keep]
+            if run.suppress_ids is not None:
+                run.suppress_ids = self._suppress_table(run.rows)
+        with self._cv:
+            self._running = [r for r in run.rows if r.finish_reason is None]
+        return tokens_t
+
+    def _join(self, run: "_Running", batch: list[Req], new: list[Req], logits: torch.Tensor) -> torch.Tensor:
+        """Prefill admitted requests into the running batch; returns the logits of every row."""
+        got = self._add_rows(run.state, run.rows, new)
+        if got is None:  # cannot merge this cache type: back to the front of the queue
+            self.continuous = False
+            with self._cv:
+                for r in reversed(new):
+                    self._waiting.appendleft(r)
+                self._running = [r for r in run.rows if r.finish_reason is None]
+            for r in new:
+                batch.remove(r)
+            return logits
+        added = len(got[0]) - len(run.rows)
+        run.rows, new_logits = got
+        if added:
+            logits = torch.cat([logits, new_logits], dim=0)
+            run.alive += added
+            run.sampler._set_rows(run.rows)
+            run.suppress_ids = self._suppress_table(run.rows)
+        return logits
 
     def _remember(self, rows: list[Req], leaving: list[Req], state) -> None:
         """Rows leaving the batch keep their KV in the prefix cache (if all of it is from the
@@ -602,7 +580,8 @@ class Scheduler:
 
     # ---------------------------------------------------------------- min_new_tokens
     @staticmethod
-    def _suppress_table(rows: list[Req], eos: set[int]):
+    def _suppress_table(rows: list[Req]):
+        """Per row, the stop tokens `min_new_tokens` still forbids; None when no row is under its minimum."""
         if not any(r.params.min_new_tokens > len(r.output_ids) for r in rows):
             return None
         return [sorted(r.stop_ids) for r in rows]
@@ -625,37 +604,3 @@ def compaction_order(alive: list[bool]) -> list[int]:
     n = sum(alive)
     tail = iter([i for i in range(n, len(alive)) if alive[i]])
     return [i if alive[i] else next(tail) for i in range(n)]
-
-
-def _input_logprobs(logits: torch.Tensor, r: Req) -> list[float | None]:
-    """Log-probs of prompt tokens from index `logprob_start_len` (the first token gets None).
-    `logits` [len(prompt + output so far), V]: row t predicts token t + 1."""
-    ids = r.input_ids
-    n = len(ids)
-    start = min(r.logprob_start_len, n)
-    out: list[float | None] = []
-    first = start
-    if start == 0:
-        out.append(None)
-        first = 1
-    if first < n:
-        temp = 1.0 if r.params.greedy else r.params.temperature
-        rows = logits[first - 1: n - 1]
-        if temp != 1.0:
-            rows = rows / temp
-        lp = torch.log_softmax(rows, dim=-1)
-        tgt = torch.tensor(ids[first:n], dtype=torch.long).unsqueeze(1)
-        out.extend(lp.gather(1, tgt).squeeze(1).tolist())
-    return out
-
-
-def _check_stop_strings(r: Req, tokenizer) -> None:
-    text = tokenizer.decode(r.output_ids, skip_special_tokens=r.params.skip_special_tokens)
-    best = None
-    for s in r.params.stop:
-        pos = text.find(s)
-        if pos >= 0 and (best is None or pos < best[0]):
-            best = (pos, s)
-    if best is not None:
-        r.stop_str_pos = best[0]
-        r.finish_reason = {"type": "stop", "matched": best[1]}

@@ -158,10 +158,6 @@ class MetricsLogger:
 
             self._writer = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))
 
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.run_dir / TENSORBOARD_DIR
-
     def log(self, step: int, metrics: Mapping[str, Any], *, stage: str | None = None) -> dict[str, Any]:
         """Append one record for ``step`` (slime's ``rollout_id``); returns the record as written."""
         if isinstance(step, bool) or not isinstance(step, numbers.Integral):

@@ -2,7 +2,7 @@
 
 On a CPU machine a "GPU" slot is one worker process; bundles hold logical CPUs. Actual
 thread counts are set explicitly per process (`slime.utils.threads`), because Ray's CPU
-resources are only bookkeeping and oversubscribed cores are ruinous (see MACHINE-NOTES).
+resources are only bookkeeping, and oversubscribed cores were measured to make torch ~30x slower.
 """
 
 from __future__ import annotations

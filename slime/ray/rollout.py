@@ -16,27 +16,20 @@ from typing import Any
 
 import ray
 
-from slime.arguments import passthrough_value, passthrough_without
 from slime.data.data_source import RolloutDataSource
+from slime.engine.client import client_for
+from slime.errors import SlimeError
+from slime.ray.engine_launch import BUILTIN_LAUNCH_TIMEOUT_S, SGLANG_LAUNCH_TIMEOUT_S, start_engine
+from slime.ray.engine_watcher import EngineWatcher
 from slime.ray.placement_group import Placement, thread_budget
+from slime.ray.router import start_router
+from slime.rollout.base_types import unwrap_eval_output, unwrap_train_output
+from slime.rollout.train_data import eval_metrics, rollout_metrics, samples_to_train_data
+from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, latest_dir, rollout_id_of
+from slime.utils.misc import load_function
+from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
-
-
-def engine_launch_args(args: Namespace, rank: int, num_threads: int) -> tuple[str, int | None, int, list[str]]:
-    """(host, port or None for a free one, threads, other server args) for engine `rank`.
-
-    `--sglang-<arg>` values are forwarded verbatim; host, port and thread count given there
-    win over the framework's (port + rank for the rank-th engine).
-    """
-    extra = list(args.sglang_args)
-    host = passthrough_value(extra, "--host") or "127.0.0.1"
-    port = passthrough_value(extra, "--port")
-    threads = passthrough_value(extra, "--num-threads")
-    cleaned = passthrough_without(extra, {"--host", "--port", "--num-threads"})  # the launcher passes these
-    if passthrough_value(cleaned, "--random-seed") is None:
-        cleaned += ["--random-seed", str(args.seed + rank)]
-    return host, (int(port) + rank if port else None), int(threads or num_threads), cleaned
 
 
 @ray.remote
@@ -49,22 +42,11 @@ class EngineActor:
         self.process = None
 
     def start(self) -> str:
-        from slime.engine.launcher import EngineProcess
-
         log_path = Path(self.args.run_dir) / "logs" / f"engine_{self.rank}.log"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        if getattr(self.args, "rollout_backend", "builtin") == "sglang":  # real SGLang on GPUs (not run here)
-            from slime.engine.sglang_backend import start_sglang_server
-
-            self.process = start_sglang_server(self.args, self.rank, self.base_gpu_id, log_path)
-            self.process.wait_until_healthy(timeout=1200)
-            return self.process.url
-        host, port, threads, extra = engine_launch_args(self.args, self.rank, self.num_threads)
-        self.process = EngineProcess.start(
-            self.args.hf_checkpoint, host=host, port=port, num_threads=threads,
-            extra_args=extra, log_path=str(log_path),
-        )
-        self.process.wait_until_healthy(timeout=300)
+        self.process = start_engine(self.args, self.rank, num_threads=self.num_threads,
+                                    base_gpu_id=self.base_gpu_id, log_path=log_path)
+        sglang = self.args.rollout_backend == "sglang"
+        self.process.wait_until_healthy(timeout=SGLANG_LAUNCH_TIMEOUT_S if sglang else BUILTIN_LAUNCH_TIMEOUT_S)
         return self.process.url
 
     def stop(self) -> None:
@@ -73,22 +55,19 @@ class EngineActor:
             self.process = None
 
 
-def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: float | None) -> None:
+def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: float) -> None:
     """Stop the run when too many of a rollout's samples FAILED (a broken hook or reward service).
 
     Up to `--max-failed-sample-ratio` of the samples may fail (they are kept, never trained on, and
     counted in `rollout/status/failed`); above it, or when every sample failed, the run stops and
     names the first error.
     """
-    from slime.errors import SlimeError
-    from slime.utils.types import Sample
-
     samples = [s for g in groups for s in g]
     failed = [s for s in samples if s.status == Sample.Status.FAILED]
     if not samples or not failed:
         return
     ratio = len(failed) / len(samples)
-    limit = 1.0 if max_ratio is None else max_ratio
+    limit = max_ratio
     if ratio > limit or len(failed) == len(samples):
         first = failed[0].metadata.get("error", "no error recorded")
         raise SlimeError(
@@ -110,8 +89,6 @@ class RolloutManager:
         self.watcher = None
 
     def init(self) -> None:
-        from slime.utils.misc import load_function
-
         args, placement = self.args, self.placement
         _, engine_threads = thread_budget(args)
         if args.sglang_router_ip is None:
@@ -126,9 +103,8 @@ class RolloutManager:
             if len(self.engine_urls) == 1:
                 host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
             else:
-                from slime.engine.router import EngineWatcher, start_router
-
-                self.router = start_router(args, self.engine_urls)  # --router-policy
+                self.router = start_router(self.engine_urls, policy=args.router_policy, model_path=args.hf_checkpoint,
+                                           log_dir=Path(args.run_dir) / "logs")
                 host, port = self.router.host, self.router.port
                 # An engine that dies is removed from the router; retried requests go to live ones.
                 self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
@@ -145,16 +121,12 @@ class RolloutManager:
         self.sample_filter = (load_function(args.rollout_sample_filter_path, arg_name="--rollout-sample-filter-path")
                               if args.rollout_sample_filter_path else None)
         if args.load:  # resume the data position (and Data Buffer) saved with the checkpoint
-            from slime.backends.torch.checkpoint import latest_dir
-            from slime.data.data_source import STATE_FILE
-
             latest = latest_dir(args.load)
             if isinstance(self.data_source, RolloutDataSource):
-                if (latest / STATE_FILE).exists():
-                    self.data_source.load(latest / STATE_FILE)
+                if (latest / ROLLOUT_STATE_FILE).exists():
+                    self.data_source.load(latest / ROLLOUT_STATE_FILE)
             else:  # a --data-source-path class: slime's load(rollout_id)
-                digits = latest.name.removeprefix("iter_")
-                self.data_source.load(int(digits) if digits.isdigit() else None)
+                self.data_source.load(rollout_id_of(latest))
 
     def get_engine_urls(self) -> list[str]:
         """The live engines (one removed by the engine watcher is gone from here too)."""
@@ -167,22 +139,16 @@ class RolloutManager:
         self.args.rollout_engine_urls = list(self.engine_urls)
 
     def generate(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
-        from slime.rollout.train_data import rollout_metrics, samples_to_train_data
-
         t0 = time.perf_counter()
-        from slime.rollout.base_types import unwrap_train_output
-
         if hasattr(self.data_source, "rollout_id"):
             self.data_source.rollout_id = rollout_id  # what the --buffer-filter-path hook is told
         groups, extra_metrics = unwrap_train_output(
             self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False))
-        check_failed_samples(groups, rollout_id, getattr(self.args, "max_failed_sample_ratio", None))
+        check_failed_samples(groups, rollout_id, self.args.max_failed_sample_ratio)
         if self.sample_filter is not None:  # marks sample.remove_sample; groups keep their shape
             try:
                 self.sample_filter(self.args, [s for g in groups for s in g])
             except Exception as e:
-                from slime.errors import SlimeError
-
                 raise SlimeError(f"rollout {rollout_id}: --rollout-sample-filter-path "
                                  f"{self.args.rollout_sample_filter_path} raised {type(e).__name__}: {e}") from e
         data = samples_to_train_data(self.args, groups)
@@ -196,11 +162,7 @@ class RolloutManager:
         return data, metrics
 
     def eval(self, rollout_id: int) -> dict[str, float]:
-        from slime.rollout.train_data import eval_metrics
-
         t0 = time.perf_counter()
-        from slime.rollout.base_types import unwrap_eval_output
-
         results, extra_metrics = unwrap_eval_output(
             self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True))
         metrics = eval_metrics(self.args, results)
@@ -209,8 +171,6 @@ class RolloutManager:
         return metrics
 
     def _each_engine(self, method: str) -> None:
-        from slime.engine.client import client_for
-
         for url in list(self.engine_urls):
             getattr(client_for(url), method)()
 

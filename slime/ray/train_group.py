@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from argparse import Namespace
 from typing import Any
 
@@ -10,12 +9,7 @@ import ray
 
 from slime.backends.torch.actor import RayTrainActor
 from slime.ray.placement_group import Placement, thread_budget
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from slime.utils.net import free_port
 
 
 class RayTrainGroup:
@@ -23,7 +17,7 @@ class RayTrainGroup:
         self.args = args
         train_threads, _ = thread_budget(args)
         world = args.actor_world_size
-        master_port = _free_port()
+        master_port = free_port()
         self.actors = [
             RayTrainActor.options(
                 num_cpus=placement.actor_cpus, scheduling_strategy=placement.strategy(bundle)

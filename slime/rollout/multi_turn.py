@@ -31,6 +31,7 @@ from argparse import Namespace
 from dataclasses import asdict, dataclass
 from typing import Any, Awaitable, Callable, Union
 
+from slime.rollout.sglang_rollout import GenerateState, engine_url, prompt_ids_of
 from slime.utils.http_utils import post, session_headers
 from slime.utils.types import Sample
 
@@ -106,11 +107,6 @@ class Trajectory:
         start = self.sample.response_length
         self._append(Turn("env", start, start + len(token_ids)), list(token_ids), text, 0, [0.0] * len(token_ids))
 
-    def model_turn_log_probs(self) -> list[list[float]]:
-        """The engine's log-probs, one list per model turn."""
-        lps = self.sample.rollout_log_probs or []
-        return [lps[t.start:t.end] for t in self.turns if t.role == "model"]
-
 
 async def run_multi_turn(
     args: Namespace,
@@ -133,16 +129,14 @@ async def run_multi_turn(
     says which), ABORTED when the engine aborted a turn. A trajectory always starts from the
     prompt (an aborted one is generated again, not resumed).
     """
-    from slime.rollout.sglang_rollout import GenerateState, engine_url, prompt_ids_of
-
     state = GenerateState(args)
     tokenizer = tokenizer or state.tokenizer
     if max_turns is None:
-        max_turns = getattr(args, "max_turns", None) or 8
+        max_turns = args.max_turns
     if max_turns < 1:
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     if max_total_tokens is None:
-        max_total_tokens = getattr(args, "max_total_tokens", None)
+        max_total_tokens = args.max_total_tokens
     response_budget = int(sampling_params.get("max_new_tokens", 1024))
     if sample.session_id is None:  # one routing key per trajectory: all its turns go to one engine
         sample.session_id = uuid.uuid4().hex
@@ -162,7 +156,7 @@ async def run_multi_turn(
     while True:
         if room() <= 0:
             return stop(Sample.Status.TRUNCATED, "max_tokens")
-        if getattr(state, "aborted", False):  # a partial rollout is collecting: send nothing new
+        if state.aborted:  # a partial rollout is collecting: send nothing new
             return stop(Sample.Status.ABORTED, "abort")
         params = dict(sampling_params)
         params["max_new_tokens"] = min(room(), max_new_tokens_per_turn or room())

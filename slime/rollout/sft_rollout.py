@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from slime.data.data_source import load_tokenizer
 from slime.errors import SlimeError
 from slime.utils.types import Sample
 
@@ -132,10 +133,8 @@ def _get_tokenizer(args: Any, data_source: Any) -> Any:
     tok = getattr(data_source, "tokenizer", None)  # RolloutDataSource loads it from --hf-checkpoint
     if tok is not None:
         return tok
-    path = getattr(args, "hf_checkpoint", None)
+    path = args.hf_checkpoint
     if path not in _TOKENIZERS:
-        from slime.data.data_source import load_tokenizer
-
         _TOKENIZERS[path] = load_tokenizer(path)
     return _TOKENIZERS[path]
 
@@ -147,11 +146,9 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
             "the SFT rollout (slime.rollout.sft_rollout.generate_rollout) has no evaluation mode: "
             "unset --eval-interval or set --eval-function-path"
         )
-    batch_size = getattr(args, "rollout_batch_size", None)
-    if not batch_size or batch_size < 1:
-        raise SlimeError(f"--rollout-batch-size must be a positive integer for the SFT rollout, got {batch_size!r}")
+    batch_size = args.rollout_batch_size
     tokenizer = _get_tokenizer(args, data_source)
-    template_kwargs = getattr(args, "apply_chat_template_kwargs", None) or {}
+    template_kwargs = args.apply_chat_template_kwargs or {}
 
     groups = data_source.get_samples(batch_size)
     for group in groups:

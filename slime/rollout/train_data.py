@@ -16,6 +16,8 @@ from typing import Any
 import torch
 
 from slime.algorithms.advantages import dapo_overlong_penalty, group_normalize_rewards, rloo_rewards
+from slime.errors import SlimeError
+from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 NOT_TRAINABLE = (Sample.Status.FAILED, Sample.Status.ABORTED)
@@ -34,12 +36,12 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
     if args.loss_type == "sft_loss":
         return raw, raw
     rewards = list(raw)
-    if getattr(args, "overlong_buffer_len", None):
+    if args.overlong_buffer_len:
         penalty = dapo_overlong_penalty([s.response_length for s in samples], args.rollout_max_response_len,
                                         args.overlong_buffer_len, args.overlong_penalty_factor)
         rewards = [r + p for r, p in zip(rewards, penalty)]
     est, g = args.advantage_estimator, args.n_samples_per_prompt
-    if getattr(args, "disable_rewards_normalization", False) or est in ("ppo", "reinforce_plus_plus"):
+    if args.disable_rewards_normalization or est in ("ppo", "reinforce_plus_plus"):
         return raw, rewards
     t = torch.tensor(rewards, dtype=torch.float32)
     if est in ("grpo", "gspo"):
@@ -52,11 +54,9 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
 
 
 def _hook(args: Namespace, name: str):
-    path = getattr(args, name, None)
+    path = getattr(args, name)
     if not path:
         return None
-    from slime.utils.misc import load_function
-
     return load_function(path, arg_name="--" + name.replace("_", "-"))
 
 
@@ -70,8 +70,6 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
         raw_rewards, rewards = reward_hook(args, samples)
         raw_rewards, rewards = [float(r) for r in raw_rewards], [float(r) for r in rewards]
         if len(raw_rewards) != len(samples) or len(rewards) != len(samples):
-            from slime.errors import SlimeError
-
             raise SlimeError(f"--custom-reward-post-process-path {args.custom_reward_post_process_path} returned "
                              f"{len(raw_rewards)} raw rewards and {len(rewards)} rewards for {len(samples)} samples")
     else:
@@ -118,7 +116,7 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
     }
     if args.loss_type != "sft_loss":  # SFT samples are not graded: no reward to report
         metrics["rollout/raw_reward"] = sum(data["raw_reward"]) / n
-        if getattr(args, "overlong_buffer_len", None):
+        if args.overlong_buffer_len:
             penalty = dapo_overlong_penalty(lengths, args.rollout_max_response_len, args.overlong_buffer_len,
                                             args.overlong_penalty_factor)
             metrics["rollout/overlong_penalty"] = sum(penalty) / n

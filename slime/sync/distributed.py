@@ -1,8 +1,7 @@
 """Weight sync by torch.distributed broadcast (SGLang's `update_weights_from_distributed`).
 
-The trainer (rank 0) and every engine (ranks `rank_offset` ...) form one gloo group of their own,
-apart from the trainer's default process group (FSDP), over a TCP store the trainer hosts on
-`master_address:master_port`. Everything binds to that address (127.0.0.1 here).
+The trainer (rank 0) and every engine (ranks `rank_offset` ...) form one gloo group of their own
+(`slime.engine.weight_group`), apart from the trainer's default process group (FSDP).
 
 Protocol, as SGLang's:
 
@@ -20,106 +19,19 @@ slime's bucketed sync does. The engine-side backend is gloo only (the built-in e
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, wait, FIRST_EXCEPTION
-from datetime import timedelta
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 import torch
 
+from slime.engine.client import client_for
+from slime.engine.weight_group import DEFAULT_GROUP_NAME, create_gloo_group, dtype_name
 from slime.errors import SlimeError
+from slime.sync.tensor import dedupe_tied
+from slime.utils.net import free_port
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_GROUP_NAME = "weight_update_group"
-
-_DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-    "half": torch.float16, "float64": torch.float64, "double": torch.float64, "int64": torch.int64,
-    "int32": torch.int32, "uint8": torch.uint8, "int8": torch.int8, "bool": torch.bool,
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def parse_dtype(name: object) -> torch.dtype:
-    """'bfloat16' or 'torch.bfloat16' -> torch.bfloat16; ValueError names the bad value."""
-    if isinstance(name, str):
-        d = _DTYPES.get(name.removeprefix("torch."))
-        if d is not None:
-            return d
-    raise ValueError(f"unknown dtype {name!r} (expected e.g. 'float32' or 'bfloat16')")
-
-
-def create_gloo_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-                      timeout_s: float = 60.0):
-    """Join a gloo group that lives apart from torch.distributed's default group.
-
-    Rank 0 hosts the TCP store on a socket it binds to `master_address` itself (so it never
-    listens on other interfaces); gloo's own connections bind to `master_address` as well.
-    Blocks until all `world_size` ranks have joined (or `timeout_s`).
-    """
-    import torch.distributed as dist
-
-    timeout = timedelta(seconds=timeout_s)
-    if rank == 0:
-        listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        listen.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listen.bind((master_address, master_port))
-        listen.listen(max(8, world_size * 2))
-        store = _tcp_store(master_address, master_port, world_size, True, timeout, listen.fileno())
-        listen.detach()  # the store's daemon owns the fd now; Python must never close it under it
-    else:
-        store = _tcp_store(master_address, master_port, world_size, False, timeout, None)
-    store = dist.PrefixStore(f"slime/{group_name}", store)
-    opts = dist.ProcessGroupGloo._Options()
-    opts._timeout = timeout
-    opts._devices = [dist.ProcessGroupGloo.create_device(hostname=master_address)]
-    return GlooGroup(dist.ProcessGroupGloo(store, rank, world_size, opts), store)
-
-
-class GlooGroup:
-    """A gloo process group plus the store it lives on (kept alive together)."""
-
-    def __init__(self, pg, store):
-        self.pg, self._store = pg, store
-
-    def broadcast(self, tensor: torch.Tensor, root: int = 0) -> None:
-        import torch.distributed as dist
-
-        opts = dist.BroadcastOptions()
-        opts.rootRank = root
-        opts.rootTensor = 0
-        self.pg.broadcast([tensor], opts).wait()
-
-    def shutdown(self) -> None:
-        try:
-            self.pg.shutdown()
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-        self._store = None
-
-
-def _tcp_store(host, port, world_size, is_master, timeout, fd):
-    import torch.distributed as dist
-
-    kwargs = dict(world_size=world_size, is_master=is_master, timeout=timeout, wait_for_workers=False)
-    if fd is not None:
-        kwargs["master_listen_fd"] = fd
-    try:
-        return dist.TCPStore(host, port, use_libuv=False, **kwargs)
-    except TypeError:  # older signatures
-        return dist.TCPStore(host, port, **kwargs)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
 
 def buckets(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
     """Names in order, cut into buckets of at most `max_bytes` (a larger tensor goes alone)."""
@@ -153,8 +65,6 @@ class DistributedWeightSync:
 
     # ------------------------------------------------------------------ group
     def connect(self, engine_urls: list[str]) -> None:
-        from slime.engine.client import client_for
-
         self.close()
         urls = list(engine_urls)
         if not urls:
@@ -195,8 +105,6 @@ class DistributedWeightSync:
                     self.group_name, len(urls), port, time.perf_counter() - t0)
 
     def close(self) -> None:
-        from slime.engine.client import client_for
-
         if self.pg is None:
             return
         for url in self.urls:
@@ -213,9 +121,6 @@ class DistributedWeightSync:
 
     # ------------------------------------------------------------------ update
     def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str) -> None:
-        from slime.engine.client import client_for
-        from slime.sync.tensor import dedupe_tied
-
         if self.pg is None or list(engine_urls) != self.urls:
             self.connect(engine_urls)
         tensors = dedupe_tied(state)

@@ -11,6 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from slime.engine.client import client_for
+
 
 def dedupe_tied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     seen: set[int] = set()
@@ -25,8 +27,6 @@ def dedupe_tied(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 def push_weights(engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str) -> None:
-    from slime.engine.client import client_for
-
     tensors = dedupe_tied(state)
 
     def one(url: str) -> None:
@@ -38,8 +38,6 @@ def push_weights(engine_urls: list[str], state: dict[str, torch.Tensor], *, weig
 
 def engine_sequence_log_probs(engine_url: str, token_ids: list[int]) -> list[float]:
     """The engine's log-probs of tokens[1:] given their prefixes (temperature 1, raw logits)."""
-    from slime.engine.client import client_for
-
     out = client_for(engine_url).generate(
         {"input_ids": token_ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
          "return_logprob": True, "logprob_start_len": 0}

@@ -11,6 +11,8 @@ import atexit
 import threading
 from typing import Any, Coroutine, TypeVar
 
+from slime.utils.http_utils import close_sessions
+
 T = TypeVar("T")
 
 _loop: asyncio.AbstractEventLoop | None = None
@@ -31,8 +33,6 @@ def _close_http_sessions(loop: asyncio.AbstractEventLoop) -> None:
     """At exit, close the loop's shared HTTP session (no "Unclosed client session" noise)."""
     if loop.is_closed() or not loop.is_running():
         return
-    from slime.utils.http_utils import close_sessions
-
     try:
         asyncio.run_coroutine_threadsafe(close_sessions(), loop).result(timeout=2)
     except Exception:

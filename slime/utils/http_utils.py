@@ -7,6 +7,7 @@ that loop; it is closed when the loop shuts down its async generators (asyncio.r
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import weakref
 from typing import Any
@@ -67,8 +68,6 @@ async def close_sessions() -> None:
 
 def _error_message(status: int, text: str) -> str:
     try:
-        import json
-
         body = json.loads(text)
         if isinstance(body, dict):
             err = body.get("error")

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import torch
+
 
 def thread_env(num_threads: int) -> dict[str, str]:
     """Environment for a child process that should use `num_threads` threads."""
@@ -26,8 +28,6 @@ def thread_env(num_threads: int) -> dict[str, str]:
 def configure_torch_threads(num_threads: int) -> None:
     """Set this process's torch thread counts (call before heavy torch work)."""
     os.environ.update(thread_env(num_threads))
-    import torch
-
     torch.set_num_threads(max(1, int(num_threads)))
     try:
         torch.set_num_interop_threads(1)

@@ -5,7 +5,7 @@ Field names follow slime's `slime.utils.types.Sample`, so a slime user's hooks r
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -52,7 +52,7 @@ class Sample:
     def get_reward_value(self, args: Any) -> float:
         """The scalar reward; a dict reward is read at `args.reward_key` (slime's convention)."""
         if isinstance(self.reward, dict):
-            key = getattr(args, "reward_key", None) or "score"
+            key = args.reward_key or "score"  # dapo-style {score, acc, pred} without --reward-key
             return float(self.reward[key])
         return float(self.reward if self.reward is not None else 0.0)
 
@@ -67,8 +67,6 @@ class Sample:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Sample":
-        from dataclasses import fields
-
         known = {f.name for f in fields(cls)}
         d = {k: v for k, v in d.items() if k in known}  # tolerate state written by another version
         d["status"] = Sample.Status(d.get("status", "pending"))

@@ -79,6 +79,10 @@ def keep_nothing_bool(args, samples):
     return False
 
 
+def keep_all(args, samples):
+    return True
+
+
 def reward_post_process(args, samples):
     raw = [s.get_reward_value(args) for s in samples]
     return raw, [r + 1.0 for r in raw]

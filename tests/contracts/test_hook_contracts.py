@@ -7,7 +7,6 @@ run with custom generate hooks, so no engine is called)."""
 import asyncio
 import logging
 import weakref
-from argparse import Namespace
 
 import pytest
 
@@ -20,18 +19,13 @@ from slime.rollout.filter_hub.dynamic_sampling_filters import check_reward_nonze
 from slime.rollout.train_data import samples_to_train_data
 from slime.utils.types import Sample
 from tests.contracts import hooks
+from tests.helpers import make_args as full_args
 
 H = "tests.contracts.hooks."
 
 
 def make_args(**kw):
-    base = dict(custom_generate_function_path=None, custom_rm_path=None, rm_type="math", group_rm=False,
-                rollout_batch_size=2, n_samples_per_prompt=2, dynamic_sampling_filter_path=None,
-                over_sampling_batch_size=None, reward_key=None, loss_type="policy_loss",
-                advantage_estimator="grpo", disable_grpo_std_normalization=False, overlong_buffer_len=None,
-                custom_reward_post_process_path=None, custom_convert_samples_to_train_data_path=None)
-    base.update(kw)
-    return Namespace(**base)
+    return full_args(**{"rm_type": "math", "rollout_batch_size": 2, "n_samples_per_prompt": 2, **kw})
 
 
 @pytest.fixture
@@ -298,8 +292,8 @@ def test_preflight_names_import_errors(arg):
 
 
 def test_preflight_checks_every_hook_argument():
-    args = Namespace(**{a: None for a in HOOK_CALLS})
-    check_hooks(args)
+    args = make_args()
+    check_hooks(args)  # the defaults (rollout function, data source) pass
     args.custom_rm_path = "tests.contracts.bad_import_hook.hook"
     with pytest.raises(SlimeError, match="--custom-rm-path"):
         check_hooks(args)

@@ -10,7 +10,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from slime.engine.launcher import EngineProcess
+    from slime.ray.engine_process import EngineProcess
 
     proc = EngineProcess.start(str(tiny_model_dir), num_threads=1)
     try:

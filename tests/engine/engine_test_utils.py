@@ -9,7 +9,7 @@ import torch
 
 
 def start_engine(model_dir, *extra: str, log_dir: Path | None = None):
-    from slime.engine.launcher import EngineProcess
+    from slime.ray.engine_process import EngineProcess
 
     log_path = (log_dir / "engine.log") if log_dir else None
     eng = EngineProcess.start(model_dir, num_threads=1, extra_args=["--random-seed", "0", *extra],

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from argparse import Namespace
 
 import httpx
 import pytest
 
 from engine_test_utils import start_engine
+from slime.engine.args import build_arg_parser
+from slime.engine.model_runner import ModelRunner
+from slime.engine.state import kv_token_budget
 
 BUDGET = 100
 NEED = 25  # 5 prompt tokens + 20 new: at most 4 rows fit (4 x 25 = 100)
@@ -53,21 +55,28 @@ def test_request_larger_than_the_budget_is_refused(budget_engine):
     assert httpx.post(budget_engine.url + "/generate", json=_gen([3, 4, 5], 4)).status_code == 200
 
 
+def _engine_args(max_total_tokens, mem_fraction_static):
+    """The engine's own arguments, parsed by its parser."""
+    argv = ["--model-path", "unused"]
+    if max_total_tokens is not None:
+        argv += ["--max-total-tokens", str(max_total_tokens)]
+    if mem_fraction_static is not None:
+        argv += ["--mem-fraction-static", str(mem_fraction_static)]
+    return build_arg_parser().parse_args(argv)
+
+
 def test_mem_fraction_static_budget_follows_sglangs_rule(tiny_model_dir):
     """Budget = (fraction x machine memory - weight bytes) / KV bytes per token, computed here from
     the model's config and /proc/meminfo independently of the engine's code."""
-    from slime.engine.model_runner import ModelRunner
-    from slime.engine.server import kv_token_budget
-
     runner = ModelRunner(str(tiny_model_dir), dtype="float32")
     cfg = json.loads((tiny_model_dir / "config.json").read_text())
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4
     mem = next(int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:"))
     weights = sum(p.numel() * 4 for p in runner.model.parameters())
-    args = Namespace(max_total_tokens=None, mem_fraction_static=0.01)
+    args = _engine_args(None, 0.01)
     assert kv_token_budget(args, runner) == int((0.01 * mem - weights) // kv_per_token)
-    assert kv_token_budget(Namespace(max_total_tokens=64, mem_fraction_static=0.5), runner) == 64  # explicit wins
-    assert kv_token_budget(Namespace(max_total_tokens=None, mem_fraction_static=None), runner) is None
+    assert kv_token_budget(_engine_args(64, 0.5), runner) == 64  # explicit wins
+    assert kv_token_budget(_engine_args(None, None), runner) is None
     with pytest.raises(SystemExit, match="must be in"):
-        kv_token_budget(Namespace(max_total_tokens=None, mem_fraction_static=1.5), runner)
+        kv_token_budget(_engine_args(None, 1.5), runner)

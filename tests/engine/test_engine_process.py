@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from slime.engine.launcher import EngineLaunchError, EngineProcess
+from slime.ray.engine_process import EngineLaunchError, EngineProcess
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -47,7 +47,7 @@ def test_server_exits_when_parent_dies(tiny_model_dir, tmp_path):
     script.write_text(textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(repo)!r})
-        from slime.engine.launcher import EngineProcess
+        from slime.ray.engine_process import EngineProcess
         e = EngineProcess.start({str(tiny_model_dir)!r}, num_threads=1, log_path={str(tmp_path / 'child.log')!r})
         e.wait_until_healthy(timeout=120)
         print(e.pid, flush=True)
@@ -85,7 +85,7 @@ def test_launch_failure_reports_log_tail(tmp_path):
 
 
 def test_server_arg_parser_knows_passthrough_names():
-    from slime.engine.server import build_arg_parser
+    from slime.engine.args import build_arg_parser
 
     args = build_arg_parser().parse_args(["--model-path", "m", "--dtype", "bfloat16", "--max-running-requests", "8"])
     assert args.dtype == "bfloat16" and args.max_running_requests == 8 and args.host == "127.0.0.1"

@@ -124,7 +124,18 @@ def test_thousand_requests_with_aborts_and_bad_input(engine, tokenizer):
     asyncio.run(run())
     elapsed = time.perf_counter() - t0
 
-    # every request answered exactly once, and the answer belongs to it
+    n_abort = _check_answers(bodies, answers, aborted_ok, vocab)
+    # malformed requests: 400 with a message naming the problem
+    assert len(bad_answers) == 50
+    for status, needle, msg in bad_answers:
+        assert status == 400 and needle in msg, (status, needle, msg)
+    assert n_abort > 0, "no abort landed on a live request; the test lost its point"
+    _check_left_clean(engine, prompts[0])
+    print(f"{NUM_REQUESTS} requests ({n_abort} aborted mid-flight) in {elapsed:.1f}s")
+
+
+def _check_answers(bodies: list[dict], answers: dict[str, list[dict]], aborted_ok: set[str], vocab: int) -> int:
+    """Every request answered exactly once, by an answer that belongs to it; returns the aborted ones."""
     assert sorted(answers) == sorted(b["rid"] for b in bodies)
     n_abort = 0
     for body in bodies:
@@ -147,13 +158,12 @@ def test_thousand_requests_with_aborts_and_bad_input(engine, tokenizer):
         if body["return_logprob"]:
             lps = m["output_token_logprobs"]
             assert [t for _, t, _ in lps] == out and all(lp <= 1e-6 for lp, _, _ in lps)
-    # malformed requests: 400 with a message naming the problem
-    assert len(bad_answers) == 50
-    for status, needle, msg in bad_answers:
-        assert status == 400 and needle in msg, (status, needle, msg)
-    assert n_abort > 0, "no abort landed on a live request; the test lost its point"
+    return n_abort
 
-    # nothing left behind: no running or waiting request, no KV tokens held
+
+def _check_left_clean(engine, prompt: list[int]) -> None:
+    """Nothing left behind (no running or waiting request, no KV tokens held), and the engine
+    still answers normally."""
     deadline = time.monotonic() + 5
     while True:
         load = httpx.get(engine.url + "/get_load", timeout=10).json()
@@ -161,11 +171,9 @@ def test_thousand_requests_with_aborts_and_bad_input(engine, tokenizer):
             break
         time.sleep(0.05)
     assert load == {"num_reqs": 0, "num_tokens": 0, "num_waiting_reqs": 0, "num_running_reqs": 0}, load
-    # and the engine still answers normally
-    r = httpx.post(engine.url + "/generate", json={"input_ids": prompts[0], "sampling_params": {
+    r = httpx.post(engine.url + "/generate", json={"input_ids": prompt, "sampling_params": {
         "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}, timeout=30).json()
     assert len(r["output_ids"]) == 4
-    print(f"{NUM_REQUESTS} requests ({n_abort} aborted mid-flight) in {elapsed:.1f}s")
 
 
 def test_a_burst_of_512_concurrent_connections_in_bf16(tiny_model_dir, tmp_path):

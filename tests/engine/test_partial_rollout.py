@@ -122,7 +122,9 @@ def test_partial_rollout_aborts_the_tail_and_resumes_it(make, slow_engine, hf_mo
 def test_without_partial_rollout_the_tail_is_discarded_and_counted(make):
     from slime.rollout.sglang_rollout import generate_rollout
 
-    args, source = make("--over-sampling-batch-size", "3", "--rollout-batch-size", "1")
+    # over-sampling needs a reason (a filter or --partial-rollout): a filter that keeps every group
+    args, source = make("--over-sampling-batch-size", "3", "--rollout-batch-size", "1",
+                        "--dynamic-sampling-filter-path", "tests.contracts.hooks.keep_all")
     out = generate_rollout(args, 0, source)
     assert len(out.samples) == 1
     assert out.metrics["rollout/partial/discarded_groups"] == 2.0 and source.get_buffer_length() == 0

@@ -9,13 +9,13 @@ import os
 import signal
 import sys
 import time
-from argparse import Namespace
 
 import httpx
 import pytest
 
 from engine_test_utils import run_async as _run, start_engine
-from slime.engine.router import EngineWatcher, start_router
+from slime.ray.engine_watcher import EngineWatcher
+from slime.ray.router import start_router
 from slime.utils.http_utils import post, session_headers
 
 pytestmark = pytest.mark.timeout(120)
@@ -29,8 +29,8 @@ def two_engines(tiny_model_dir, tmp_path_factory):
         e.stop()
 
 
-def _args(tmp_path, model_dir, policy: str) -> Namespace:
-    return Namespace(run_dir=str(tmp_path), hf_checkpoint=str(model_dir), router_policy=policy)
+def _router(tmp_path, model_dir, policy: str, urls: list[str]):
+    return start_router(urls, policy=policy, model_path=str(model_dir), log_dir=tmp_path / "logs")
 
 
 def _rows(engines) -> list[int]:
@@ -77,7 +77,7 @@ def _session_spread(router_url, engines, sessions: int, per_session: int) -> lis
 
 def test_sglang_router_serves_both_engines_and_binds_loopback(two_engines, tiny_model_dir, tmp_path):
     urls = [e.url for e in two_engines]
-    router = start_router(_args(tmp_path, tiny_model_dir, "round_robin"), urls)
+    router = _router(tmp_path, tiny_model_dir, "round_robin", urls)
     try:
         assert router.kind == "sglang-router"
         assert sorted(router.worker_urls()) == sorted(urls)
@@ -100,21 +100,22 @@ def test_sglang_router_serves_both_engines_and_binds_loopback(two_engines, tiny_
 
 @pytest.mark.parametrize("policy", ["consistent_hashing", "manual"])
 def test_session_affinity_by_routing_key(two_engines, tiny_model_dir, tmp_path, policy):
-    router = start_router(_args(tmp_path, tiny_model_dir, policy), [e.url for e in two_engines])
+    """Both policies guarantee stickiness: every request of a session lands on one engine. How
+    sessions spread over engines is not guaranteed (`manual` may put every new key on the same
+    engine), so only stickiness is asserted here."""
+    router = _router(tmp_path, tiny_model_dir, policy, [e.url for e in two_engines])
     try:
         spread = _session_spread(router.url, two_engines, sessions=8, per_session=3)
     finally:
         router.stop()
-    # every request of a session ran on one engine, and the sessions used both engines
     assert all(sorted(s) == [0, 3] for s in spread), spread
-    assert {s.index(3) for s in spread} == {0, 1}, spread
 
 
 def test_fallback_dispatcher_without_sglang_router(two_engines, tiny_model_dir, tmp_path, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "sglang_router", None)  # `import sglang_router` now fails
     urls = [e.url for e in two_engines]
-    with caplog.at_level(logging.WARNING, logger="slime.engine.router"):
-        router = start_router(_args(tmp_path, tiny_model_dir, "round_robin"), urls)
+    with caplog.at_level(logging.WARNING, logger="slime.ray.router"):
+        router = _router(tmp_path, tiny_model_dir, "round_robin", urls)
     try:
         assert router.kind == "builtin-dispatcher"
         assert [r.message for r in caplog.records if "sglang-router is not installed" in r.message]
@@ -148,7 +149,7 @@ def test_engine_killed_mid_run_is_removed_and_requests_are_retried(two_engines, 
         monkeypatch.setitem(sys.modules, "sglang_router", None)
     doomed = start_engine(tiny_model_dir, "--step-delay-ms", "20", log_dir=tmp_path)
     survivor = two_engines[0]
-    router = start_router(_args(tmp_path, tiny_model_dir, "consistent_hashing"), [survivor.url, doomed.url])
+    router = _router(tmp_path, tiny_model_dir, "consistent_hashing", [survivor.url, doomed.url])
     watcher = EngineWatcher(router, [survivor.url, doomed.url], interval=0.3).start()
     try:
         doomed_before = _rows([doomed])[0]
@@ -190,7 +191,7 @@ def test_multi_turn_trajectory_stays_on_one_engine(two_engines, tiny_model_dir, 
     from slime.rollout.sglang_rollout import GenerateState
     from slime.utils.types import Sample
 
-    router = start_router(_args(tmp_path, tiny_model_dir, "consistent_hashing"), [e.url for e in two_engines])
+    router = _router(tmp_path, tiny_model_dir, "consistent_hashing", [e.url for e in two_engines])
     GenerateState.reset()
     try:
         args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", "unused.jsonl", "--rm-type", "math",

@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from slime.engine.launcher import EngineProcess
+    from slime.ray.engine_process import EngineProcess
 
     eng = EngineProcess.start(tiny_model_dir, num_threads=1, extra_args=["--random-seed", "0", "--weight-version", "0"])
     try:

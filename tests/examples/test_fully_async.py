@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import time
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 from examples.fully_async import rollout as fa  # noqa: E402
 from slime.errors import SlimeError  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
+from tests.helpers import make_args
 
 P = fa.METRIC_PREFIX
 
@@ -36,7 +36,7 @@ def test_staleness_metrics():
 
 
 def test_queue_limits_from_the_environment(monkeypatch):
-    args = Namespace(rollout_batch_size=4, sglang_server_concurrency=512)
+    args = make_args(rollout_batch_size=4)
     monkeypatch.delenv(fa.QUEUE_SIZE_ENV, raising=False)
     monkeypatch.delenv(fa.MAX_INFLIGHT_ENV, raising=False)
     assert fa.queue_limits(args) == (8, 4)

@@ -14,12 +14,13 @@ REPO = Path(__file__).resolve().parents[2]
 from examples.multi_agent import rollout as ma  # noqa: E402
 from slime.errors import SlimeError  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
+from tests.helpers import make_args
 
 ROLES = [a.role for a in ma.AGENTS]
 
 
 def _output(ids: list[int], finish: str = "stop", version: str | None = "3") -> dict:
-    """One `/generate` answer in the engine's format (slime/engine/server.py build_result)."""
+    """One `/generate` answer in the engine's format (slime/engine/request.py result_of)."""
     meta = {"finish_reason": {"type": finish}, "output_token_logprobs": [[-0.5 - i, t, None] for i, t in enumerate(ids)]}
     if version is not None:
         meta["weight_version"] = version
@@ -28,9 +29,9 @@ def _output(ids: list[int], finish: str = "stop", version: str | None = "3") -> 
 
 # ------------------------------------------------------------------------------------ pure logic
 def test_prompts_per_rollout_needs_a_multiple_of_the_agents():
-    assert ma.prompts_per_rollout(Namespace(rollout_batch_size=6)) == 2
+    assert ma.prompts_per_rollout(make_args(rollout_batch_size=6)) == 2
     with pytest.raises(SlimeError, match=r"--rollout-batch-size 8 must be a multiple of the number of agents, 3"):
-        ma.prompts_per_rollout(Namespace(rollout_batch_size=8))
+        ma.prompts_per_rollout(make_args(rollout_batch_size=8))
 
 
 def test_turn_sample_keeps_engine_tokens_and_derives_unique_indices():
@@ -63,7 +64,7 @@ def test_failed_prompt_keeps_one_group_per_agent_with_n_samples():
 
 
 def test_metrics_per_agent():
-    args = Namespace(n_samples_per_prompt=2, reward_key=None)
+    args = make_args(n_samples_per_prompt=2)
     groups = []
     for r, role in enumerate(ROLES):
         g = []

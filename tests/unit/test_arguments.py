@@ -1,9 +1,15 @@
 """Argument parsing: slime's names, pass-through, YAML config, and clear errors."""
 
+import ast
+from pathlib import Path
+
 import pytest
 
-from slime.arguments import parse_args, to_argv
+import slime
+
+from slime.arguments import build_parser, parse_args, to_argv
 from slime.errors import SlimeError
+from slime.ray.engine_launch import LaunchSpec, launch_spec
 
 BASE = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--num-rollout", "3"]
 
@@ -83,12 +89,37 @@ def test_to_argv_round_trip():
     assert parse_args(argv).eval_prompt_data == ["a", "b.jsonl"]
 
 
-def test_engine_launch_args_honour_passthrough():
-    from slime.ray.rollout import engine_launch_args
-
+def test_engine_launch_spec_honours_passthrough():
+    """One builder reads host, port and seed from --sglang-* for both backends."""
     a = parse_args(BASE + ["--sglang-host", "0.0.0.0", "--sglang-port=31000", "--sglang-dtype", "bfloat16",
                            "--sglang-num-threads", "3"])
-    assert engine_launch_args(a, rank=1, num_threads=2) == (
-        "0.0.0.0", 31001, 3, ["--dtype", "bfloat16", "--random-seed", str(a.seed + 1)])
+    assert launch_spec(a, rank=1) == LaunchSpec("0.0.0.0", 31001, ["--dtype", "bfloat16", "--num-threads", "3",
+                                                                    "--random-seed", str(a.seed + 1)])
     plain = parse_args(BASE)
-    assert engine_launch_args(plain, rank=0, num_threads=2) == ("127.0.0.1", None, 2, ["--random-seed", str(plain.seed)])
+    assert launch_spec(plain, rank=0) == LaunchSpec("127.0.0.1", None, ["--random-seed", str(plain.seed)])
+    seeded = parse_args(BASE + ["--sglang-random-seed", "7"])
+    assert launch_spec(seeded, rank=2).extra == ["--random-seed", "7"]
+
+
+def test_options_belong_to_a_concern_group():
+    """Each option is added by one concern's group of slime.arguments (none left in argparse's catch-all)."""
+    parser = build_parser()
+    titles = {g.title for g in parser._action_groups if g._group_actions}
+    loose = [a.dest for g in parser._action_groups if g.title == "options" for a in g._group_actions
+             if a.dest not in ("help", "config")]
+    assert not loose, loose
+    assert {"cluster", "rollout", "rewards", "data", "eval", "engines", "logging", "checkpoints", "batching",
+            "optimizer", "algorithm"} <= titles
+
+
+def test_code_reads_options_without_second_defaults():
+    """A default lives in the parser only: no `getattr(args, "<option>", default)` in the package."""
+    options = {a.dest for a in build_parser()._actions}
+    found = []
+    for path in Path(slime.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                    and len(node.args) == 3 and isinstance(node.args[1], ast.Constant)
+                    and node.args[1].value in options):
+                found.append(f"{path}:{node.lineno} {node.args[1].value}")
+    assert not found, found

@@ -1,6 +1,5 @@
 import json
 import os
-from types import SimpleNamespace
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -14,6 +13,7 @@ from slime.data.dataset import PromptSamples, load_jsonl, load_prompt_samples
 from slime.data.tiny_model import build_tiny_model
 from slime.errors import SlimeError
 from slime.utils.types import Sample
+from tests.helpers import make_args
 
 
 @pytest.fixture(scope="module")
@@ -194,19 +194,8 @@ def test_load_parquet(tmp_path):
 
 
 def _args(path, **kw):
-    base = dict(
-        prompt_data=str(path),
-        input_key="prompt",
-        label_key="label",
-        apply_chat_template=False,
-        apply_chat_template_kwargs=None,
-        rollout_shuffle=False,
-        rollout_seed=7,
-        n_samples_per_prompt=3,
-        hf_checkpoint=None,
-    )  # metadata_key deliberately absent
-    base.update(kw)
-    return SimpleNamespace(**base)
+    return make_args(**{"prompt_data": str(path), "input_key": "prompt", "label_key": "label", "rollout_seed": 7,
+                        "n_samples_per_prompt": 3, **kw})
 
 
 @pytest.fixture

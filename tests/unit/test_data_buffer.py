@@ -4,16 +4,23 @@
 import itertools
 import json
 import os
-from types import SimpleNamespace
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
-from slime.data.data_source import STATE_FILE, RolloutDataSourceWithBuffer
+from transformers import AutoTokenizer
+
+from slime.arguments import parse_args
+from slime.data.data_source import RolloutDataSourceWithBuffer
+from slime.data.dataset import load_prompt_samples
+from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE
 from slime.errors import SlimeError
+from slime.preflight import preflight
+from slime.rollout.train_data import eval_metrics, pass_at_k
 from slime.utils.types import Sample
+from tests.helpers import make_args
 
 
 def _prompts(tmp_path, n=10, name="p.jsonl", extra=None):
@@ -24,10 +31,8 @@ def _prompts(tmp_path, n=10, name="p.jsonl", extra=None):
 
 
 def _args(path, **kw):
-    base = dict(prompt_data=str(path), input_key="prompt", label_key="label", rollout_shuffle=True, rollout_seed=3,
-                n_samples_per_prompt=2, hf_checkpoint=None, save=None, load=None)
-    base.update(kw)
-    return SimpleNamespace(**base)
+    return make_args(**{"prompt_data": str(path), "input_key": "prompt", "label_key": "label", "rollout_shuffle": True,
+                        "rollout_seed": 3, "n_samples_per_prompt": 2, **kw})
 
 
 # ---------------------------------------------------------------- buffer and checkpoints
@@ -43,7 +48,7 @@ def test_buffer_is_served_first_and_survives_a_checkpoint(tmp_path):
     src.add_samples([partial])
 
     src.save(4)  # slime's save(rollout_id): <save>/iter_0000004/rollout_state.json
-    state_file = tmp_path / "ckpt" / "iter_0000004" / STATE_FILE
+    state_file = tmp_path / "ckpt" / "iter_0000004" / ROLLOUT_STATE_FILE
     assert json.loads(state_file.read_text())["buffer"][0][0]["rollout_log_probs"] == [-0.5, -1.25]
     (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").write_text("4\n")
 
@@ -67,10 +72,10 @@ def test_data_source_from_an_older_version_without_buffer_loads(tmp_path):
     assert other.get_buffer_length() == 0 and other.offset == 2
 
 
-def test_save_without_save_dir_says_which_argument(tmp_path):
+def test_load_without_load_dir_says_which_argument(tmp_path):
     src = RolloutDataSourceWithBuffer(_args(_prompts(tmp_path)))
-    with pytest.raises(SlimeError, match="--save is not set"):
-        src.save(1)
+    with pytest.raises(SlimeError, match="--load is not set"):
+        src.load(1)
 
 
 # ---------------------------------------------------------------- --tool-key
@@ -83,8 +88,6 @@ TOOLS_TEMPLATE = (
 
 
 def test_tool_key_reaches_the_chat_template_and_metadata(tmp_path, tiny_model_dir):
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     tok.chat_template = TOOLS_TEMPLATE
     rows = [
@@ -104,8 +107,6 @@ def test_tool_key_reaches_the_chat_template_and_metadata(tmp_path, tiny_model_di
 
 
 def test_tool_key_with_a_bad_value_names_file_and_line(tmp_path):
-    from slime.data.dataset import load_prompt_samples
-
     path = tmp_path / "bad.jsonl"
     path.write_text('{"prompt": "a", "tools": []}\n{"prompt": "b", "tools": "not json"}\n')
     with pytest.raises(SlimeError, match=r"bad.jsonl: line 2: 'tools' \(--tool-key\) is a string but not JSON"):
@@ -118,16 +119,25 @@ def test_tool_key_with_a_bad_value_names_file_and_line(tmp_path):
 # ---------------------------------------------------------------- --num-epoch, --rollout-max-prompt-len
 
 def _parse(tmp_path, model_dir, *extra):
-    from slime.arguments import parse_args
-
     return parse_args(["--hf-checkpoint", str(model_dir), "--prompt-data", str(_prompts(tmp_path, n=10)),
                        "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "4",
-                       "--run-dir", str(tmp_path / "run"), *extra])
+                       "--rm-type", "math", "--rollout-max-response-len", "8", "--run-dir", str(tmp_path / "run"),
+                       *extra])
+
+
+def _counted(args):
+    """--num-epoch is counted by the start-up checks (which read the data anyway), not by parsing."""
+    preflight(args)
+    return args
 
 
 def test_num_epoch_sets_num_rollout(tmp_path, tiny_model_dir):
-    assert _parse(tmp_path, tiny_model_dir, "--num-epoch", "2").num_rollout == 5  # 2 x 10 // 4
-    assert _parse(tmp_path, tiny_model_dir, "--num-epoch", "2", "--num-rollout", "3").num_rollout == 3
+    args = _parse(tmp_path, tiny_model_dir, "--num-epoch", "2")
+    assert args.num_rollout is None and args.lr_decay_iters is None  # parsing reads no data
+    assert _counted(args).num_rollout == 5 and args.lr_decay_iters == 5  # 2 x 10 // 4, one step each
+    assert _counted(_parse(tmp_path, tiny_model_dir, "--num-epoch", "2", "--num-rollout", "3")).num_rollout == 3
+    with pytest.raises(SlimeError, match=r"--num-epoch 1 over 10 prompts is less than one rollout"):
+        _counted(_parse(tmp_path, tiny_model_dir, "--num-epoch", "1", "--rollout-batch-size", "11"))
     with pytest.raises(SlimeError, match=r"--num-rollout \(or --num-epoch\) is required"):
         _parse(tmp_path, tiny_model_dir)
     with pytest.raises(SlimeError, match="--num-epoch must be >= 1"):
@@ -135,8 +145,6 @@ def test_num_epoch_sets_num_rollout(tmp_path, tiny_model_dir):
 
 
 def test_max_prompt_len_drops_and_counts_before_epochs_are_counted(tmp_path, tiny_model_dir):
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     rows = [{"prompt": "1+1?" if i % 3 else "a much longer question " * 6, "label": "2"} for i in range(12)]
     path = tmp_path / "mixed.jsonl"
@@ -146,12 +154,10 @@ def test_max_prompt_len_drops_and_counts_before_epochs_are_counted(tmp_path, tin
     assert len(src) == 8 and src.num_dropped == 4  # rows 0, 3, 6, 9 are too long
     assert all(g[0].prompt == "1+1?" for g in src.get_samples(8))
 
-    from slime.arguments import parse_args
-
     args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(path), "--input-key", "prompt",
                        "--rollout-batch-size", "4", "--num-epoch", "3", "--rollout-max-prompt-len", str(limit),
-                       "--run-dir", str(tmp_path / "run")])
-    assert args.num_rollout == 6  # 3 epochs x 8 kept prompts // 4
+                       "--rm-type", "math", "--rollout-max-response-len", "8", "--run-dir", str(tmp_path / "run")])
+    assert _counted(args).num_rollout == 6  # 3 epochs x 8 kept prompts // 4
 
 
 # ---------------------------------------------------------------- pass@k
@@ -164,19 +170,15 @@ def _brute_pass_at_k(correct: list[bool], k: int) -> float:
 
 @pytest.mark.parametrize("n,c", [(8, 0), (8, 1), (8, 3), (8, 8), (5, 2), (1, 1)])
 def test_pass_at_k_matches_enumeration(n, c):
-    from slime.rollout.train_data import pass_at_k
-
     correct = [True] * c + [False] * (n - c)
     for k in range(1, n + 1):
         assert pass_at_k(n, c, k) == pytest.approx(_brute_pass_at_k(correct, k), abs=1e-12)
 
 
 def test_eval_metrics_report_pass_at_k_per_prompt():
-    from slime.rollout.train_data import eval_metrics
-
     rewards = [1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0]  # prompt 0: 1 of 4, prompt 1: 0 of 4, prompt 2: 2 of 4
     samples = [Sample(group_index=i // 4, index=i, response_length=3) for i in range(12)]
-    m = eval_metrics(SimpleNamespace(), {"arith": {"rewards": rewards, "samples": samples}})
+    m = eval_metrics(make_args(), {"arith": {"rewards": rewards, "samples": samples}})
     groups = [[bool(r) for r in rewards[i:i + 4]] for i in (0, 4, 8)]
     for k in (1, 2, 4):
         assert m[f"eval/arith/pass@{k}"] == pytest.approx(sum(_brute_pass_at_k(g, k) for g in groups) / 3)

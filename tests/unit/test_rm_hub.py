@@ -1,7 +1,6 @@
 import asyncio
 import sys
 import types
-from types import SimpleNamespace
 
 import pytest
 
@@ -10,6 +9,7 @@ from slime.rollout import rm_hub
 from slime.rollout.rm_hub import RM_TYPES, async_rm, batched_async_rm, validate_rm_type
 from slime.rollout.rm_hub.math_utils import extract_boxed_answer, grade_math, is_equiv, normalize_answer
 from slime.utils.types import Sample
+from tests.helpers import make_args
 
 
 @pytest.mark.parametrize(
@@ -80,9 +80,7 @@ def test_grade_math():
 
 
 def _args(**kw):
-    base = dict(rm_type="math", custom_rm_path=None)
-    base.update(kw)
-    return SimpleNamespace(**base)
+    return make_args(**{"rm_type": "math", **kw})
 
 
 def test_async_rm_math():
@@ -91,9 +89,9 @@ def test_async_rm_math():
     s_none = Sample(response="65", label="65")
     assert asyncio.run(async_rm(_args(), s_ok)) == 1.0
     assert asyncio.run(batched_async_rm(_args(), [s_ok, s_bad, s_none])) == [1.0, 0.0, 0.0]
-    # metadata rm_type overrides --rm-type per sample; args without the attribute work too
+    # metadata rm_type overrides --rm-type per sample, and needs none
     s_meta = Sample(response="\\boxed{1}", label="1", metadata={"rm_type": "math"})
-    assert asyncio.run(async_rm(SimpleNamespace(), s_meta)) == 1.0
+    assert asyncio.run(async_rm(_args(rm_type=None), s_meta)) == 1.0
 
 
 def test_rm_type_validation():

@@ -4,17 +4,17 @@ import asyncio
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from types import SimpleNamespace
 
 import pytest
 
 from slime.rollout.rm_hub import async_rm
 from slime.rollout.rm_hub.remote import RemoteRewardError
 from slime.utils.types import Sample
+from tests.helpers import make_args
 
 
 def rm(rm_type, response, label=None, metadata=None, **kw):
-    args = SimpleNamespace(rm_type=rm_type, custom_rm_path=None, **kw)
+    args = make_args(rm_type=rm_type, **kw)
     return asyncio.run(async_rm(args, Sample(response=response, label=label, metadata=metadata or {})))
 
 
@@ -59,7 +59,7 @@ def test_dapo():
     assert rm("dapo", "Answer: 43", "42")["score"] == -1.0
     # the trained scalar of a dict reward: --reward-key score
     s = Sample(reward=rm("dapo", "Answer: 1", "1"))
-    assert s.get_reward_value(SimpleNamespace(reward_key="score")) == 1.0
+    assert s.get_reward_value(make_args(reward_key="score")) == 1.0
     with pytest.raises(ValueError):
         rm("dapo", "Answer: 1", "not a number")  # DAPO labels are integers: an error, not a silent 0
 
@@ -191,7 +191,7 @@ def test_code_reward_test_code():
     assert rm("code", good.replace("a + b", "a - b"), tests, **FAST) == 0.0
     meta = {"tests": tests}
     s = Sample(response="```python\nwhile True: pass\n```", metadata=meta)
-    args = SimpleNamespace(rm_type="code", custom_rm_path=None, **FAST)
+    args = make_args(rm_type="code", **FAST)
     assert asyncio.run(async_rm(args, s)) == 0.0
     assert "CPU-time" in s.metadata["code_result"]
 

@@ -11,16 +11,17 @@ import types
 
 import pytest
 
-from slime.arguments import ROUTER_POLICIES, parse_args
+from slime.arguments import engine as engine_args
+from slime.arguments import parse_args
+from slime.engine.args import check_engine_args
 from slime.errors import SlimeError
+from slime.ray.engine_launch import sglang_installed, sglang_server_command, validate_sglang_args
+from slime.ray.router import dispatcher_command, sglang_router_command
 
 BASE = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--num-rollout", "3"]
 
 
 def test_router_policy_argument():
-    from slime.engine import router
-
-    assert ROUTER_POLICIES == router.ROUTER_POLICIES
     assert parse_args(BASE).router_policy == "cache_aware"  # slime's (sglang-router's) default
     assert parse_args(BASE + ["--router-policy", "consistent_hashing"]).router_policy == "consistent_hashing"
     with pytest.raises(SlimeError, match="--router-policy.*did you mean 'consistent_hashing'"):
@@ -28,18 +29,16 @@ def test_router_policy_argument():
 
 
 def test_rollout_backend_default_and_choice(monkeypatch):
-    from slime.engine import sglang_backend
-
     assert parse_args(BASE).rollout_backend == "builtin"  # no CUDA, no sglang here
     assert parse_args(BASE + ["--rollout-backend", "sglang"]).rollout_backend == "sglang"
     with pytest.raises(SlimeError, match="--rollout-backend"):
         parse_args(BASE + ["--rollout-backend", "vllm"])
-    monkeypatch.setattr(sglang_backend, "sglang_installed", lambda: True)
-    monkeypatch.setattr(sglang_backend, "cuda_available", lambda: False)
+    monkeypatch.setattr(engine_args, "sglang_installed", lambda: True)
+    monkeypatch.setattr(engine_args, "cuda_available", lambda: False)
     assert parse_args(BASE).rollout_backend == "builtin"
-    monkeypatch.setattr(sglang_backend, "cuda_available", lambda: True)
+    monkeypatch.setattr(engine_args, "cuda_available", lambda: True)
     assert parse_args(BASE).rollout_backend == "sglang"
-    monkeypatch.setattr(sglang_backend, "sglang_installed", lambda: False)
+    monkeypatch.setattr(engine_args, "sglang_installed", lambda: False)
     assert parse_args(BASE).rollout_backend == "builtin"
 
 
@@ -54,8 +53,6 @@ def test_weight_update_mode_follows_the_backend():
 
 
 def test_sglang_server_command_forwards_every_sglang_arg_verbatim():
-    from slime.engine.sglang_backend import sglang_server_command
-
     a = parse_args(BASE + ["--hf-checkpoint", "/models/qwen", "--rollout-num-gpus", "4",
                            "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.7",
                            "--sglang-enable-dp-attention", "--sglang-dtype=bfloat16", "--sglang-cuda-graph-bs", "1",
@@ -70,8 +67,6 @@ def test_sglang_server_command_forwards_every_sglang_arg_verbatim():
 
 
 def test_sglang_server_command_host_port_and_owned_args():
-    from slime.engine.sglang_backend import sglang_server_command
-
     a = parse_args(BASE + ["--hf-checkpoint", "m", "--sglang-host", "0.0.0.0", "--sglang-port", "30000",
                            "--sglang-random-seed", "7"])
     host, cmd = sglang_server_command(a, rank=3, base_gpu_id=3, port=1)
@@ -111,8 +106,6 @@ def fake_sglang(monkeypatch):
 
 
 def test_sglang_args_validated_against_sglangs_own_parser(fake_sglang):
-    from slime.engine.sglang_backend import validate_sglang_args
-
     validate_sglang_args(["--mem-fraction-static", "0.8", "--dtype", "bfloat16", "--enable-dp-attention"])
     with pytest.raises(SlimeError, match="unknown engine argument --sglang-mem-fraction.*did you mean "
                                          "--sglang-mem-fraction-static"):
@@ -125,37 +118,31 @@ def test_sglang_args_validated_against_sglangs_own_parser(fake_sglang):
 
 def test_builtin_engine_args_still_validated_against_the_builtin_parser(fake_sglang):
     """With sglang importable, the builtin backend still checks the builtin engine's parser."""
-    from slime.preflight import check_engine_args
-
     check_engine_args(["--max-running-requests", "8"])
     with pytest.raises(SlimeError, match="the built-in engine has no --enable-dp-attention"):
         check_engine_args(["--enable-dp-attention"])
 
 
 def test_sglang_backend_without_sglang_says_so():
-    from slime.engine.sglang_backend import sglang_installed, validate_sglang_args
-
     assert not sglang_installed()
     with pytest.raises(SlimeError, match="--rollout-backend sglang needs the `sglang` package"):
         validate_sglang_args([])
 
 
 def test_router_command_lines_bind_loopback():
-    from slime.engine.router import dispatcher_command, sglang_router_command
-
     cmd = sglang_router_command("consistent_hashing", "127.0.0.1", 1000, 1001, ["http://127.0.0.1:5"], "/m")
-    assert cmd[1:3] == ["-m", "slime.engine.router"]
+    assert cmd[1:3] == ["-m", "slime.ray.router"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--prometheus-host") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--policy") + 1] == "consistent_hashing"
     assert cmd[cmd.index("--worker-urls") + 1:] == ["http://127.0.0.1:5"]
     with pytest.raises(SlimeError, match="--router-policy"):
         sglang_router_command("fastest", "127.0.0.1", 1, 2, [])
     d = dispatcher_command("127.0.0.1", 1000, [])
-    assert d[1:3] == ["-m", "slime.engine.dispatcher"] and d[d.index("--host") + 1] == "127.0.0.1"
+    assert d[1:3] == ["-m", "slime.ray.dispatcher"] and d[d.index("--host") + 1] == "127.0.0.1"
 
 
 def test_sglang_router_python_api_takes_consistent_hashing():
-    """sglang-router's CLI lacks consistent_hashing; `slime.engine.router` sets it on RouterArgs."""
+    """sglang-router's CLI lacks consistent_hashing; `slime.ray.router` sets it on RouterArgs."""
     pytest.importorskip("sglang_router")
     from sglang_router.launch_router import parse_router_args
     from sglang_router.router import policy_from_str

@@ -7,7 +7,8 @@ import threading
 import time
 
 from slime.engine.sampling import SamplingParams
-from slime.engine.scheduler import BURST_GAP_S, BURST_MAX_WAIT_S, Req, Scheduler
+from slime.engine.request import Req
+from slime.engine.scheduler import BURST_GAP_S, BURST_MAX_WAIT_S, Scheduler
 
 
 def reqs(n: int) -> list[Req]:

@@ -1,6 +1,5 @@
 import json
 import os
-from types import SimpleNamespace
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -13,6 +12,7 @@ from slime.data.tiny_model import build_tiny_model
 from slime.errors import SlimeError
 from slime.rollout.sft_rollout import generate_rollout, tokenize_messages
 from slime.utils.types import Sample
+from tests.helpers import make_args
 
 
 @pytest.fixture(scope="module")
@@ -115,19 +115,8 @@ def test_tokenize_messages_text_template_offsets_fallback(tok, monkeypatch):
 
 def test_generate_rollout_on_arithmetic_sft(tmp_path, tiny_dir):
     paths = write_arithmetic_dataset(tmp_path, num_train=10, num_eval=5)
-    args = SimpleNamespace(
-        prompt_data=str(paths["sft"]),
-        input_key="messages",
-        label_key=None,
-        metadata_key=None,
-        apply_chat_template=False,
-        apply_chat_template_kwargs=None,
-        rollout_shuffle=False,
-        rollout_seed=1,
-        n_samples_per_prompt=1,
-        hf_checkpoint=str(tiny_dir),
-        rollout_batch_size=4,
-    )
+    args = make_args(prompt_data=str(paths["sft"]), input_key="messages", rollout_seed=1,
+                     hf_checkpoint=str(tiny_dir), rollout_batch_size=4)
     ds = RolloutDataSource(args)
     groups = generate_rollout(args, 0, ds)
     assert len(groups) == 4 and all(len(g) == 1 for g in groups)
@@ -143,20 +132,11 @@ def test_generate_rollout_on_arithmetic_sft(tmp_path, tiny_dir):
 
     with pytest.raises(SlimeError, match="no evaluation mode"):
         generate_rollout(args, 0, ds, evaluation=True)
-    bad_args = SimpleNamespace(**{**vars(args), "input_key": "messages", "rollout_batch_size": None})
-    with pytest.raises(SlimeError, match="--rollout-batch-size"):
-        generate_rollout(bad_args, 0, ds)
 
 
 def test_generate_rollout_rejects_string_prompts(tmp_path, tiny_dir):
     paths = write_arithmetic_dataset(tmp_path, num_train=4, num_eval=2)
-    args = SimpleNamespace(
-        prompt_data=str(paths["train"]),
-        input_key="prompt",
-        label_key="label",
-        n_samples_per_prompt=1,
-        hf_checkpoint=str(tiny_dir),
-        rollout_batch_size=2,
-    )
+    args = make_args(prompt_data=str(paths["train"]), input_key="prompt", label_key="label",
+                     hf_checkpoint=str(tiny_dir), rollout_batch_size=2)
     with pytest.raises(SlimeError, match="list of chat"):
         generate_rollout(args, 0, RolloutDataSource(args))

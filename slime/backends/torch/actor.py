@@ -22,13 +22,21 @@ from typing import Any
 import ray
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.fsdp import fully_shard
+from transformers import AutoModelForCausalLM
 
 from slime.algorithms.losses import reduce_loss, sft_loss
+from slime.backends.torch import checkpoint
 from slime.backends.torch.batching import (
     build_micro_batch, make_micro_batch, plan_micro_batches, response_log_probs,
 )
+from slime.backends.torch.critic import Critic
 from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
 from slime.backends.torch.optim import build_optimizer
+from slime.sync.distributed import DistributedWeightSync
+from slime.sync.tensor import engine_sequence_log_probs, push_weights
+from slime.utils.misc import load_function
 from slime.utils.threads import configure_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -39,14 +47,11 @@ class TrainActor:
                  num_threads: int) -> None:
         self.args, self.rank, self.world_size = args, rank, world_size
         self.master_addr, self.master_port, self.num_threads = master_addr, master_port, num_threads
+        self._dist_sync: DistributedWeightSync | None = None  # --update-weight-mode distributed, built on first use
 
     # ------------------------------------------------------------------ set-up
     def init(self) -> int:
         """Load policy (and reference), build the optimizer, resume; return the first rollout id."""
-        from transformers import AutoModelForCausalLM
-
-        from slime.backends.torch import checkpoint
-
         configure_torch_threads(self.num_threads)
         torch.manual_seed(self.args.seed + self.rank)
         if self.world_size > 1:
@@ -69,8 +74,6 @@ class TrainActor:
         self.old_actor = frozen(a.hf_checkpoint) if a.keep_old_actor else None
         self.critic = None
         if a.use_critic:
-            from slime.backends.torch.critic import Critic
-
             self.critic = Critic(a, self.world_size, lambda m: self._shard_module(m))
 
         self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), a, lr=a.lr, warmup=a.lr_warmup_iters)
@@ -82,8 +85,6 @@ class TrainActor:
         return start
 
     def _shard_module(self, module: torch.nn.Module) -> None:
-        from torch.distributed.fsdp import fully_shard
-
         fully_shard(module)
 
     def _snapshot_old_actor(self) -> None:
@@ -92,15 +93,11 @@ class TrainActor:
 
     def _full_state_every_rank(self) -> dict[str, torch.Tensor]:
         """Full weights on every rank (the frozen copies are unsharded on each rank)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         if self.world_size == 1:
             return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
 
     def _shard(self, model: torch.nn.Module) -> None:
-        from torch.distributed.fsdp import fully_shard
-
         for layer in model.model.layers:
             fully_shard(layer)
         fully_shard(model)
@@ -170,9 +167,7 @@ class TrainActor:
             rollout_data["values"] = self.critic.values(data, mine)
             data["values"] = dict(zip(mine, rollout_data["values"]))
         compute_advantages_and_returns(args, rollout_data, self._sum_over_ranks)
-        if getattr(args, "rollout_data_postprocess_path", None):  # slime's hook: after advantages, before training
-            from slime.utils.misc import load_function
-
+        if args.rollout_data_postprocess_path:  # slime's hook: after advantages, before training
             load_function(args.rollout_data_postprocess_path, arg_name="--rollout-data-postprocess-path")(
                 args, rollout_id, rollout_data)
         data["advantages"] = dict(zip(mine, rollout_data["advantages"]))
@@ -288,8 +283,6 @@ class TrainActor:
         ``logits`` are the response-aligned logits ``[sum R_i, V]`` (row j predicts response token j;
         not divided by the temperature); ``batch`` holds this micro-batch's per-sample lists.
         """
-        from slime.utils.misc import load_function
-
         fn = load_function(self.args.custom_loss_function_path, arg_name="--custom-loss-function-path")
         logits = mb.forward(self.model)[mb.rows, mb.cols]
         batch = {"response_lengths": mb.response_lengths, "loss_masks": mb.loss_masks,
@@ -311,23 +304,17 @@ class TrainActor:
     # ------------------------------------------------------------------ weights
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full, unsharded weights (a collective when sharded; every rank must call)."""
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         if self.world_size == 1:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def update_weights(self, engine_urls: list[str], weight_version: str) -> float:
         """Push the current weights into every engine (rank 0 sends; all ranks gather)."""
-        from slime.sync.tensor import push_weights
-
         t0 = time.perf_counter()
         state = self.full_state_dict()
         if self.is_rank0():
-            if getattr(self.args, "update_weight_mode", "tensor") == "distributed":
-                if getattr(self, "_dist_sync", None) is None:
-                    from slime.sync.distributed import DistributedWeightSync
-
+            if self.args.update_weight_mode == "distributed":
+                if self._dist_sync is None:
                     self._dist_sync = DistributedWeightSync(buffer_size=self.args.update_weight_buffer_size)
                 self._dist_sync.push(engine_urls, state, weight_version=weight_version)
             else:
@@ -337,8 +324,6 @@ class TrainActor:
 
     def check_weight_parity(self, engine_url: str, token_ids: list[int]) -> float:
         """Mean |engine - trainer| log-prob of a fixed sequence (call right after a sync)."""
-        from slime.sync.tensor import engine_sequence_log_probs
-
         engine_lp = torch.as_tensor(engine_sequence_log_probs(engine_url, token_ids))
         self.model.eval()
         with torch.no_grad():
@@ -350,8 +335,6 @@ class TrainActor:
         return float((mine - engine_lp).abs().mean())
 
     def save(self, rollout_id: int) -> str:
-        from slime.backends.torch import checkpoint
-
         return checkpoint.save(self, rollout_id)
 
     def weights_checksum(self) -> float:

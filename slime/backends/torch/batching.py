@@ -143,10 +143,6 @@ def response_log_probs(
     return log_probs, entropy
 
 
-def split_packed(x: Tensor, response_lengths: Sequence[int]) -> list[Tensor]:
-    return list(torch.split(x, [int(r) for r in response_lengths]))
-
-
 def pack(per_sample: Sequence[Sequence[float]] | Sequence[Tensor], indices: Sequence[int]) -> Tensor:
     parts = [torch.as_tensor(per_sample[i], dtype=torch.float32) for i in indices]
     return torch.cat(parts) if parts else torch.zeros(0)

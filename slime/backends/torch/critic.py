@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from transformers import AutoModel
 
 from slime.algorithms.losses import reduce_loss, value_loss_clipped
 from slime.backends.torch.batching import build_micro_batch, pack, plan_micro_batches
@@ -26,8 +28,6 @@ class ValueModel(nn.Module):
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        from transformers import AutoModel
-
         self.backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
         self.backbone.config.use_cache = False
         self.value_head = nn.Linear(self.backbone.config.hidden_size, 1)
@@ -96,15 +96,11 @@ class Critic:
         return stats
 
     def state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
         opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
         model, optim = get_state_dict(self.model, self.optimizer, options=opts)
         return {"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict()}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
         self.scheduler.load_state_dict(state["scheduler"])

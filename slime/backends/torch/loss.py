@@ -29,6 +29,7 @@ from slime.algorithms.kl import compute_approx_kl
 from slime.algorithms.losses import opsm_mask, ppo_clip_from_kl, sequence_ppo_kl, tis_weights
 from slime.backends.torch.batching import MicroBatch, pack
 from slime.errors import SlimeError
+from slime.utils.misc import load_function
 
 
 def compute_advantages_and_returns(
@@ -51,8 +52,6 @@ def compute_advantages_and_returns(
 
     est = args.advantage_estimator
     if args.custom_advantage_function_path is not None:
-        from slime.utils.misc import load_function
-
         load_function(args.custom_advantage_function_path, arg_name="--custom-advantage-function-path")(args, rollout_data)
         advantages, returns = rollout_data["advantages"], rollout_data["returns"]
     elif est in ("grpo", "gspo", "rloo"):

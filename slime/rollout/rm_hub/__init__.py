@@ -14,11 +14,21 @@ sample by `async_rm`, with the whole list by `batched_async_rm`). A sample's
 from __future__ import annotations
 
 import asyncio
+import copy
+import difflib
 import inspect
 from typing import Any, Callable
 
 from slime.errors import SlimeError
+from slime.rollout.rm_hub.code import code_reward
+from slime.rollout.rm_hub.deepscaler import deepscaler_reward
+from slime.rollout.rm_hub.f1 import f1_score
+from slime.rollout.rm_hub.gpqa import gpqa_reward
+from slime.rollout.rm_hub.math_dapo import compute_score
+from slime.rollout.rm_hub.math_grader import extract_answer
 from slime.rollout.rm_hub.math_utils import extract_boxed_answer, grade_math, is_equiv, normalize_answer
+from slime.rollout.rm_hub.math_verify_rm import math_verify_reward
+from slime.rollout.rm_hub.remote import remote_rm
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -28,47 +38,31 @@ def _math_rm(args, sample, response, label, metadata):
 
 
 def _dapo_rm(args, sample, response, label, metadata):
-    from slime.rollout.rm_hub.math_dapo import compute_score
-
     return compute_score(response, label)
 
 
 def _deepscaler_rm(args, sample, response, label, metadata):
-    from slime.rollout.rm_hub.deepscaler import deepscaler_reward
-
     return deepscaler_reward(response, label)
 
 
 def _f1_rm(args, sample, response, label, metadata):
-    from slime.rollout.rm_hub.f1 import f1_score
-
     return f1_score(response, label)[0]
 
 
 def _gpqa_rm(args, sample, response, label, metadata):
-    from slime.rollout.rm_hub.gpqa import gpqa_reward
-
     return gpqa_reward(response, label, metadata=metadata)
 
 
 def _math_verify_rm(args, sample, response, label, metadata):
-    from slime.rollout.rm_hub.math_verify_rm import math_verify_reward
-
     return math_verify_reward(response, label)
 
 
 async def _remote_rm(args, sample, response, label, metadata):
-    from slime.rollout.rm_hub.remote import remote_rm
-
     return await remote_rm(args, sample)  # the service gets the sample as it is (slime's protocol)
 
 
 async def _code_rm(args, sample, response, label, metadata):
-    from slime.rollout.rm_hub.code import code_reward
-
     if response is not sample.response:  # boxed_code: grade the extracted text
-        import copy
-
         sample = copy.copy(sample)
         sample.response = response
     return await code_reward(args, sample)
@@ -95,8 +89,6 @@ def validate_rm_type(name: str | None) -> str:
     """Return `name` if it is a known reward model type; else raise naming --rm-type and the choices."""
     base = name[len(BOXED_PREFIX):] if isinstance(name, str) and name.startswith(BOXED_PREFIX) else name
     if base not in _RM_FUNCTIONS:
-        import difflib
-
         close = difflib.get_close_matches(str(name), RM_TYPES, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
         raise SlimeError(
@@ -111,13 +103,13 @@ async def _maybe_await(value: Any) -> Any:
 
 
 def _custom_rm(args: Any) -> Callable | None:
-    path = getattr(args, "custom_rm_path", None)
+    path = args.custom_rm_path
     return load_function(path, arg_name="--custom-rm-path") if path else None
 
 
 def _rm_type_of(args: Any, sample: Sample) -> str | None:
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
-    rm_type = metadata.get("rm_type") or getattr(args, "rm_type", None)
+    rm_type = metadata.get("rm_type") or args.rm_type
     if isinstance(rm_type, str):
         rm_type = rm_type.strip()
     if not rm_type:
@@ -134,8 +126,6 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     response, label = sample.response, sample.label
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
     if rm_type.startswith(BOXED_PREFIX):
-        from slime.rollout.rm_hub.math_grader import extract_answer
-
         response = extract_answer(response) or ""
         rm_type = rm_type[len(BOXED_PREFIX):]
     return await _maybe_await(_RM_FUNCTIONS[rm_type](args, sample, response, label, metadata))

@@ -55,9 +55,7 @@ def _tests_of(sample: Any) -> Any:
 
 
 def _limits(args: Any) -> dict[str, Any]:
-    return dict(timeout_s=getattr(args, "sandbox_timeout", None) or 10.0,
-                cpu_s=getattr(args, "sandbox_cpu_time", None) or 5.0,
-                memory_mb=getattr(args, "sandbox_memory_mb", None) or 1024)
+    return dict(timeout_s=args.sandbox_timeout, cpu_s=args.sandbox_cpu_time, memory_mb=args.sandbox_memory_mb)
 
 
 def grade_code(code: str, tests: Any, **limits: Any) -> tuple[float, str]:
@@ -76,7 +74,7 @@ def grade_code(code: str, tests: Any, **limits: Any) -> tuple[float, str]:
 
 async def code_reward(args: Any, sample: Any) -> float:
     tests = _tests_of(sample)
-    concurrency = max(1, int(getattr(args, "sandbox_concurrency", None) or 2))
+    concurrency = args.sandbox_concurrency
     slot = _slots.setdefault(concurrency, threading.BoundedSemaphore(concurrency))
 
     def job() -> tuple[float, str]:

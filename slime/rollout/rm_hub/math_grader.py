@@ -16,6 +16,9 @@ scores 0; `\\boxed 5` (no braces) and `\\fbox{}` are not answers; `0.5` becomes 
 from __future__ import annotations
 
 import re
+from decimal import Decimal, InvalidOperation
+
+from pylatexenc import latex2text
 
 _SYMPY_PARSE = None
 
@@ -23,7 +26,7 @@ _SYMPY_PARSE = None
 def _sympy():
     global _SYMPY_PARSE
     if _SYMPY_PARSE is None:
-        import sympy
+        import sympy  # lazily: 0.4 s to import, and most answers are settled without it
         from sympy.parsing import sympy_parser
 
         transformations = sympy_parser.standard_transformations + (
@@ -207,8 +210,6 @@ def _str_is_int(s: str) -> bool:
 
 
 def _latex_to_text(expr: str) -> str:
-    from pylatexenc import latex2text
-
     expr = expr.replace("\\tfrac", "\\frac").replace("\\dfrac", "\\frac")
     expr = expr.replace("\\frac", " \\frac")  # mixed numbers: 1\frac{1}{2}
     expr = latex2text.LatexNodes2Text().latex_to_text(expr)
@@ -257,8 +258,6 @@ def _may_evaluate(expr: str) -> bool:
 
 
 def _same_number(a: str, b: str) -> bool:
-    from decimal import Decimal, InvalidOperation
-
     try:
         return Decimal(_strip_thousands(a)) == Decimal(_strip_thousands(b))
     except InvalidOperation:

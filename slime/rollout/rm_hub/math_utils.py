@@ -13,6 +13,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from slime.rollout.rm_hub.math_grader import grade_answer_verl
+
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
 
@@ -153,6 +155,4 @@ def is_equiv(answer: str | None, label: str | None) -> bool:
 def grade_math(response: str | None, label) -> float:
     """slime's `math` reward: 1.0 if the last `\\boxed{}` of `response` matches `label` (MATH
     normalisation, then sympy; see `math_grader`), else 0.0."""
-    from slime.rollout.rm_hub.math_grader import grade_answer_verl
-
     return 1.0 if grade_answer_verl(response, label) else 0.0

@@ -50,12 +50,12 @@ def _check_reward(body: Any, reward_key: str | None) -> float | dict:
 
 
 async def remote_rm(args: Any, sample: Any) -> float | dict:
-    url = getattr(args, "rm_url", None)
+    url = args.rm_url
     if not url:
         raise SlimeError("--rm-type remote_rm needs --rm-url (the reward service's address)")
-    attempts = max(1, int(getattr(args, "rm_max_retries", None) or 10))
-    interval = float(getattr(args, "rm_retry_interval", None) or 1.0)
-    timeout = aiohttp.ClientTimeout(total=float(getattr(args, "rm_timeout", None) or 120.0))
+    attempts = args.rm_max_retries
+    interval = args.rm_retry_interval
+    timeout = aiohttp.ClientTimeout(total=float(args.rm_timeout))
     payload = {"prompt": sample.prompt, "response": sample.response, "label": sample.label}
     last = "no attempt"
     async with aiohttp.ClientSession(timeout=timeout, trust_env=False) as session:
@@ -71,7 +71,7 @@ async def remote_rm(args: Any, sample: Any) -> float | dict:
                         body = json.loads(text)
                     except ValueError:
                         raise _Garbage(f"answer is not JSON: {text.strip()[:200]!r}") from None
-                    return _check_reward(body, getattr(args, "reward_key", None))
+                    return _check_reward(body, args.reward_key)
             except RemoteRewardError:
                 raise
             except asyncio.TimeoutError:

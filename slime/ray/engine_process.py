@@ -1,10 +1,11 @@
-"""Start and stop built-in engine server processes.
+"""Engine server processes (built-in or SGLang): start, wait until healthy, stop.
 
-    with EngineProcess.start("/path/to/model", num_threads=1) as engine:
+    with EngineProcess.start("/path/to/model", num_threads=1) as engine:   # the built-in engine
         engine.wait_until_healthy()
         EngineClient(engine.url).generate({...})
 
-The server gets `--parent-pid <this process>`, so it exits by itself when this process dies.
+A built-in server gets `--parent-pid <this process>` and an SGLang server a parent-death signal,
+so neither outlives the process that launched it; `atexit` stops any still running.
 """
 
 from __future__ import annotations
@@ -12,26 +13,26 @@ from __future__ import annotations
 import atexit
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import weakref
 from pathlib import Path
+from typing import Callable
+
+import httpx
 
 from slime.errors import SlimeError
+from slime.utils.net import free_port
 from slime.utils.threads import thread_env
+
+# The directory holding the `slime` package: child processes import this very copy of it.
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class EngineLaunchError(SlimeError):
     """The engine server exited or did not become healthy; the message has its log's tail."""
-
-
-def find_free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path | None, n_lines: int = 40) -> str:
@@ -43,6 +44,16 @@ def _tail(path: Path | None, n_lines: int = 40) -> str:
         f.seek(max(0, size - 16384))
         data = f.read().decode("utf-8", "replace")
     return "\n".join(data.splitlines()[-n_lines:])
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for a child that imports `slime` from the same place."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [PACKAGE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
 
 
 _live: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
@@ -73,6 +84,24 @@ class EngineProcess:
         return self.proc.pid
 
     @classmethod
+    def spawn(cls, cmd: list[str], host: str, port: int, log_path: str | os.PathLike, env: dict[str, str],
+              preexec_fn: Callable[[], None] | None = None) -> "EngineProcess":
+        """Run `cmd` (a server listening on host:port) with its output appended to `log_path`."""
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = open(log_path, "ab")
+        log_file.write(("$ " + " ".join(cmd) + "\n").encode())
+        log_file.flush()
+        try:
+            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, preexec_fn=preexec_fn)
+        except OSError as e:
+            log_file.close()
+            raise EngineLaunchError(f"cannot start the engine server ({cmd[0]}): {e}") from e
+        url_host = host if host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return cls(proc, f"http://{url_host}:{port}", host, port, log_path, log_file)
+
+    @classmethod
     def start(
         cls,
         model_path: str | os.PathLike,
@@ -84,15 +113,13 @@ class EngineProcess:
         log_path: str | os.PathLike | None = None,
         env: dict[str, str] | None = None,
     ) -> "EngineProcess":
-        """Launch `python -m slime.engine.server` (returns at once; see `wait_until_healthy`)."""
+        """Launch the built-in engine, `python -m slime.engine.server` (returns at once; see
+        `wait_until_healthy`)."""
         if port is None:
-            port = find_free_port(host)
+            port = free_port(host)
         if log_path is None:
-            fd, name = tempfile.mkstemp(prefix=f"slime-engine-{port}-", suffix=".log")
+            fd, log_path = tempfile.mkstemp(prefix=f"slime-engine-{port}-", suffix=".log")
             os.close(fd)
-            log_path = name
-        log_path = Path(log_path)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [
             sys.executable, "-m", "slime.engine.server",
             "--model-path", str(model_path),
@@ -102,33 +129,13 @@ class EngineProcess:
             "--parent-pid", str(os.getpid()),
             *(extra_args or []),
         ]
-        child_env = dict(os.environ)
-        child_env.update(thread_env(num_threads))
-        child_env.setdefault("HF_HUB_OFFLINE", "1")
-        child_env.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-        child_env["PYTHONUNBUFFERED"] = "1"
-        # make sure the child imports this very package
-        pkg_root = str(Path(__file__).resolve().parents[2])
-        child_env["PYTHONPATH"] = os.pathsep.join(
-            [pkg_root] + [p for p in child_env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        )
-        if env:
-            child_env.update(env)
-        log_file = open(log_path, "ab")
-        log_file.write(("$ " + " ".join(cmd) + "\n").encode())
-        log_file.flush()
-        try:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=child_env)
-        except OSError as e:
-            log_file.close()
-            raise EngineLaunchError(f"cannot start the engine server ({cmd[0]}): {e}") from e
-        url_host = host if host not in ("0.0.0.0", "::") else "127.0.0.1"
-        return cls(proc, f"http://{url_host}:{port}", host, port, log_path, log_file)
+        extra_env = {**thread_env(num_threads), **(env or {})}
+        child = child_env(extra_env)
+        child.setdefault("HF_HUB_OFFLINE", "1")
+        child.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+        return cls.spawn(cmd, host, port, log_path, child)
 
     def wait_until_healthy(self, timeout: float = 120.0, interval: float = 0.1) -> "EngineProcess":
-        import httpx
-
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while True:
@@ -152,9 +159,6 @@ class EngineProcess:
 
     def is_alive(self) -> bool:
         return self.proc.poll() is None
-
-    def log_tail(self, n_lines: int = 40) -> str:
-        return _tail(self.log_path, n_lines)
 
     def stop(self, grace: float = 10.0) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds. Safe to call more than once."""

@@ -1,6 +1,6 @@
 """A small built-in HTTP dispatcher, used when `sglang-router` is not installed.
 
-    python -m slime.engine.dispatcher --host 127.0.0.1 --port P --worker-urls http://127.0.0.1:A ...
+    python -m slime.ray.dispatcher --host 127.0.0.1 --port P --worker-urls http://127.0.0.1:A ...
 
 * Requests go round robin over healthy workers; a request with `X-SMG-Routing-Key` always goes
   to the same worker while the membership is unchanged (rendezvous hashing), as sglang-router's
@@ -26,9 +26,10 @@ import uuid
 import aiohttp
 from aiohttp import web
 
-logger = logging.getLogger("slime.dispatcher")
+from slime.utils.http_utils import ROUTING_KEY_HEADER
+from slime.utils.process import pid_alive
 
-ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
+logger = logging.getLogger("slime.dispatcher")
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
 
 
@@ -165,23 +166,14 @@ class Dispatcher:
 
 
 async def _watch_parent(pid: int) -> None:
-    while True:
+    while pid_alive(pid):
         await asyncio.sleep(0.5)
-        try:
-            os.kill(pid, 0)
-            with open(f"/proc/{pid}/stat") as f:  # a zombie is dead for our purpose
-                alive = f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except (ProcessLookupError, FileNotFoundError):
-            alive = False
-        except OSError:
-            alive = True
-        if not alive:
-            logger.warning("parent process %d is gone; exiting", pid)
-            os._exit(0)
+    logger.warning("parent process %d is gone; exiting", pid)
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m slime.engine.dispatcher")
+    p = argparse.ArgumentParser(prog="python -m slime.ray.dispatcher")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--worker-urls", nargs="*", default=[])

@@ -1,57 +1,47 @@
-"""The router in front of several engines, its runtime membership, and the engine watcher.
+"""The router in front of several engines, and its runtime membership.
 
-* `start_router(args, worker_urls)` launches the real `sglang-router` (Rust, PyPI) with
-  `--router-policy`, on 127.0.0.1 with its prometheus port on 127.0.0.1 too (both default to
-  0.0.0.0 there). It runs as `python -m slime.engine.router`, which goes through
+* `start_router(worker_urls, policy=..., log_dir=...)` launches the real `sglang-router` (Rust,
+  PyPI) with `--router-policy`, on 127.0.0.1 with its prometheus port on 127.0.0.1 too (both
+  default to 0.0.0.0 there). It runs as `python -m slime.ray.router`, which goes through
   sglang_router's Python API: its CLI does not offer `consistent_hashing`, the API does.
   If `sglang-router` is not installed, a log line says so and slime's own small dispatcher
-  (`slime.engine.dispatcher`: round robin, routing-key stickiness) takes its place.
+  (`slime.ray.dispatcher`: round robin, routing-key stickiness) takes its place.
 * Both speak the same membership API: `GET /workers`, `POST /workers {"url"}`,
-  `DELETE /workers/{id}`; `RouterProcess.add_worker/remove_worker` use it.
-* `EngineWatcher` probes each engine and removes one that stopped accepting connections, so
-  retried requests (the rollout client retries connection errors and 5xx) land on live ones.
+  `DELETE /workers/{id}`; `RouterProcess.add_worker/remove_worker` use it (and so does
+  `slime.ray.engine_watcher`, which removes engines that died).
 * Session affinity: requests carrying `X-SMG-Routing-Key: <session_id>` stick to one engine
   under `consistent_hashing` or `manual` (and always under the built-in dispatcher).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
-import threading
 import time
-from argparse import Namespace
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 import httpx
 
+from slime.arguments.engine import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from slime.errors import SlimeError
+from slime.ray.engine_process import child_env
+from slime.utils.http_utils import ROUTING_KEY_HEADER
+from slime.utils.net import free_port
+from slime.utils.process import pid_alive
 
 logger = logging.getLogger(__name__)
-
-# slime's default is sglang-router's default (`cache_aware`).
-ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing", "manual")
-DEFAULT_ROUTER_POLICY = "cache_aware"
-ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
-
-
-def _free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def sglang_router_available() -> bool:
     try:
-        import sglang_router  # noqa: F401
-    except ImportError:
+        return importlib.util.find_spec("sglang_router") is not None
+    except (ImportError, ValueError):  # a module entry of None (tests simulate its absence so)
         return False
-    return True
 
 
 class RouterProcess:
@@ -131,10 +121,10 @@ class RouterProcess:
 
 def sglang_router_command(policy: str, host: str, port: int, metrics_port: int, worker_urls: Iterable[str],
                           model_path: str | None = None) -> list[str]:
-    """`python -m slime.engine.router ...`: sglang-router through its Python API, bound to `host`."""
+    """`python -m slime.ray.router ...`: sglang-router through its Python API, bound to `host`."""
     if policy not in ROUTER_POLICIES:
         raise SlimeError(f"--router-policy {policy!r}: choose from {', '.join(ROUTER_POLICIES)}")
-    cmd = [sys.executable, "-m", "slime.engine.router", "--parent-pid", str(os.getpid()),
+    cmd = [sys.executable, "-m", "slime.ray.router", "--parent-pid", str(os.getpid()),
            "--host", host, "--port", str(port), "--prometheus-host", host, "--prometheus-port", str(metrics_port),
            "--policy", policy]
     if model_path:  # lets cache_aware tokenize token-id requests
@@ -147,31 +137,21 @@ def sglang_router_command(policy: str, host: str, port: int, metrics_port: int, 
 
 def dispatcher_command(host: str, port: int, worker_urls: Iterable[str]) -> list[str]:
     urls = list(worker_urls)
-    cmd = [sys.executable, "-m", "slime.engine.dispatcher", "--parent-pid", str(os.getpid()),
+    cmd = [sys.executable, "-m", "slime.ray.dispatcher", "--parent-pid", str(os.getpid()),
            "--host", host, "--port", str(port)]
     return cmd + (["--worker-urls", *urls] if urls else [])
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    pkg_root = str(Path(__file__).resolve().parents[2])  # the child imports this very package
-    env["PYTHONPATH"] = os.pathsep.join([pkg_root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-def start_router(args: Namespace, worker_urls: list[str], policy: str | None = None,
-                 log_dir: str | os.PathLike | None = None) -> RouterProcess:
+def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: str = DEFAULT_ROUTER_POLICY,
+                 model_path: str | None = None) -> RouterProcess:
     """Start the router for `worker_urls` (sglang-router, or the built-in dispatcher without it)."""
-    policy = policy or getattr(args, "router_policy", None) or DEFAULT_ROUTER_POLICY
     host = "127.0.0.1"
-    port = _free_port(host)
-    log_dir = Path(log_dir or Path(args.run_dir) / "logs")
+    port = free_port(host)
+    log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     if sglang_router_available():
-        kind, metrics_port = "sglang-router", _free_port(host)
-        cmd = sglang_router_command(policy, host, port, metrics_port, worker_urls,
-                                    model_path=getattr(args, "hf_checkpoint", None))
+        kind, metrics_port = "sglang-router", free_port(host)
+        cmd = sglang_router_command(policy, host, port, metrics_port, worker_urls, model_path=model_path)
         log_path = log_dir / "router.log"
     else:
         logger.warning("sglang-router is not installed (pip install sglang-router); using slime's built-in "
@@ -183,7 +163,7 @@ def start_router(args: Namespace, worker_urls: list[str], policy: str | None = N
     with open(log_path, "ab") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=_child_env())
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env())
     router = RouterProcess(kind, host, port, proc, log_path, metrics_port).wait_until_healthy()
     # Registration is asynchronous in sglang-router: wait until every worker is listed.
     deadline = time.monotonic() + 60
@@ -194,63 +174,6 @@ def start_router(args: Namespace, worker_urls: list[str], policy: str | None = N
         time.sleep(0.05)
     logger.info("%s (policy %s) at %s fronts %d engines", kind, policy, router.url, len(worker_urls))
     return router
-
-
-# --------------------------------------------------------------------------------- engine watcher
-class EngineWatcher:
-    """Removes engines that stopped accepting connections from the router.
-
-    Every `interval` seconds each engine's `/health` is probed; `failures` consecutive refused
-    connections (the process is gone, not merely busy) remove it from the router and call
-    `on_removed(url)`. A slow answer never counts: a busy engine is not a dead one.
-    """
-
-    def __init__(self, router: RouterProcess, engine_urls: Iterable[str], *, interval: float = 1.0,
-                 failures: int = 2, on_removed: Callable[[str], None] | None = None):
-        self.router, self.interval, self.failures, self.on_removed = router, interval, failures, on_removed
-        self.urls = list(engine_urls)
-        self.removed: list[str] = []
-        self._strikes = {u: 0 for u in self.urls}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="engine-watcher", daemon=True)
-
-    def start(self) -> "EngineWatcher":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
-
-    def check_once(self, client: httpx.Client) -> None:
-        for url in list(self.urls):
-            try:
-                client.get(url + "/health")
-                self._strikes[url] = 0
-            except (httpx.ConnectError, httpx.RemoteProtocolError):
-                self._strikes[url] += 1
-            except httpx.HTTPError:  # a timeout: busy, not dead
-                continue
-            if self._strikes[url] >= self.failures:
-                logger.warning("engine %s stopped accepting connections; removing it from the router", url)
-                try:
-                    self.router.remove_worker(url)
-                except (httpx.HTTPError, SlimeError) as e:
-                    logger.warning("could not remove %s from the router: %s", url, e)
-                    continue
-                self.urls.remove(url)
-                self.removed.append(url)
-                if self.on_removed is not None:
-                    self.on_removed(url)
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=httpx.Timeout(5.0, connect=2.0), trust_env=False) as client:
-            while not self._stop.wait(self.interval):
-                try:
-                    self.check_once(client)
-                except Exception:  # noqa: BLE001 - the watcher must outlive a bad probe
-                    logger.exception("engine watcher probe failed")
 
 
 # --------------------------------------------------------------------------------- router process
@@ -267,15 +190,8 @@ def _watch_parent(parent_pid: int) -> None:
             time.sleep(0.5)
             if os.getppid() != router_pid:  # the router itself is gone
                 os._exit(0)
-            try:
-                os.kill(parent_pid, 0)
-                with open(f"/proc/{parent_pid}/stat") as f:
-                    if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                        raise ProcessLookupError
-            except (ProcessLookupError, FileNotFoundError):
+            if not pid_alive(parent_pid):
                 break
-            except OSError:
-                pass
         os.kill(router_pid, signal.SIGTERM)
         time.sleep(5)
         os.kill(router_pid, signal.SIGKILL)
@@ -285,7 +201,7 @@ def _watch_parent(parent_pid: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m slime.engine.router --parent-pid P --policy POLICY <sglang-router args>`."""
+    """`python -m slime.ray.router --parent-pid P --policy POLICY <sglang-router args>`."""
     argv = list(sys.argv[1:] if argv is None else argv)
     policy, parent_pid, rest = DEFAULT_ROUTER_POLICY, None, []
     i = 0
@@ -297,7 +213,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             rest.append(argv[i])
             i += 1
-    from sglang_router.launch_router import launch_router, parse_router_args
+    from sglang_router.launch_router import launch_router, parse_router_args  # optional dependency (router extra)
 
     router_args = parse_router_args(rest)
     router_args.policy = policy  # consistent_hashing exists only here, not in the CLI's choices

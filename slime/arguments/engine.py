@@ -1,0 +1,90 @@
+"""Engines and how the rollout reaches them: the backend, weight sync, the router, and the
+`--sglang-<arg>` pass-through (forwarded verbatim to every engine as `--<arg>`, checked against
+that engine's own parser before anything starts)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+import torch
+
+from slime.errors import SlimeError
+
+ROLLOUT_BACKENDS = ("sglang", "builtin")
+# sglang-router's policies; slime's default is sglang-router's default (`cache_aware`).
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing", "manual")
+DEFAULT_ROUTER_POLICY = "cache_aware"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engines")
+    g.add_argument("--rollout-backend", choices=ROLLOUT_BACKENDS, default=None,
+                   help="Engine servers: real SGLang (GPUs) or the built-in CPU engine "
+                        "(default: sglang when CUDA and the sglang package are present, else builtin).")
+    g.add_argument("--update-weight-mode", choices=["tensor", "distributed"], default=None,
+                   help="Weight sync into engines: 'tensor' posts safetensors bytes to /update_weights_from_tensor "
+                        "(the built-in engine's payload; default with it); 'distributed' broadcasts over a gloo group "
+                        "(/init_weights_update_group + /update_weights_from_distributed), as slime does for "
+                        "non-colocated engines (default with --rollout-backend sglang).")
+    g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024 ** 2,
+                   help="Bytes per bucket of a distributed weight update (one HTTP call per bucket).")
+    g.add_argument("--sglang-server-concurrency", type=int, default=512,
+                   help="Max in-flight requests per engine from the rollout client.")
+    g.add_argument("--sglang-router-ip", type=str, default=None, help="Use an existing router/engine at this address.")
+    g.add_argument("--sglang-router-port", type=int, default=None)
+    g.add_argument("--router-policy", choices=ROUTER_POLICIES, default=DEFAULT_ROUTER_POLICY,
+                   help="sglang-router's policy in front of several engines (consistent_hashing or manual: "
+                        "session affinity by the X-SMG-Routing-Key header).")
+
+
+def sglang_installed() -> bool:
+    return importlib.util.find_spec("sglang") is not None
+
+
+def cuda_available() -> bool:
+    return bool(torch.cuda.is_available())
+
+
+def default_rollout_backend() -> str:
+    """`sglang` when CUDA and the `sglang` package are both present, else `builtin`."""
+    return "sglang" if sglang_installed() and cuda_available() else "builtin"
+
+
+def finalize(args: argparse.Namespace) -> None:
+    if (args.sglang_router_ip is None) != (args.sglang_router_port is None):
+        raise SlimeError("--sglang-router-ip and --sglang-router-port must be given together")
+    # Filled in by the rollout manager once engines run: every live engine (where aborts go).
+    args.rollout_engine_urls = None
+    if args.rollout_backend is None:
+        args.rollout_backend = default_rollout_backend()
+    if args.update_weight_mode is None:
+        args.update_weight_mode = "distributed" if args.rollout_backend == "sglang" else "tensor"
+    elif args.update_weight_mode == "tensor" and args.rollout_backend == "sglang":
+        # SGLang's /update_weights_from_tensor takes torch multiprocessing handles (CUDA IPC), which
+        # only a GPU trainer on the same machine can make; the tensor payload here is the built-in's
+        raise SlimeError("--update-weight-mode tensor posts the built-in engine's safetensors payload, which "
+                         "SGLang's /update_weights_from_tensor does not take (it wants CUDA IPC handles); with "
+                         "--rollout-backend sglang use --update-weight-mode distributed")
+    if args.update_weight_buffer_size < 1:
+        raise SlimeError(f"--update-weight-buffer-size must be >= 1 byte, got {args.update_weight_buffer_size}")
+
+
+def split_passthrough(argv: list[str], known_options: set[str]) -> tuple[list[str], list[str]]:
+    """Separate `--sglang-<arg> [value]` (engine pass-through) from slime's own arguments."""
+    own: list[str] = []
+    passthrough: list[str] = []
+    i = 0
+    while i < len(argv):
+        tok = argv[i]
+        name = tok.split("=", 1)[0]
+        if name.startswith("--sglang-") and name not in known_options:
+            passthrough.append("--" + tok[len("--sglang-"):])
+            # every value up to the next option (`--sglang-cuda-graph-bs 1 2 4` takes three)
+            while "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                passthrough.append(argv[i + 1])
+                i += 1
+        else:
+            own.append(tok)
+        i += 1
+    return own, passthrough

@@ -1,0 +1,162 @@
+"""One argument parser for `slime train`, composed of the per-concern groups of this package.
+
+* Names follow slime (`--rollout-batch-size`, `--n-samples-per-prompt`, ...), so a slime
+  launch script needs only backend changes.
+* `--sglang-<arg> [value]` is captured verbatim into `args.sglang_args` and forwarded to the
+  engine as `--<arg>` (slime's own `--sglang-router-ip/port` and `--sglang-server-concurrency`
+  excepted).
+* `--config file.yaml` supplies the same arguments (keys with `-` or `_`); the command line wins.
+* Every default is defined once, in the group that adds the option; values that follow other
+  options (`--eval-temperature` from `--rollout-temperature`, ...) are filled in by the group's
+  `finalize`. Every user error raises `SlimeError` naming the argument, with a "did you mean"
+  hint, before any process is launched. Nothing here reads data files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+
+from slime.arguments import algorithm, cluster, data, engine, evaluation, logs, rollout, training
+from slime.errors import SlimeError
+
+# The groups in the order their `finalize` runs: each may read what an earlier one resolved.
+GROUPS = (cluster, rollout, data, evaluation, engine, logs, training, algorithm)
+
+
+class SlimeArgumentParser(argparse.ArgumentParser):
+    """argparse that raises SlimeError (with a suggestion) instead of exiting."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        hint = ""
+        if "invalid choice" in message:
+            bad = message.split("invalid choice: ", 1)[1].split(" (", 1)[0].strip("'\"")
+            choices = message.split("choose from ", 1)[1].rstrip(")").replace("'", "").split(", ")
+            close = difflib.get_close_matches(bad, choices, n=1)
+            if close:
+                hint = f"; did you mean {close[0]!r}?"
+        raise SlimeError(f"{message}{hint}")
+
+
+def build_parser() -> SlimeArgumentParser:
+    p = SlimeArgumentParser(prog="slime train", description="RL post-training with slime's arguments.",
+                            allow_abbrev=False)
+    p.add_argument("--config", type=str, default=None, help="YAML file of arguments (command line wins).")
+    for group in GROUPS:
+        group.add_arguments(p)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse and validate `slime train` arguments. Raises SlimeError on any user error."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    known = {s for a in parser._actions for s in a.option_strings}
+
+    own, passthrough = engine.split_passthrough(argv, known)
+    # --config first, so the command line overrides it.
+    config_path = None
+    for i, tok in enumerate(own):
+        if tok == "--config" and i + 1 < len(own):
+            config_path = own[i + 1]
+        elif tok.startswith("--config="):
+            config_path = tok.split("=", 1)[1]
+    if config_path:
+        cfg_own, cfg_pass = engine.split_passthrough(_config_to_argv(config_path, parser, known), known)
+        own = cfg_own + own
+        passthrough = cfg_pass + passthrough
+
+    args, unknown = parser.parse_known_args(own)
+    if unknown:
+        bad = unknown[0]
+        name = bad.split("=", 1)[0]
+        if name.startswith("-"):
+            raise SlimeError(f"unknown argument {name}{_suggest(name, sorted(known))}")
+        raise SlimeError(f"unexpected value {bad!r} (no argument takes it)")
+    args.sglang_args = passthrough
+    return finalize_args(args)
+
+
+def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
+    """Derived values and cross-argument checks, group by group (no process is launched before this passes)."""
+    for group in GROUPS:
+        if hasattr(group, "finalize"):
+            group.finalize(args)
+    return args
+
+
+def set_num_rollout(args: argparse.Namespace, num_prompts: int) -> None:
+    """--num-epoch without --num-rollout: epochs x prompts // --rollout-batch-size (slime's rule),
+    once the data source has counted its prompts; then the schedule that depends on it."""
+    if args.num_rollout is None:
+        args.num_rollout = args.num_epoch * num_prompts // args.rollout_batch_size
+        if args.num_rollout < 1:
+            raise SlimeError(
+                f"--num-epoch {args.num_epoch} over {num_prompts} prompts is less than one rollout of "
+                f"--rollout-batch-size {args.rollout_batch_size}"
+            )
+        training.finalize_schedule(args)
+
+
+def _suggest(name: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, list(options), n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _config_to_argv(path: str, parser: SlimeArgumentParser, known_options: set[str]) -> list[str]:
+    """Turn a YAML mapping into command-line tokens, checking every key."""
+    p = Path(path)
+    if not p.is_file():
+        raise SlimeError(f"--config: file not found: {path}")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise SlimeError(f"--config {path}: invalid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise SlimeError(f"--config {path}: expected a mapping of argument names to values")
+    store_true = {a.option_strings[0] for a in parser._actions if isinstance(a, argparse._StoreTrueAction)}
+    argv: list[str] = []
+    for key, value in data.items():
+        opt = "--" + str(key).replace("_", "-")
+        if opt not in known_options and not opt.startswith("--sglang-"):
+            raise SlimeError(f"--config {path}: unknown key {key!r}{_suggest(opt, sorted(known_options))}")
+        if opt in store_true or (opt.startswith("--sglang-") and isinstance(value, bool)):
+            if not isinstance(value, bool):
+                raise SlimeError(f"--config {path}: {key!r} is a flag; use true or false, got {value!r}")
+            if value:
+                argv.append(opt)
+        elif isinstance(value, list):
+            argv += [opt, *map(str, value)]
+        elif isinstance(value, dict):
+            argv += [opt, json.dumps(value)]
+        elif value is not None:
+            argv += [opt, str(value)]
+    return argv
+
+
+def save_args(args: argparse.Namespace, path: str | Path) -> None:
+    """Write the resolved arguments (JSON) so a run can be inspected and repeated."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(vars(args), indent=2, sort_keys=True, default=str) + "\n")
+
+
+def to_argv(values: dict[str, Any]) -> list[str]:
+    """{"rollout_batch_size": 32, "colocate": True} -> ["--rollout-batch-size", "32", "--colocate"]."""
+    argv: list[str] = []
+    for key, value in values.items():
+        opt = "--" + key.replace("_", "-")
+        if value is True:
+            argv.append(opt)
+        elif value is False or value is None:
+            continue
+        elif isinstance(value, (list, tuple)):
+            argv += [opt, *map(str, value)]
+        else:
+            argv += [opt, str(value)]
+    return argv

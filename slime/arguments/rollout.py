@@ -1,0 +1,101 @@
+"""The rollout: how many samples, how they are generated, rewarded and filtered, and the hooks
+(dotted paths, slime's names and call signatures) that replace any step."""
+
+from __future__ import annotations
+
+import argparse
+
+from slime.arguments.checks import flag, require_positive
+from slime.errors import SlimeError
+
+DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("rollout")
+    g.add_argument("--num-rollout", type=int, default=None)
+    g.add_argument("--rollout-batch-size", type=int, default=None, help="Prompts per rollout.")
+    g.add_argument("--n-samples-per-prompt", type=int, default=1)
+    g.add_argument("--rollout-max-response-len", type=int, default=1024)
+    g.add_argument("--rollout-temperature", type=float, default=1.0)
+    g.add_argument("--rollout-top-p", type=float, default=1.0)
+    g.add_argument("--rollout-top-k", type=int, default=-1)
+    g.add_argument("--rollout-stop", type=str, nargs="+", default=None)
+    g.add_argument("--rollout-stop-token-ids", type=int, nargs="+", default=None)
+    g.add_argument("--rollout-skip-special-tokens", action="store_true")
+    g.add_argument("--rollout-function-path", type=str, default=DEFAULT_ROLLOUT_FUNCTION)
+    g.add_argument("--custom-generate-function-path", type=str, default=None)
+    g.add_argument("--dynamic-sampling-filter-path", type=str, default=None,
+                   help="fn(args, samples) -> bool | DynamicFilterOutput; dropped groups are replaced "
+                        "(e.g. slime.rollout.filter_hub.dynamic_sampling_filters.check_reward_nonzero_std).")
+    g.add_argument("--over-sampling-batch-size", type=int, default=None,
+                   help="Prompts fetched at a time while dynamic sampling refills (default --rollout-batch-size).")
+    g.add_argument("--partial-rollout", action="store_true",
+                   help="When enough groups are done, abort the rest and keep their partial responses in the "
+                        "Data Buffer; the next rollout resumes them first.")
+    g.add_argument("--mask-offpolicy-in-partial-rollout", action="store_true",
+                   help="With --partial-rollout: tokens generated before the resume (by older weights) get loss_mask 0.")
+    g.add_argument("--rollout-sample-filter-path", type=str, default=None,
+                   help="fn(args, samples) that sets sample.remove_sample on samples not to train on "
+                        "(kept in their group and counted, loss mask zeroed).")
+    g.add_argument("--custom-reward-post-process-path", type=str, default=None,
+                   help="fn(args, samples) -> (raw_rewards, rewards), replacing group normalisation.")
+    g.add_argument("--custom-convert-samples-to-train-data-path", type=str, default=None,
+                   help="fn(args, samples, raw_rewards, rewards) -> train data dict.")
+    g.add_argument("--rollout-data-postprocess-path", type=str, default=None,
+                   help="fn(args, rollout_id, rollout_data), on each trainer rank after advantages.")
+    g.add_argument("--max-turns", type=int, default=8,
+                   help="Multi-turn trajectories (slime.rollout.multi_turn): most model turns per sample.")
+    g.add_argument("--max-total-tokens", type=int, default=None,
+                   help="Multi-turn trajectories: most prompt + response tokens per sample.")
+    g.add_argument("--max-failed-sample-ratio", type=float, default=0.5,
+                   help="Stop the run when more than this fraction of a rollout's samples FAILED "
+                        "(a hook or reward that raised); failed samples are never trained on.")
+    _add_reward_arguments(p)
+
+
+def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("rewards")
+    g.add_argument("--rm-type", type=str, default=None)
+    g.add_argument("--custom-rm-path", type=str, default=None)
+    g.add_argument("--reward-key", type=str, default=None, help="Key of a dict reward to train on.")
+    g.add_argument("--group-rm", action="store_true",
+                   help="Call the reward (--custom-rm-path or --rm-type) once per group with the whole group.")
+    g.add_argument("--rm-url", type=str, default=None, help="The reward service of --rm-type remote_rm.")
+    g.add_argument("--rm-timeout", type=float, default=120.0, help="Seconds per remote_rm request.")
+    g.add_argument("--rm-max-retries", type=int, default=10, help="remote_rm attempts per sample, in all.")
+    g.add_argument("--rm-retry-interval", type=float, default=1.0,
+                   help="remote_rm back-off: this many seconds x 2^attempt (at most 30).")
+    g.add_argument("--sandbox-timeout", type=float, default=10.0, help="--rm-type code: wall seconds per run.")
+    g.add_argument("--sandbox-cpu-time", type=float, default=5.0, help="--rm-type code: CPU seconds per run.")
+    g.add_argument("--sandbox-memory-mb", type=int, default=1024, help="--rm-type code: address-space limit.")
+    g.add_argument("--sandbox-concurrency", type=int, default=2, help="--rm-type code: programs run at once.")
+
+
+def finalize(args: argparse.Namespace) -> None:
+    if args.rollout_batch_size is None:
+        raise SlimeError("--rollout-batch-size is required")
+    if args.num_rollout is None and args.num_epoch is None:
+        raise SlimeError("--num-rollout (or --num-epoch) is required")
+    require_positive(args, "rollout_batch_size", "n_samples_per_prompt", "num_rollout", "rollout_max_response_len",
+                     "max_turns", "max_total_tokens", "over_sampling_batch_size")
+    if not 0.0 <= args.max_failed_sample_ratio <= 1.0:
+        raise SlimeError(f"--max-failed-sample-ratio must be in [0, 1], got {args.max_failed_sample_ratio}")
+    if args.over_sampling_batch_size is not None and not (args.dynamic_sampling_filter_path or args.partial_rollout):
+        raise SlimeError("--over-sampling-batch-size only applies with --dynamic-sampling-filter-path "
+                         "or --partial-rollout")
+    if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
+        raise SlimeError("--mask-offpolicy-in-partial-rollout needs --partial-rollout")
+    _check_rewards(args)
+
+
+def _check_rewards(args: argparse.Namespace) -> None:
+    for name in ("rm_timeout", "rm_max_retries", "sandbox_timeout", "sandbox_cpu_time", "sandbox_memory_mb",
+                 "sandbox_concurrency"):
+        if getattr(args, name) <= 0:
+            raise SlimeError(f"{flag(name)} must be > 0, got {getattr(args, name)}")
+    rm_type = (args.rm_type or "").removeprefix("boxed_")
+    if rm_type == "remote_rm" and not args.custom_rm_path:
+        url = args.rm_url
+        if not url or not url.startswith(("http://", "https://")):
+            raise SlimeError(f"--rm-type remote_rm needs --rm-url http://HOST:PORT/PATH (got {url!r})")

@@ -1,0 +1,138 @@
+"""The built-in engine's command line, and the checks the trainer side borrows from it.
+
+    python -m slime.engine.server --model-path DIR [--host 127.0.0.1] [--port 30000] ...
+
+Flag names are SGLang's where SGLang has the same knob, so `--sglang-<flag>` on a slime command
+line means the same to either engine. The trainer side validates its pass-through tokens here
+(`check_passthrough_args`) before anything starts; the engine never imports the trainer side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import io
+import json
+from pathlib import Path
+from typing import Sequence
+
+from slime.errors import SlimeError
+
+MODEL_IMPLS = ("auto", "native", "sglang", "transformers")
+
+
+def build_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m slime.engine.server",
+        description="slime's built-in inference engine (a subset of SGLang's HTTP API, CPU).",
+    )
+    p.add_argument("--model-path", "--hf-checkpoint", dest="model_path", required=True,
+                   help="local HF model directory (--hf-checkpoint is slime's name for it)")
+    p.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--num-threads", type=int, default=1, help="torch threads of this server")
+    p.add_argument("--random-seed", type=int, default=0, help="seed of sampling without sampling_seed")
+    p.add_argument("--max-running-requests", type=int, default=256, help="rows in one batch at most")
+    p.add_argument("--context-length", type=int, default=None,
+                   help="max prompt + new tokens (default: the model's max_position_embeddings)")
+    p.add_argument("--batch-wait-ms", type=float, default=0.0,
+                   help="wait up to this long for more requests before starting a batch")
+    p.add_argument("--weight-version", default="default", help="initial weight_version")
+    p.add_argument("--step-delay-ms", type=float, default=0.0,
+                   help="sleep this long after every decode step (testing aborts and pauses only)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process is gone (no orphan servers)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--disable-radix-cache", action="store_true",
+                   help="no prefix reuse at all: neither identical prompts in a batch nor the prefix cache "
+                        "(SGLang's flag name)")
+    p.add_argument("--prefix-cache-tokens", type=int, default=16384,
+                   help="token positions of KV kept from finished requests for later requests with the same "
+                        "prefix (0: off)")
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="fraction of the machine's memory for weights + KV cache; sets the KV token budget "
+                        "(SGLang's meaning; default: no token budget, only --max-running-requests)")
+    p.add_argument("--max-total-tokens", type=int, default=None,
+                   help="KV token budget of the running batch (overrides --mem-fraction-static)")
+    p.add_argument("--model-impl", default="auto", choices=list(MODEL_IMPLS),
+                   help="forward implementation (SGLang's flag): native (the engine's own, Llama-family models; "
+                        "'sglang' is an alias), transformers (the model's HF forward), auto (native where it covers "
+                        "the model)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    return p
+
+
+def check_model_dir(path: str | None, arg: str) -> None:
+    """`path` is a local Hugging Face model directory with a readable config and weights."""
+    if not path:
+        raise SlimeError(f"{arg} is required (a local Hugging Face model directory)")
+    p = Path(path)
+    if not p.is_dir():
+        raise SlimeError(f"{arg} {path}: not a directory")
+    config = p / "config.json"
+    if not config.is_file():
+        raise SlimeError(f"{arg} {path}: no config.json (not a Hugging Face model directory)")
+    try:
+        json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise SlimeError(f"{arg} {path}: cannot read config.json: {e}") from e
+    if not any(p.glob("*.safetensors")) and not any(p.glob("*.bin")):
+        raise SlimeError(f"{arg} {path}: no weight files (*.safetensors or *.bin)")
+
+
+# ------------------------------------------------------------------------- pass-through tokens
+# A slime command line forwards `--sglang-<flag> [values]` to every engine as `--<flag> [values]`;
+# these read and edit such token lists.
+
+
+def passthrough_value(tokens: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in forwarded engine arguments (`--flag v` or `--flag=v`), else None."""
+    for i, tok in enumerate(tokens):
+        if tok == flag and i + 1 < len(tokens):
+            return tokens[i + 1]
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+    return None
+
+
+def passthrough_without(tokens: Sequence[str], flags: set[str]) -> list[str]:
+    """Forwarded engine arguments with `flags` (and their values) removed."""
+    out: list[str] = []
+    skip = False
+    for i, tok in enumerate(tokens):
+        if skip:
+            skip = False
+            continue
+        if tok.split("=", 1)[0] in flags:
+            skip = "=" not in tok and i + 1 < len(tokens) and not tokens[i + 1].startswith("--")
+            continue
+        out.append(tok)
+    return out
+
+
+def check_passthrough_args(parser: argparse.ArgumentParser, tokens: list[str], engine: str) -> None:
+    """Validate forwarded `--sglang-*` tokens against the parser of the engine that will run them."""
+    known = sorted({s for a in parser._actions for s in a.option_strings})
+    for tok in tokens:
+        if not tok.startswith("--"):
+            continue
+        name = tok.split("=", 1)[0]
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"; did you mean --sglang-{close[0][2:]}?" if close else ""
+            raise SlimeError(f"unknown engine argument --sglang-{name[2:]} ({engine} has no {name}){hint}")
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(["--model-path", "x", *tokens])
+    except SystemExit as e:
+        msg = err.getvalue().strip().splitlines()
+        raise SlimeError(f"invalid --sglang-* arguments for {engine}: {msg[-1] if msg else ' '.join(tokens)}") from e
+
+
+def check_engine_args(tokens: list[str]) -> None:
+    """Validate `--sglang-*` pass-through against the built-in engine's own parser."""
+    check_passthrough_args(build_arg_parser(), tokens, "the built-in engine")

@@ -1,0 +1,273 @@
+"""One generation request's life in the engine: a `/generate` body in, `Req`s through the
+scheduler, SGLang's answer shape out.
+
+* `parse_generate(body, runner, max_total_tokens)` validates a body (single prompt or a batch)
+  and returns the `Req`s; anything wrong raises `BadRequest` naming the field and the index.
+* `Req` carries what the scheduler needs and what it fills in while the request runs.
+* `result_of(req, tokenizer, weight_version)` is the JSON answer (`text`, `output_ids`,
+  `meta_info` with `finish_reason`, token counts and log-probs).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from slime.engine.sampling import BadRequest, SamplingParams
+
+# Top-level /generate fields accepted only at their neutral value (the feature is not built in).
+_NEUTRAL_FIELDS: dict[str, Any] = {
+    "stream": False,
+    "top_logprobs_num": 0,
+    "token_ids_logprob": None,
+    "lora_path": None,
+    "lora_id": None,
+    "image_data": None,
+    "video_data": None,
+    "audio_data": None,
+    "input_embeds": None,
+    "return_hidden_states": False,
+    "return_routed_experts": False,
+    "custom_logit_processor": None,
+    "session_params": None,
+    # sglang-router (0.3.x) fills these in on every request it forwards:
+    "return_bytes": False,
+    "return_entropy": False,
+}
+_IGNORED_FIELDS = {
+    "log_metrics", "modalities", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
+    "data_parallel_rank", "routed_dp_rank", "priority", "extra_key", "background", "no_logs",
+    "conversation_id", "label", "received_time", "custom_labels", "routing_key",
+    "model",  # sglang-router adds the served model name when it forwards a request
+}
+_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
+           "return_text_in_logprobs"}
+
+
+@dataclass(eq=False)
+class Req:
+    input_ids: list[int]
+    params: SamplingParams
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    return_text_in_logprobs: bool = False
+    # filled while it runs
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    input_logprobs: list[float | None] | None = None
+    finish_reason: dict | None = None
+    stop_str_pos: int | None = None  # where a matched stop string starts in the decoded text
+    generator: torch.Generator | None = None
+    stop_ids: frozenset = frozenset()
+    created: float = field(default_factory=time.perf_counter)
+    weight_version: str = ""
+    cached_tokens: int = 0  # prompt tokens not prefilled: shared with another request or from the prefix cache
+    kv_epoch: int = -1  # the runner's weights_epoch when this request's KV was (re)computed
+    error: BaseException | None = None
+    delivered: bool = False
+    # delivery: the server sets these
+    future: Any = None
+    loop: Any = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    def kv_need(self) -> int:
+        """Cache positions this request may take by its end (prompt + every new token)."""
+        return len(self.input_ids) + self.params.max_new_tokens
+
+    def num_tokens(self) -> int:
+        return len(self.input_ids) + len(self.output_ids)
+
+
+# ------------------------------------------------------------------------------------ parsing
+def parse_generate(body: Any, runner, max_total_tokens: int | None) -> tuple[list[Req], bool]:
+    """Validate a /generate body; returns (the requests, whether it was a batch)."""
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    _check_fields(body)
+    prompts, is_batch = _prompts(body, runner)
+    n = len(prompts)
+    columns = {name: _per_item(body.get(name, default), n, name, is_batch)
+               for name, default in (("sampling_params", None), ("return_logprob", False),
+                                     ("logprob_start_len", -1), ("return_text_in_logprobs", False))}
+    rid = body.get("rid")
+    if is_batch and rid is not None and not isinstance(rid, list):
+        raise BadRequest("rid must be a list of strings for a batch request")
+    columns["rid"] = _per_item(rid, n, "rid", is_batch)
+    params_of: dict[int, SamplingParams] = {}  # a batch usually shares one sampling_params object
+    reqs = []
+    for b, ids in enumerate(prompts):
+        where = f"[{b}]" if is_batch else ""
+        raw = columns["sampling_params"][b]
+        if id(raw) not in params_of:
+            params_of[id(raw)] = SamplingParams.from_dict(raw, vocab_size=runner.vocab_size,
+                                                          where=f"sampling_params{where}")
+        req = _request(ids, params_of[id(raw)], {k: v[b] for k, v in columns.items()}, where, runner)
+        _check_fits(req, where, runner.context_length, max_total_tokens)
+        reqs.append(req)
+    return reqs, is_batch
+
+
+def _check_fields(body: dict) -> None:
+    for key, value in body.items():
+        if key in _FIELDS or key in _IGNORED_FIELDS:
+            continue
+        if key in _NEUTRAL_FIELDS:
+            if value not in (None, _NEUTRAL_FIELDS[key]):
+                raise BadRequest(f"{key}={value!r} is not supported by the built-in engine")
+            continue
+        raise BadRequest(f"unknown field {key!r} in /generate request")
+
+
+def _prompts(body: dict, runner) -> tuple[list[list[int]], bool]:
+    """The prompts as token ids (from `input_ids`, or `text` tokenized), and whether it is a batch."""
+    text, input_ids = body.get("text"), body.get("input_ids")
+    if (text is None) == (input_ids is None):
+        raise BadRequest("give exactly one of 'text' and 'input_ids'")
+    if input_ids is not None:
+        if not isinstance(input_ids, list) or not input_ids:
+            raise BadRequest("input_ids must be a non-empty list of token ids (or a list of such lists)")
+        is_batch = isinstance(input_ids[0], list)
+        prompts = input_ids if is_batch else [input_ids]
+        vocab = runner.vocab_size
+        for b, ids in enumerate(prompts):
+            where = f"input_ids[{b}]" if is_batch else "input_ids"
+            if not isinstance(ids, list) or not ids:
+                raise BadRequest(f"{where} must be a non-empty list of token ids")
+            for t in ids:
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                    raise BadRequest(f"{where} contains {t!r}, not a token id in [0, {vocab})")
+        return prompts, is_batch
+    is_batch = isinstance(text, list)
+    texts = text if is_batch else [text]
+    if not texts or not all(isinstance(t, str) for t in texts):
+        raise BadRequest("text must be a string or a non-empty list of strings")
+    prompts = [runner.tokenizer.encode(t) for t in texts]
+    for b, ids in enumerate(prompts):
+        if not ids:
+            raise BadRequest(f"text{f'[{b}]' if is_batch else ''} encodes to no tokens")
+    return prompts, is_batch
+
+
+def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list:
+    if is_batch and isinstance(value, list):
+        if len(value) != n:
+            raise BadRequest(f"{name} has {len(value)} entries but the batch has {n} prompts")
+        return value
+    return [value] * n
+
+
+def _request(ids: list[int], sp: SamplingParams, fields: dict[str, Any], where: str, runner) -> Req:
+    rl, tl, ls, r_id = (fields["return_logprob"], fields["return_text_in_logprobs"], fields["logprob_start_len"],
+                        fields["rid"])
+    rl = False if rl is None else rl
+    if not isinstance(rl, bool):
+        raise BadRequest(f"return_logprob{where} must be true or false, got {rl!r}")
+    if not isinstance(tl, bool):
+        raise BadRequest(f"return_text_in_logprobs{where} must be true or false, got {tl!r}")
+    ls = -1 if ls is None else ls
+    if isinstance(ls, bool) or not isinstance(ls, int) or ls < -1:
+        raise BadRequest(f"logprob_start_len{where} must be an integer >= -1, got {ls!r}")
+    if r_id is not None and not isinstance(r_id, str):
+        raise BadRequest(f"rid{where} must be a string, got {r_id!r}")
+    stop_ids = set(sp.stop_token_ids)
+    if not sp.ignore_eos:
+        stop_ids |= runner.eos_token_ids
+    req = Req(input_ids=list(ids), params=sp, return_logprob=rl, logprob_start_len=ls,
+              return_text_in_logprobs=tl, stop_ids=frozenset(stop_ids))
+    if r_id is not None:
+        req.rid = r_id
+    if sp.sampling_seed is not None:
+        req.generator = torch.Generator().manual_seed(sp.sampling_seed)
+    return req
+
+
+def _check_fits(req: Req, where: str, context_length: int, max_total_tokens: int | None) -> None:
+    n, new = len(req.input_ids), req.params.max_new_tokens
+    if n + new > context_length:
+        raise BadRequest(f"prompt{where} has {n} tokens and max_new_tokens is {new}: "
+                         f"together more than the context length {context_length}")
+    if max_total_tokens is not None and n + new > max_total_tokens:
+        raise BadRequest(f"prompt{where} has {n} tokens and max_new_tokens is {new}: together more than the "
+                         f"KV token budget {max_total_tokens} (--max-total-tokens / --mem-fraction-static)")
+
+
+# ------------------------------------------------------------------------------------ while it runs
+def input_logprobs(logits: torch.Tensor, r: Req) -> list[float | None]:
+    """Log-probs of prompt tokens from index `logprob_start_len` (the first token gets None).
+    `logits` [len(prompt + output so far), V]: row t predicts token t + 1."""
+    ids = r.input_ids
+    n = len(ids)
+    start = min(r.logprob_start_len, n)
+    out: list[float | None] = []
+    first = start
+    if start == 0:
+        out.append(None)
+        first = 1
+    if first < n:
+        temp = 1.0 if r.params.greedy else r.params.temperature
+        rows = logits[first - 1: n - 1]
+        if temp != 1.0:
+            rows = rows / temp
+        lp = torch.log_softmax(rows, dim=-1)
+        tgt = torch.tensor(ids[first:n], dtype=torch.long).unsqueeze(1)
+        out.extend(lp.gather(1, tgt).squeeze(1).tolist())
+    return out
+
+
+def check_stop_strings(r: Req, tokenizer) -> None:
+    """Finish `r` at the earliest stop string its decoded output contains."""
+    text = tokenizer.decode(r.output_ids, skip_special_tokens=r.params.skip_special_tokens)
+    best = None
+    for s in r.params.stop:
+        pos = text.find(s)
+        if pos >= 0 and (best is None or pos < best[0]):
+            best = (pos, s)
+    if best is not None:
+        r.stop_str_pos = best[0]
+        r.finish_reason = {"type": "stop", "matched": best[1]}
+
+
+# ------------------------------------------------------------------------------------ the answer
+def result_of(r: Req, tokenizer, weight_version: str) -> dict:
+    """SGLang's /generate answer for one finished (or aborted) request."""
+    p = r.params
+    fr = r.finish_reason or {"type": "abort"}
+    ids = r.output_ids
+    matched = fr.get("matched")
+    if fr["type"] == "stop" and isinstance(matched, int) and not p.no_stop_trim:
+        ids = ids[:-1]
+    text = tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens) if ids else ""
+    if isinstance(matched, str) and not p.no_stop_trim and r.stop_str_pos is not None:
+        text = text[: r.stop_str_pos]
+    meta = {
+        "id": r.rid,
+        "finish_reason": fr,
+        "prompt_tokens": len(r.input_ids),
+        "completion_tokens": len(r.output_ids),
+        "cached_tokens": r.cached_tokens,
+        "weight_version": r.weight_version or weight_version,
+        "e2e_latency": time.perf_counter() - r.created,
+    }
+    if r.return_logprob:
+        meta["output_token_logprobs"] = _logprob_triples(r.output_logprobs, r.output_ids, tokenizer,
+                                                         r.return_text_in_logprobs)
+        if r.logprob_start_len >= 0:
+            in_ids = r.input_ids[min(r.logprob_start_len, len(r.input_ids)):]
+            lps = r.input_logprobs or [None] * len(in_ids)
+            meta["input_token_logprobs"] = _logprob_triples(lps, in_ids, tokenizer, r.return_text_in_logprobs)
+    return {"text": text, "output_ids": list(r.output_ids), "meta_info": meta}
+
+
+def _logprob_triples(logprobs, ids, tokenizer, with_text: bool) -> list[list]:
+    """SGLang's `[logprob, token_id, token_text or None]` per token."""
+    if with_text:
+        return [[lp, t, tokenizer.decode([t])] for lp, t in zip(logprobs, ids)]
+    return [[lp, t, None] for lp, t in zip(logprobs, ids)]

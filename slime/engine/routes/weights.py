@@ -1,0 +1,196 @@
+"""Weights: `/update_weights_from_tensor` (base64 safetensors), `/update_weights_from_disk`, and
+the distributed path (`/init_weights_update_group`, `/update_weights_from_distributed`,
+`/destroy_weights_update_group`) over a gloo group the trainer hosts (`slime.engine.weight_group`).
+
+Every update is checked against the model before it is applied, waits for the running batch
+(unless the client asked for an in-place swap with `flush_cache: false`), drops cached KV and
+bumps `weight_version`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+
+import torch
+from fastapi import FastAPI
+from safetensors.torch import load as load_safetensors
+
+from slime.engine.http import error_response, route
+from slime.engine.model_runner import ModelRunner, WeightUpdateError
+from slime.engine.sampling import BadRequest
+from slime.engine.state import EngineState
+from slime.engine.weight_group import DEFAULT_GROUP_NAME, create_gloo_group, parse_dtype
+
+
+def add_weight_routes(app: FastAPI, state: EngineState) -> None:
+    async def update_weights_from_tensor(body: dict):
+        blobs = body.get("serialized_named_tensors")
+        if isinstance(blobs, str):
+            blobs = [blobs]
+        if not isinstance(blobs, list) or not blobs or not all(isinstance(b, str) for b in blobs):
+            raise BadRequest("serialized_named_tensors must be a non-empty list of base64 strings")
+        fmt = body.get("load_format")
+        if fmt not in (None, "safetensors", "safetensors_base64"):
+            raise BadRequest(f"load_format {fmt!r} is not supported (base64 safetensors only)")
+
+        def decode():
+            named = {}
+            for b in blobs:
+                named.update(load_safetensors(base64.b64decode(b)))
+            return named
+
+        try:
+            named = await asyncio.to_thread(decode)
+        except Exception as e:  # noqa: BLE001
+            raise BadRequest(f"cannot decode serialized_named_tensors: {type(e).__name__}: {e}") from None
+        return await apply_update(state, named, body, "update_weights_from_tensor")
+
+    async def update_weights_from_disk(body: dict):
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("model_path must be a directory path")
+        try:
+            named = await asyncio.to_thread(ModelRunner.read_safetensors_dir, path)
+        except WeightUpdateError as e:
+            raise BadRequest(f"update_weights_from_disk: {e}") from None
+        except Exception as e:  # noqa: BLE001
+            raise BadRequest(f"update_weights_from_disk: cannot read {path!r}: {type(e).__name__}: {e}") from None
+        answer = await apply_update(state, named, body, "update_weights_from_disk")
+        state.model_path = path
+        return answer
+
+    route(app, "/update_weights_from_tensor", update_weights_from_tensor, allow_empty=False)
+    route(app, "/update_weights_from_disk", update_weights_from_disk, allow_empty=False)
+    _add_group_routes(app, state)
+
+
+async def apply_update(state: EngineState, named: dict[str, torch.Tensor], body: dict, what: str) -> dict:
+    """Check `named` against the model, then swap it in between batches; BadRequest if it does not fit."""
+    version = body.get("weight_version")
+    if version is not None and not isinstance(version, str):
+        raise BadRequest("weight_version must be a string")
+    try:
+        state.runner.validate_named_tensors(named)
+    except WeightUpdateError as e:
+        raise BadRequest(f"{what}: {e}") from None
+    if body.get("abort_all_requests"):
+        state.scheduler.abort(abort_all=True)
+
+    def load():
+        n = state.runner.load_named_tensors(named)
+        return n, state.bump_version(version)
+
+    try:
+        n, v = await state.control(load, needs_idle=bool(body.get("flush_cache", True)))
+    except WeightUpdateError as e:
+        raise BadRequest(f"{what}: {e}") from None
+    return {"success": True, "message": f"{what}: updated {n} tensors; weight_version {v}",
+            "weight_version": v, "num_tensors": n}
+
+
+# ------------------------------------------------------------------------------ distributed update
+def _int_field(body: dict, key: str, lo: int, hi: int | None = None) -> int:
+    v = body.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+        rng = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise BadRequest(f"{key} must be an integer {rng}, got {v!r}")
+    return v
+
+
+def _group_name(body: dict) -> str:
+    name = body.get("group_name", DEFAULT_GROUP_NAME)
+    if not isinstance(name, str) or not name:
+        raise BadRequest(f"group_name must be a non-empty string, got {name!r}")
+    return name
+
+
+def _tensor_specs(body: dict) -> list[tuple[str, torch.dtype, list[int]]]:
+    """(name, dtype, shape) of every tensor an update announces, in broadcast order."""
+    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
+    for key, v in (("names", names), ("dtypes", dtypes), ("shapes", shapes)):
+        if not isinstance(v, list) or not v:
+            raise BadRequest(f"{key} must be a non-empty list")
+    if not len(names) == len(dtypes) == len(shapes):
+        raise BadRequest(f"names, dtypes and shapes must have equal lengths, got "
+                         f"{len(names)}, {len(dtypes)}, {len(shapes)}")
+    specs = []
+    for n, d, sh in zip(names, dtypes, shapes):
+        if not isinstance(n, str):
+            raise BadRequest(f"names must be strings, got {n!r}")
+        try:
+            dt = parse_dtype(d)
+        except ValueError as e:
+            raise BadRequest(f"dtype of {n!r}: {e}") from None
+        if not isinstance(sh, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in sh):
+            raise BadRequest(f"shape of {n!r} must be a list of non-negative integers, got {sh!r}")
+        specs.append((n, dt, sh))
+    return specs
+
+
+def _add_group_routes(app: FastAPI, state: EngineState) -> None:
+    async def init_weights_update_group(body: dict):
+        addr = body.get("master_address")
+        if not isinstance(addr, str) or not addr:
+            raise BadRequest(f"master_address must be a host name or address, got {addr!r}")
+        port = _int_field(body, "master_port", 1, 65535)
+        world = _int_field(body, "world_size", 2)
+        rank = _int_field(body, "rank_offset", 1, world - 1)  # one rank per engine (no tensor parallel)
+        name = _group_name(body)
+        backend = body.get("backend", "gloo")
+        if backend != "gloo":
+            raise BadRequest(f"backend {backend!r} is not available in the built-in (CPU) engine; use 'gloo'")
+        if name in state.weight_groups:
+            raise BadRequest(f"weight update group {name!r} already exists; destroy it first")
+        timeout = body.get("timeout", 120)
+        timeout = float(timeout) if isinstance(timeout, (int, float)) else 120.0
+        try:
+            pg = await asyncio.to_thread(create_gloo_group, addr, port, rank, world, name, timeout)
+        except Exception as e:  # noqa: BLE001 - rendezvous failed (wrong address/port, timeout)
+            raise BadRequest(f"init_weights_update_group: cannot join {name!r} at {addr}:{port} as rank {rank} "
+                             f"of {world}: {type(e).__name__}: {e}") from None
+        state.weight_groups[name] = pg
+        state.weight_group_locks[name] = asyncio.Lock()
+        return {"success": True, "message": f"joined weight update group {name!r} as rank {rank} of {world}"}
+
+    async def destroy_weights_update_group(body: dict):
+        name = _group_name(body)
+        if name not in state.weight_groups:
+            raise BadRequest(f"no weight update group {name!r}")
+        state.weight_group_locks.pop(name, None)
+        state.weight_groups.pop(name).shutdown()
+        return {"success": True, "message": f"weight update group {name!r} destroyed"}
+
+    async def update_weights_from_distributed(body: dict):
+        specs = _tensor_specs(body)
+        name = _group_name(body)
+        if name not in state.weight_groups:
+            raise BadRequest(f"no weight update group {name!r}; call /init_weights_update_group first")
+        if body.get("load_format") is not None:
+            raise BadRequest(f"load_format {body['load_format']!r} is not supported by "
+                             "update_weights_from_distributed")
+        pg = state.weight_groups[name]
+
+        def receive():
+            # Every tensor announced is received, even ones the model will reject, so the
+            # sender's broadcasts complete and the group stays usable.
+            out = {}
+            for n, dt, sh in specs:
+                t = torch.empty(sh, dtype=dt)
+                pg.broadcast(t, root=0)
+                out[n] = t
+            return out
+
+        async with state.weight_group_locks[name]:
+            try:
+                named = await asyncio.to_thread(receive)
+            except Exception as e:  # noqa: BLE001
+                state.weight_groups.pop(name, None)  # a broken group is not reused
+                state.weight_group_locks.pop(name, None)
+                return error_response(f"update_weights_from_distributed: broadcast in {name!r} failed: "
+                                      f"{type(e).__name__}: {e}", 500)
+        return await apply_update(state, named, body, "update_weights_from_distributed")
+
+    route(app, "/init_weights_update_group", init_weights_update_group, allow_empty=False)
+    route(app, "/destroy_weights_update_group", destroy_weights_update_group)
+    route(app, "/update_weights_from_distributed", update_weights_from_distributed, allow_empty=False)

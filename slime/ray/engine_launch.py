@@ -1,0 +1,135 @@
+"""How the fleet launches engine servers, built-in or SGLang, from one set of launch arguments.
+
+`launch_spec(args, rank)` reads what both backends share from slime's command line: host and
+port (`--sglang-host` / `--sglang-port` win over the framework's choice, the rank-th engine
+taking port + rank), a sampling seed per engine (`--seed` + rank unless `--sglang-random-seed`
+is given), and every other `--sglang-<arg>` forwarded verbatim as `--<arg>`. Then:
+
+* built-in (`--rollout-backend builtin`): `python -m slime.engine.server` with the engine's
+  thread budget (`--sglang-num-threads` wins);
+* SGLang (`--rollout-backend sglang`, GPUs; NOT run in this repository's tests or on its CPU
+  machines: the command and the argument check are unit-tested, the launch is not):
+
+      python -m sglang.launch_server --model-path <--hf-checkpoint> --host H --port P
+          --tp-size <--rollout-num-gpus-per-engine> --base-gpu-id <engine's first GPU slot>
+          <forwarded arguments, --random-seed included>
+
+The rollout client talks to either (or to the router in front of several) over SGLang's native
+`/generate` and control endpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import signal
+import sys
+from argparse import Namespace
+from dataclasses import dataclass
+from pathlib import Path
+
+from slime.arguments.engine import sglang_installed
+from slime.engine.args import check_passthrough_args, passthrough_value, passthrough_without
+from slime.errors import SlimeError
+from slime.ray.engine_process import EngineProcess
+from slime.utils.net import free_port
+
+# Set by the framework from slime's own arguments; a --sglang-<one of these> is an error.
+FRAMEWORK_OWNED = {
+    "--model-path": "--hf-checkpoint",
+    "--tp-size": "--rollout-num-gpus-per-engine",
+    "--tensor-parallel-size": "--rollout-num-gpus-per-engine",
+    "--base-gpu-id": "the engine's placement (bundle index)",
+}
+SGLANG_LAUNCH_TIMEOUT_S = 1200  # a large model's first start (weights, CUDA graphs) takes minutes
+BUILTIN_LAUNCH_TIMEOUT_S = 300
+
+
+@dataclass
+class LaunchSpec:
+    """Engine `rank`'s address and its forwarded arguments (host and port taken out, seed added)."""
+
+    host: str
+    port: int | None  # None: the launcher picks a free port
+    extra: list[str]
+
+
+def launch_spec(args: Namespace, rank: int) -> LaunchSpec:
+    tokens = list(args.sglang_args)
+    port = passthrough_value(tokens, "--port")
+    extra = passthrough_without(tokens, {"--host", "--port"})  # the launcher passes these
+    if passthrough_value(extra, "--random-seed") is None:
+        extra += ["--random-seed", str(args.seed + rank)]
+    return LaunchSpec(host=passthrough_value(tokens, "--host") or "127.0.0.1",
+                      port=int(port) + rank if port else None, extra=extra)
+
+
+def start_engine(args: Namespace, rank: int, *, num_threads: int, base_gpu_id: int,
+                 log_path: str | os.PathLike) -> EngineProcess:
+    """Launch engine `rank` with `--rollout-backend`'s server; returns at once (see wait_until_healthy)."""
+    if args.rollout_backend == "sglang":
+        return _start_sglang_server(args, rank, base_gpu_id, log_path)
+    spec = launch_spec(args, rank)
+    threads = passthrough_value(spec.extra, "--num-threads")  # the user's thread count wins
+    return EngineProcess.start(args.hf_checkpoint, host=spec.host, port=spec.port,
+                               num_threads=int(threads or num_threads),
+                               extra_args=passthrough_without(spec.extra, {"--num-threads"}), log_path=log_path)
+
+
+# ------------------------------------------------------------------------------------ SGLang
+def check_framework_owned(sglang_args: list[str]) -> None:
+    for tok in sglang_args:
+        name = tok.split("=", 1)[0]
+        if name in FRAMEWORK_OWNED:
+            raise SlimeError(f"--sglang-{name[2:]} is set by the framework with --rollout-backend sglang "
+                             f"(from {FRAMEWORK_OWNED[name]}); remove it")
+
+
+def sglang_server_command(args: Namespace, rank: int, base_gpu_id: int, port: int) -> tuple[str, list[str]]:
+    """(host, argv) of engine `rank`'s `sglang.launch_server`; `port` unless --sglang-port is given."""
+    check_framework_owned(args.sglang_args)
+    spec = launch_spec(args, rank)
+    cmd = [sys.executable, "-m", "sglang.launch_server",
+           "--model-path", str(args.hf_checkpoint),
+           "--host", spec.host, "--port", str(spec.port or port),
+           "--tp-size", str(args.rollout_num_gpus_per_engine),
+           "--base-gpu-id", str(base_gpu_id),
+           *spec.extra]
+    return spec.host, cmd
+
+
+def sglang_arg_parser() -> argparse.ArgumentParser:
+    """SGLang's own server-argument parser (needs the `sglang` package)."""
+    from sglang.srt.server_args import ServerArgs  # optional dependency: GPU machines only
+
+    parser = argparse.ArgumentParser(prog="sglang.launch_server", add_help=False)
+    ServerArgs.add_cli_args(parser)
+    return parser
+
+
+def validate_sglang_args(sglang_args: list[str]) -> None:
+    """Check the forwarded `--sglang-*` arguments against SGLang's parser, before any launch."""
+    if not sglang_installed():
+        raise SlimeError("--rollout-backend sglang needs the `sglang` package (and GPUs), which this "
+                         "environment does not have; use --rollout-backend builtin")
+    check_framework_owned(sglang_args)
+    check_passthrough_args(sglang_arg_parser(), sglang_args, "sglang.launch_server")
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """The SGLang server gets SIGTERM when the process that launched it dies (Linux)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _start_sglang_server(args: Namespace, rank: int, base_gpu_id: int, log_path: str | os.PathLike) -> EngineProcess:
+    host, cmd = sglang_server_command(args, rank, base_gpu_id, free_port())
+    port = int(passthrough_value(cmd, "--port"))
+    env = dict(os.environ)
+    if env.get("CUDA_VISIBLE_DEVICES") == "":  # set empty for GPU-less Ray actors: it would hide every GPU
+        env.pop("CUDA_VISIBLE_DEVICES")
+    return EngineProcess.spawn(cmd, host, port, Path(log_path), env,
+                               preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
