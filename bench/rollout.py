@@ -139,12 +139,21 @@ def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths, max_
         bodies = [{"input_ids": p, "return_logprob": True,
                    "sampling_params": {"max_new_tokens": m, "temperature": 1.0, "ignore_eos": True}}
                   for p, ms in zip(prompts, lengths) for m in ms]
+        cpu0 = _cpu_seconds(eng.pid)
         wall, outs = asyncio.run(_send_all(eng.url + "/generate", bodies))
+        cpu = _cpu_seconds(eng.pid) - cpu0
         tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
         assert all(len(o["meta_info"]["output_token_logprobs"]) == o["meta_info"]["completion_tokens"] for o in outs)
-        return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall}
+        return {"tokens": tokens, "wall_s": wall, "tok_s": tokens / wall, "cpu_s": cpu}
     finally:
         eng.stop()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, all threads) the process has used: steadier than wall time on a
+    shared machine, so comparisons of two engines quote it too."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompts, lengths, max_running: int) -> dict:
@@ -290,15 +299,16 @@ def parse_cli() -> argparse.Namespace:
     p.add_argument("--steady-seqs", type=int, default=256,
                    help="also time this many sequences decoding together (0: skip)")
     p.add_argument("--steady-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3,
+    p.add_argument("--repeats", type=int, default=None,
                    help="runs of each engine / vLLM / full-batch measurement, interleaved (engine, vLLM, engine, ...); "
-                        "the tables give the median and the range (this machine's speed swings by up to 2x)")
+                        "the tables give the median and the range (this machine's speed swings by up to 2x); "
+                        "default 3, 1 with --quick")
     a = p.parse_args()
     a.median, a.max_len = (12, 64) if a.quick else (32, 200)
     if a.quick and a.num_prompts == 64:
         a.num_prompts = 16
-    if a.quick and a.repeats == 3:
-        a.repeats = 1
+    if a.repeats is None:
+        a.repeats = 1 if a.quick else 3
     if a.compare_root and not (Path(a.compare_root) / "slime" / "engine" / "server.py").is_file():
         raise SystemExit(f"--compare-root {a.compare_root}: no slime/engine/server.py there")
     return a
@@ -312,13 +322,18 @@ def measure_dtype(a: argparse.Namespace, model_dir: Path, dtype: str, prompts, l
     """Every server on one model and dtype, repeated and interleaved."""
     h = run_hf(model_dir, dtype, a.threads, prompts, lengths, a.hf_batch_size)
     _log(f"  HF generate {dtype}: {h['tok_s']:.0f} tok/s")
-    runs: dict[str, list[float]] = {"engine": [], "compare": [], "vllm": [], "full": [], "full_compare": []}
+    runs: dict[str, list] = {"engine": [], "compare": [], "vllm": [], "full": [], "full_compare": []}
     vllm_error = None
     for rep in range(a.repeats):
-        for key, root in (("engine", None), ("compare", a.compare_root)):
+        # this engine and the compared one take turns going first (ABBA): a run right after
+        # another was measured faster here, whichever engine it was
+        pairs = [("engine", None), ("compare", a.compare_root)][:: 1 if rep % 2 == 0 else -1]
+        for key, root in pairs:
             if key == "engine" or root:
-                runs[key].append(run_engine(model_dir, dtype, a.threads, prompts, lengths, a.max_running, root)["tok_s"])
-                _log(f"  [{rep + 1}/{a.repeats}] {key} {dtype}: {runs[key][-1]:.0f} tok/s")
+                r = run_engine(model_dir, dtype, a.threads, prompts, lengths, a.max_running, root)
+                runs[key].append(r["tok_s"])
+                runs.setdefault(f"{key}_cpu", []).append(r["cpu_s"])
+                _log(f"  [{rep + 1}/{a.repeats}] {key} {dtype}: {r['tok_s']:.0f} tok/s, {r['cpu_s']:.2f} CPU-s")
         if a.vllm_python and vllm_error is None:
             try:
                 runs["vllm"].append(run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths,
@@ -328,11 +343,13 @@ def measure_dtype(a: argparse.Namespace, model_dir: Path, dtype: str, prompts, l
                 vllm_error = _vllm_error(model_dir, dtype, err)
                 _log(f"  vLLM {dtype}: failed: {vllm_error}")
         if a.steady_seqs:
-            for key, root in (("full", None), ("full_compare", a.compare_root)):
+            for key, root in [("full", None), ("full_compare", a.compare_root)][:: 1 if rep % 2 == 0 else -1]:
                 if key == "full" or root:
-                    runs[key].append(run_engine_steady(model_dir, dtype, a.threads, prompts, a.steady_seqs,
-                                                       a.steady_tokens, root)["tok_s"])
-                    _log(f"  [{rep + 1}/{a.repeats}] {key} {dtype}, {a.steady_seqs} sequences: {runs[key][-1]:.0f} tok/s")
+                    r = run_engine_steady(model_dir, dtype, a.threads, prompts, a.steady_seqs, a.steady_tokens, root)
+                    runs[key].append(r["tok_s"])
+                    runs.setdefault(f"{key}_cpu", []).append(r["cpu_s"])
+                    _log(f"  [{rep + 1}/{a.repeats}] {key} {dtype}, {a.steady_seqs} sequences: {r['tok_s']:.0f} tok/s, "
+                         f"{r['cpu_s']:.2f} CPU-s")
     return {"dtype": dtype, "hf": h, "vllm_error": vllm_error, **runs}
 
 
@@ -358,7 +375,7 @@ def measure(a: argparse.Namespace, tmp: str) -> tuple[list[dict], dict | None]:
 
 
 def report(a: argparse.Namespace, gflops: dict[str, float], results: list[dict], overhead: dict | None) -> None:
-    cmp_head = " | compare tok/s | this / compare" if a.compare_root else ""
+    cmp_head = " | compare tok/s | this / compare | CPU-s this / compare" if a.compare_root else ""
     print(f"\nrollout benchmark, {a.threads} threads, {os.cpu_count()} cores{' (quick)' if a.quick else ''}: "
           f"{a.num_prompts} prompts x n={a.n_samples}, max_new_tokens log-normal (median {a.median}, cap {a.max_len}), "
           f"log-probs on (engine and vLLM); median of {a.repeats} interleaved run(s), range in brackets")
@@ -368,7 +385,7 @@ def report(a: argparse.Namespace, gflops: dict[str, float], results: list[dict],
           "(1024^3 torch.mm, best 0.5 s window at start and end)\n")
     print("| model | params | dtype | engine tok/s" + cmp_head + " | HF generate tok/s | engine / HF | vLLM tok/s "
           "| engine / vLLM | roofline tok/s | engine / roofline |")
-    print("|---|---|---|---|" + ("---|---|" if a.compare_root else "") + "---|---|---|---|---|---|")
+    print("|---|---|---|---|" + ("---|---|---|" if a.compare_root else "") + "---|---|---|---|---|---|")
     for r in results:
         roof = gflops[r["dtype"]] * 1e9 / (2 * r["params"])
         e = statistics.median(r["engine"])
@@ -378,19 +395,18 @@ def report(a: argparse.Namespace, gflops: dict[str, float], results: list[dict],
             vcols = f"{_spread(r['vllm'])} | {e / statistics.median(r['vllm']):.2f}x"
         else:
             vcols = "- | -"
-        cmp = f" | {_spread(r['compare'])} | {e / statistics.median(r['compare']):.2f}x" if r["compare"] else ""
+        cmp = _compare_cols(r, "engine", "compare")
         print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['dtype']} | {_spread(r['engine'])}{cmp} | "
               f"{r['hf']['tok_s']:.0f} | {e / r['hf']['tok_s']:.2f}x | {vcols} | {roof:.0f} | {100 * e / roof:.1f}% |")
     if any(r["full"] for r in results):
         print(f"\nfull batch: {a.steady_seqs} sequences decoding together, {a.steady_tokens} new tokens each "
               "(EOS ignored, log-probs on)\n")
         print("| model | dtype | engine tok/s" + cmp_head + " | roofline tok/s | engine / roofline |")
-        print("|---|---|---|" + ("---|---|" if a.compare_root else "") + "---|---|")
+        print("|---|---|---|" + ("---|---|---|" if a.compare_root else "") + "---|---|")
         for r in results:
             roof = gflops[r["dtype"]] * 1e9 / (2 * r["params"])
             f = statistics.median(r["full"])
-            cmp = (f" | {_spread(r['full_compare'])} | {f / statistics.median(r['full_compare']):.2f}x"
-                   if r["full_compare"] else "")
+            cmp = _compare_cols(r, "full", "full_compare")
             print(f"| {r['model']} | {r['dtype']} | {_spread(r['full'])}{cmp} | {roof:.0f} | {100 * f / roof:.1f}% |")
     if overhead:
         print(f"\nengine per-request overhead (tiny, sequential 1-token requests): latency "
@@ -410,6 +426,16 @@ def main() -> None:
     # measured again at the end, the best reading counts: the roofline is the hardware's, not the moment's
     gflops = {d: max(g, matmul_gflops(getattr(torch, d), a.threads)) for d, g in gflops.items()}
     report(a, gflops, results, overhead)
+
+
+def _compare_cols(r: dict, this: str, other: str) -> str:
+    """Table cells against the compared checkout: its tok/s, this / it in tok/s (higher is faster)
+    and in server CPU-seconds for the same work (lower is cheaper), medians."""
+    if not r[other]:
+        return ""
+    speed = statistics.median(r[this]) / statistics.median(r[other])
+    cpu = statistics.median(r[f"{this}_cpu"]) / statistics.median(r[f"{other}_cpu"])
+    return f" | {_spread(r[other])} | {speed:.2f}x | {cpu:.2f}x"
 
 
 def _spread(values: list[float]) -> str:

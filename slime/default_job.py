@@ -22,6 +22,7 @@ from slime.arguments import parse_args, to_argv
 from slime.data.arithmetic import write_arithmetic_dataset
 from slime.data.tiny_model import build_tiny_model
 from slime.train import finish_run, run_cli, train
+from slime.utils.checkpoint_layout import iter_dir
 
 SHARED_FLAGS = ("--run-dir", "--use-tensorboard", "--seed", "--colocate")
 
@@ -97,7 +98,7 @@ def run_default_job(argv: Sequence[str]) -> int:
         sft_args = parse_args(base + to_argv(SFT) + shared + [
             "--prompt-data", str(data_dir / "sft.jsonl"), "--save", str(ckpts / "sft")])
         # Both stages are parsed before anything runs: a typo in the user's arguments costs no SFT time.
-        sft_ckpt = ckpts / "sft" / f"iter_{sft_args.num_rollout - 1:07d}"
+        sft_ckpt = iter_dir(ckpts / "sft", sft_args.num_rollout - 1)
         rl_args = parse_args(base + to_argv(RL) + [
             "--prompt-data", str(data_dir / "train.jsonl"), "--skip-eval-before-train",
             "--hf-checkpoint", str(sft_ckpt), "--save", str(ckpts / "rl")] + user)

@@ -67,12 +67,11 @@ def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: fl
     if not samples or not failed:
         return
     ratio = len(failed) / len(samples)
-    limit = max_ratio
-    if ratio > limit or len(failed) == len(samples):
+    if ratio > max_ratio or len(failed) == len(samples):
         first = failed[0].metadata.get("error", "no error recorded")
         raise SlimeError(
             f"rollout {rollout_id}: {len(failed)} of {len(samples)} samples FAILED ({ratio:.0%}), more than "
-            f"--max-failed-sample-ratio {limit:g} allows; first error: {first}"
+            f"--max-failed-sample-ratio {max_ratio:g} allows; first error: {first}"
         )
     logger.warning("rollout %d: %d of %d samples FAILED (first: %s)", rollout_id, len(failed), len(samples),
                    failed[0].metadata.get("error"))
