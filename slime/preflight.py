@@ -13,6 +13,7 @@ from argparse import Namespace
 from pathlib import Path
 
 from slime.arguments import DEFAULT_DATA_SOURCE, set_num_rollout
+from slime.arguments.megatron import check_model_shape
 from slime.data.data_source import load_tokenizer
 from slime.data.dataset import load_prompt_samples
 from slime.engine.args import check_engine_args, check_model_dir
@@ -40,9 +41,8 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 }
 
 
-def check_context_length(args: Namespace) -> None:
+def check_context_length(args: Namespace, config: dict) -> None:
     """Prompt + response must fit the model's context: say so now, not as 400s mid-rollout."""
-    config = json.loads((Path(args.hf_checkpoint) / "config.json").read_text())
     context = config.get("max_position_embeddings")
     if not context:
         return
@@ -119,7 +119,10 @@ def count_prompts(args: Namespace, num_prompts: int | None) -> int:
 
 def preflight(args: Namespace) -> None:
     check_model_dir(args.hf_checkpoint, "--hf-checkpoint")
-    check_context_length(args)
+    config_path = Path(args.hf_checkpoint) / "config.json"
+    config = json.loads(config_path.read_text())
+    check_model_shape(args, config, str(config_path))  # a slime script's Megatron model-config block
+    check_context_length(args, config)
     if args.use_kl_loss:
         check_model_dir(args.ref_load, "--ref-load")
     if args.load:

@@ -10,6 +10,7 @@
 | `logs.py`      | run directory, TensorBoard, weight-sync check                              |
 | `training.py`  | checkpoints, batching, optimizer and LR schedule                           |
 | `algorithm.py` | advantage estimators, losses, KL, TIS/OPSM, critic, distillation           |
+| `megatron.py`  | Megatron-LM's options (data: `megatron_lm.json`), model-shape checks       |
 
 A new option goes into the file of its concern, with its default there and nowhere else.
 """

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import yaml
 
-from slime.arguments import algorithm, cluster, data, engine, evaluation, logs, rollout, training
+from slime.arguments import algorithm, cluster, data, engine, evaluation, logs, megatron, rollout, training
 from slime.errors import SlimeError
 
 # The groups in the order their `finalize` runs: each may read what an earlier one resolved.
@@ -50,6 +50,7 @@ def build_parser() -> SlimeArgumentParser:
     p.add_argument("--config", type=str, default=None, help="YAML file of arguments (command line wins).")
     for group in GROUPS:
         group.add_arguments(p)
+    p.megatron_names = megatron.add_arguments(p)  # last: slime-rl's own definitions win
     return p
 
 
@@ -80,6 +81,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise SlimeError(f"unknown argument {name}{_suggest(name, sorted(known))}")
         raise SlimeError(f"unexpected value {bad!r} (no argument takes it)")
     args.sglang_args = passthrough
+    args.megatron_options_given = megatron.given_options(own, parser.megatron_names)
     return finalize_args(args)
 
 

@@ -61,6 +61,8 @@ class TrainActor:
         self.model = AutoModelForCausalLM.from_pretrained(self.args.hf_checkpoint, dtype=torch.float32)
         self.model.train()
         self.model.config.use_cache = False
+        if self.args.recompute_granularity is not None:  # Megatron's --recompute-*: activations recomputed in backward
+            enable_activation_checkpointing(self.model)
         if self.world_size > 1:
             self._shard(self.model)
         a = self.args
@@ -340,6 +342,14 @@ class TrainActor:
     def weights_checksum(self) -> float:
         """Sum of |w| over all parameters (tests use it to see that training changed the weights)."""
         return float(sum(v.double().abs().sum() for v in self.full_state_dict().values()))
+
+
+def enable_activation_checkpointing(model: torch.nn.Module) -> None:
+    """Recompute every decoder layer's activations in the backward pass (non-reentrant, FSDP2-safe)."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x; the older name warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 RayTrainActor = ray.remote(TrainActor)

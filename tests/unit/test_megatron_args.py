@@ -1,0 +1,137 @@
+"""Megatron-LM options in slime launch scripts: accepted with Megatron's dests and defaults, the
+model-shape block checked against the checkpoint's config, everything else named as not used."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from slime.arguments import parse_args
+from slime.arguments.megatron import check_model_shape, megatron_options, unused_note
+from slime.errors import SlimeError
+
+BASE = ["--rollout-batch-size", "4", "--num-rollout", "2"]
+
+# The shape of slime's scripts/models/qwen3-4B.sh, and the PERF/MISC blocks of its run script.
+QWEN3_4B_MODEL_ARGS = [
+    "--swiglu", "--num-layers", "36", "--hidden-size", "2560", "--ffn-hidden-size", "9728",
+    "--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8",
+    "--use-rotary-position-embeddings", "--disable-bias-linear", "--normalization", "RMSNorm",
+    "--norm-epsilon", "1e-6", "--rotary-base", "1000000", "--vocab-size", "151936", "--kv-channels", "128",
+    "--qk-layernorm",
+]
+PERF_AND_MISC = [
+    "--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
+    "--context-parallel-size", "1", "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "1",
+    "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
+    "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--accumulate-allreduce-grads-in-fp32",
+    "--attention-softmax-in-fp32", "--attention-backend", "flash",
+]
+# Qwen3-4B's config.json values for the same fields (written out here, independently of the code).
+QWEN3_4B_CONFIG = {
+    "model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 2560, "intermediate_size": 9728,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000, "vocab_size": 151936, "hidden_act": "silu", "tie_word_embeddings": True,
+    "max_position_embeddings": 40960,
+}
+
+
+def test_a_slime_model_block_parses_with_megatrons_dests():
+    a = parse_args(BASE + QWEN3_4B_MODEL_ARGS + PERF_AND_MISC)
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_query_groups, a.kv_channels) == (36, 2560, 9728, 8, 128)
+    assert a.swiglu and a.qk_layernorm and a.group_query_attention and a.add_bias_linear is False
+    assert a.layernorm_epsilon == 1e-6 and a.rotary_base == 1000000 and a.normalization == "RMSNorm"
+    assert a.tensor_model_parallel_size == 2 and a.sequence_parallel and a.attention_backend == "flash"
+    assert a.recompute_granularity == "full" and a.attention_dropout == 0.0
+    # options nobody set carry Megatron's defaults, as under slime
+    assert a.bf16 is False and a.num_experts is None and a.transformer_impl == "transformer_engine"
+    # slime-rl's own definitions win where the names coincide
+    assert a.lr == 1e-6 and a.micro_batch_size == 1
+
+
+def test_unused_options_are_named_once_and_shape_options_are_not():
+    a = parse_args(BASE + QWEN3_4B_MODEL_ARGS + PERF_AND_MISC)
+    note = unused_note(a)
+    for used in ("--num-layers", "--swiglu", "--qk-layernorm", "--norm-epsilon"):
+        assert used not in note.split()
+    for unused in ("--tensor-model-parallel-size", "--sequence-parallel", "--attention-backend",
+                   "--accumulate-allreduce-grads-in-fp32", "--use-rotary-position-embeddings"):
+        assert note.split().count(unused) == 1
+    assert unused_note(parse_args(BASE)) is None
+
+
+def test_model_shape_matches_and_mismatches_name_both_values():
+    a = parse_args(BASE + QWEN3_4B_MODEL_ARGS)
+    check_model_shape(a, QWEN3_4B_CONFIG, "/models/Qwen3-4B/config.json")
+    for option, value, key, have in [("--num-layers", "28", "num_hidden_layers", 36),
+                                     ("--hidden-size", "4096", "hidden_size", 2560),
+                                     ("--num-query-groups", "4", "num_key_value_heads", 8),
+                                     ("--kv-channels", "64", "head_dim", 128),
+                                     ("--rotary-base", "10000", "rope_theta", 1000000),
+                                     ("--norm-epsilon", "1e-05", "rms_norm_eps", 1e-06),
+                                     ("--vocab-size", "152064", "vocab_size", 151936)]:
+        wrong = parse_args(BASE + QWEN3_4B_MODEL_ARGS + [option, value])
+        with pytest.raises(SlimeError, match=rf"^{option} {value} does not match the model: "
+                                             rf"/models/Qwen3-4B/config.json has {key} = {have}"):
+            check_model_shape(wrong, QWEN3_4B_CONFIG, "/models/Qwen3-4B/config.json")
+
+
+def test_model_shape_flags_against_the_config():
+    llama = {"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
+             "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
+    check_model_shape(parse_args(BASE + ["--swiglu", "--untie-embeddings-and-output-weights"]), llama, "c.json")
+    for flag, needed in [("--qk-layernorm", "query/key norms"), ("--group-query-attention", "num_key_value_heads <"),
+                         ("--normalization", "rms_norm_eps / layer_norm_eps")]:
+        argv = [flag, "LayerNorm"] if flag == "--normalization" else [flag]
+        with pytest.raises(SlimeError, match=flag):
+            check_model_shape(parse_args(BASE + argv), llama, "c.json")
+    gelu = dict(llama, hidden_act="gelu")
+    with pytest.raises(SlimeError, match="--swiglu is set but c.json does not have hidden_act = silu"):
+        check_model_shape(parse_args(BASE + ["--swiglu"]), gelu, "c.json")
+    tied = dict(llama, tie_word_embeddings=True)
+    with pytest.raises(SlimeError, match="--untie-embeddings-and-output-weights"):
+        check_model_shape(parse_args(BASE + ["--untie-embeddings-and-output-weights"]), tied, "c.json")
+    # a model type it cannot judge is not guessed at
+    check_model_shape(parse_args(BASE + ["--qk-layernorm"]), {"model_type": "something_new"}, "c.json")
+
+
+def test_preflight_stops_a_wrong_model_block_before_launch(tiny_model_dir, task_dir):
+    config = json.loads((tiny_model_dir / "config.json").read_text())
+    argv = BASE + ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
+                   "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
+                   "--rollout-max-response-len", "8", "--num-layers", str(config["num_hidden_layers"] + 1)]
+    from slime.preflight import preflight
+
+    with pytest.raises(SlimeError, match=rf"--num-layers {config['num_hidden_layers'] + 1} does not match"):
+        preflight(parse_args(argv))
+
+
+def test_typos_still_get_did_you_mean_and_values_are_typed():
+    with pytest.raises(SlimeError, match="unknown argument --tensor-model-paralel-size; did you mean "
+                                         "--tensor-model-parallel-size"):
+        parse_args(BASE + ["--tensor-model-paralel-size", "2"])
+    with pytest.raises(SlimeError, match="--num-layers: invalid int value"):
+        parse_args(BASE + ["--num-layers", "many"])
+    with pytest.raises(SlimeError, match="--recompute-granularity.*invalid choice"):
+        parse_args(BASE + ["--recompute-granularity", "partial"])
+
+
+def test_megatron_options_in_a_yaml_config(tmp_path):
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({"rollout_batch_size": 4, "num_rollout": 2, "num_layers": 2, "swiglu": True,
+                                   "tensor_model_parallel_size": 2}))
+    a = parse_args(["--config", str(cfg)])
+    assert a.num_layers == 2 and a.swiglu and a.tensor_model_parallel_size == 2
+    assert a.megatron_options_given == ["--num-layers", "--swiglu", "--tensor-model-parallel-size"]
+
+
+def test_the_option_data_is_megatrons_parser():
+    """The data file holds Megatron-LM's parser (written by scripts/extract_megatron_args.py)."""
+    opts = megatron_options()
+    assert len(opts) > 600
+    assert opts["--norm-epsilon"]["dest"] == "layernorm_epsilon"
+    assert opts["--disable-bias-linear"] == {**opts["--disable-bias-linear"], "dest": "add_bias_linear",
+                                             "action": "_StoreFalseAction", "default": True}
+    assert opts["--recompute-granularity"]["choices"] == ["full", "selective"]
