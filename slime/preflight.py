@@ -33,7 +33,7 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "custom_rm_path": (("args", "sample_or_samples"), ()),
     "dynamic_sampling_filter_path": (("args", "samples"), ()),
     "custom_reward_post_process_path": (("args", "samples"), ()),
-    "custom_convert_samples_to_train_data_path": (("args", "samples", "raw_rewards", "rewards"), ()),
+    "custom_convert_samples_to_train_data_path": (("args", "samples"), ()),
     "rollout_data_postprocess_path": (("args", "rollout_id", "rollout_data"), ()),
     "buffer_filter_path": (("args", "rollout_id", "buffer", "num_samples"), ()),
     "rollout_sample_filter_path": (("args", "samples"), ()),

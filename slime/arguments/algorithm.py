@@ -16,7 +16,8 @@ OPD_TYPES = ("sglang", "megatron")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("algorithm")
     g.add_argument("--advantage-estimator", choices=ADVANTAGE_ESTIMATORS, default="grpo")
-    g.add_argument("--disable-grpo-std-normalization", action="store_true")
+    g.add_argument("--disable-grpo-std-normalization", action="store_false", dest="grpo_std_normalization",
+                   help="GRPO/GSPO subtract the group mean only (Dr. GRPO); slime's dest grpo_std_normalization.")
     g.add_argument("--loss-type", choices=LOSS_TYPES, default="policy_loss")
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument("--eps-clip-high", type=float, default=None, help="Default: --eps-clip.")
@@ -27,8 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--calculate-per-token-loss", action="store_true")
     g.add_argument("--use-rollout-logprobs", action="store_true",
                    help="Use the engine's log-probs as the old policy instead of recomputing them.")
-    g.add_argument("--disable-rewards-normalization", action="store_true",
-                   help="Train on raw rewards (no group normalisation for grpo/gspo/rloo/reinforce_plus_plus_baseline).")
+    g.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization",
+                   help="Train on raw rewards (no group normalisation for grpo/gspo/rloo/reinforce_plus_plus_baseline); "
+                        "slime's dest rewards_normalization.")
     g.add_argument("--normalize-advantages", action="store_true",
                    help="Whiten per-token advantages over the rollout (all ranks).")
     g.add_argument("--gamma", type=float, default=1.0, help="Discount (ppo GAE, reinforce_plus_plus).")

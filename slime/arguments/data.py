@@ -7,7 +7,7 @@ import json
 
 from slime.arguments.checks import require_positive
 
-DEFAULT_DATA_SOURCE = "slime.data.data_source.RolloutDataSourceWithBuffer"
+DEFAULT_DATA_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"  # slime's path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -41,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--custom-reward-post-process-path", type=str, default=None,
                    help="fn(args, samples) -> (raw_rewards, rewards), replacing group normalisation.")
     g.add_argument("--custom-convert-samples-to-train-data-path", type=str, default=None,
-                   help="fn(args, samples, raw_rewards, rewards) -> train data dict.")
+                   help="fn(args, samples) -> train data dict (tokens, response_lengths, loss_masks, rewards, ...), "
+                        "replacing the conversion, rewards included (slime's contract).")
     g.add_argument("--rollout-data-postprocess-path", type=str, default=None,
                    help="fn(args, rollout_id, rollout_data), on each trainer rank after advantages.")
     g.add_argument("--max-turns", type=int, default=8,

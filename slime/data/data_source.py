@@ -17,6 +17,7 @@ directory of that rollout (`<save>/iter_XXXXXXX/rollout_state.json`).
 
 from __future__ import annotations
 
+import abc
 import copy
 import json
 import random
@@ -45,8 +46,32 @@ def load_tokenizer(path: str | None, *, arg_name: str = "--hf-checkpoint"):
         raise SlimeError(f"cannot load a tokenizer from {arg_name} {str(path)!r}: {type(e).__name__}: {e}") from e
 
 
-class RolloutDataSource:
-    """The prompt dataset of a run and the position reached in it."""
+class DataSource(abc.ABC):
+    """slime's data source contract: what `--data-source-path` names and a rollout function receives."""
+
+    @abc.abstractmethod
+    def get_samples(self, num_samples: int) -> list[list[Sample]]:
+        """The next `num_samples` groups of samples."""
+
+    @abc.abstractmethod
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        """Take groups back, for a later rollout."""
+
+    @abc.abstractmethod
+    def save(self, rollout_id):
+        """Write the state into the checkpoint of `rollout_id`."""
+
+    @abc.abstractmethod
+    def load(self, rollout_id=None):
+        """Restore the state saved with `rollout_id` (None: the latest under --load)."""
+
+    @abc.abstractmethod
+    def __len__(self) -> int:
+        """Prompts handed out per epoch."""
+
+
+class RolloutDataSource(DataSource):
+    """The prompt dataset of a run and the position reached in it (read-only: no buffer)."""
 
     def __init__(self, args: Any, *, tokenizer: Any = None):
         self.args = args
@@ -135,6 +160,10 @@ class RolloutDataSource:
             self.group_counter += 1
             groups.append(group)
         return groups
+
+    def add_samples(self, samples: list[list[Sample]]) -> None:
+        raise SlimeError(f"{type(self).__name__} is a read-only data source and cannot take groups back "
+                         f"(--partial-rollout needs one with a buffer, e.g. RolloutDataSourceWithBuffer)")
 
     # -- checkpointing -----------------------------------------------------------------------
 

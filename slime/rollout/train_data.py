@@ -41,11 +41,11 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
                                         args.overlong_buffer_len, args.overlong_penalty_factor)
         rewards = [r + p for r, p in zip(rewards, penalty)]
     est, g = args.advantage_estimator, args.n_samples_per_prompt
-    if args.disable_rewards_normalization or est in ("ppo", "reinforce_plus_plus"):
+    if not args.rewards_normalization or est in ("ppo", "reinforce_plus_plus"):
         return raw, rewards
     t = torch.tensor(rewards, dtype=torch.float32)
     if est in ("grpo", "gspo"):
-        t = group_normalize_rewards(t, g, std_normalization=not args.disable_grpo_std_normalization)
+        t = group_normalize_rewards(t, g, std_normalization=args.grpo_std_normalization)
     elif est == "reinforce_plus_plus_baseline":
         t = group_normalize_rewards(t, g, std_normalization=False)
     elif est == "rloo":
@@ -61,10 +61,13 @@ def _hook(args: Namespace, name: str):
 
 
 def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[str, Any]:
-    """Train columns. `--custom-reward-post-process-path` replaces the reward step
-    (`fn(args, samples) -> (raw_rewards, rewards)`), `--custom-convert-samples-to-train-data-path`
-    the whole conversion (`fn(args, samples, raw_rewards, rewards) -> dict`), as in slime."""
+    """Train columns. `--custom-convert-samples-to-train-data-path` replaces the whole conversion,
+    rewards included (`fn(args, samples) -> dict`), `--custom-reward-post-process-path` only the
+    reward step (`fn(args, samples) -> (raw_rewards, rewards)`), as in slime."""
     samples = [s for g in groups for s in g]
+    convert_hook = _hook(args, "custom_convert_samples_to_train_data_path")
+    if convert_hook is not None:
+        return _converted(args, samples, convert_hook(args, samples))
     reward_hook = _hook(args, "custom_reward_post_process_path")
     if reward_hook is not None:
         raw_rewards, rewards = reward_hook(args, samples)
@@ -74,9 +77,6 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
                              f"{len(raw_rewards)} raw rewards and {len(rewards)} rewards for {len(samples)} samples")
     else:
         raw_rewards, rewards = post_process_rewards(args, samples)
-    convert_hook = _hook(args, "custom_convert_samples_to_train_data_path")
-    if convert_hook is not None:
-        return convert_hook(args, samples, raw_rewards, rewards)
     loss_masks = []
     for s in samples:
         mask = list(s.loss_mask) if s.loss_mask is not None else [1] * s.response_length
@@ -101,6 +101,29 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
                for s in samples]
     if samples and all(t is not None for t in teacher):
         data["teacher_log_probs"] = [list(t) for t in teacher]
+    return data
+
+
+TRAIN_COLUMNS = ("tokens", "response_lengths", "loss_masks", "rewards")  # what the trainer reads of every sample
+
+
+def _converted(args: Namespace, samples: list[Sample], data: Any) -> dict[str, Any]:
+    """Check a convert hook's train data; FAILED, ABORTED and removed samples are never trained on,
+    whatever the hook wrote for them; `raw_reward` / `truncated` (for metrics) are filled if absent."""
+    where = f"--custom-convert-samples-to-train-data-path {args.custom_convert_samples_to_train_data_path}"
+    if not isinstance(data, dict):
+        raise SlimeError(f"{where} returned {type(data).__name__}, not a dict of train columns")
+    missing = [k for k in TRAIN_COLUMNS if k not in data]
+    if missing:
+        raise SlimeError(f"{where} returned no {', '.join(missing)} (the trainer needs {', '.join(TRAIN_COLUMNS)})")
+    wrong = [k for k in TRAIN_COLUMNS if len(data[k]) != len(samples)]
+    if wrong:
+        raise SlimeError(f"{where}: {', '.join(wrong)} must have one entry per sample ({len(samples)})")
+    for i, s in enumerate(samples):
+        if s.status in NOT_TRAINABLE or s.remove_sample:
+            data["loss_masks"][i] = [0] * len(data["loss_masks"][i])
+    data.setdefault("raw_reward", list(data["rewards"]))
+    data.setdefault("truncated", [int(s.status == Sample.Status.TRUNCATED) for s in samples])
     return data
 
 

@@ -88,6 +88,18 @@ def reward_post_process(args, samples):
     return raw, [r + 1.0 for r in raw]
 
 
+def convert_samples_to_train_data(args, samples):
+    """slime's contract: (args, samples) -> train columns, rewards decided here (a reward of 2x)."""
+    return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length for s in samples],
+            "loss_masks": [[1] * s.response_length for s in samples],
+            "rewards": [2.0 * s.get_reward_value(args) for s in samples], "custom": "kept"}
+
+
+def convert_without_loss_masks(args, samples):
+    return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length for s in samples],
+            "rewards": [0.0 for _ in samples]}
+
+
 def rollout_data_postprocess(args, rollout_id, rollout_data):
     CALLS["postprocess"].append((rollout_id, len(rollout_data["advantages"])))
 

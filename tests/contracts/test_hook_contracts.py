@@ -233,6 +233,21 @@ def test_custom_reward_post_process():
     assert data["raw_reward"] == [0.0, 1.0] and data["rewards"] == [1.0, 2.0]  # no group normalisation
 
 
+def test_custom_convert_samples_to_train_data_takes_slimes_call():
+    """fn(args, samples) replaces the conversion, rewards included; a FAILED sample is still never
+    trained on, and columns the trainer needs are checked by name."""
+    g = group(2)
+    for s, r in zip(g, [0.5, 1.0]):
+        s.reward, s.status, s.tokens, s.response_length, s.loss_mask = r, Sample.Status.COMPLETED, [1, 2, 3], 2, [1, 1]
+    g[1].status = Sample.Status.FAILED
+    data = samples_to_train_data(make_args(custom_convert_samples_to_train_data_path=H + "convert_samples_to_train_data"), [g])
+    assert data["rewards"] == [1.0, 2.0] and data["custom"] == "kept"  # no group normalisation: the hook decides
+    assert data["loss_masks"] == [[1, 1], [0, 0]] and data["raw_reward"] == [1.0, 2.0] and data["truncated"] == [0, 0]
+    bad = make_args(custom_convert_samples_to_train_data_path=H + "convert_without_loss_masks")
+    with pytest.raises(SlimeError, match=r"convert_without_loss_masks returned no loss_masks"):
+        samples_to_train_data(bad, [g])
+
+
 # ------------------------------------------------------------------ --rollout-data-postprocess-path
 
 def test_rollout_data_postprocess_runs_on_the_trainer(tiny_model_dir, tmp_path):
@@ -255,7 +270,7 @@ GOOD = {
     "rollout_function_path": "rollout_function", "eval_function_path": "rollout_function",
     "custom_generate_function_path": "custom_generate", "custom_rm_path": "custom_rm",
     "dynamic_sampling_filter_path": "keep_nothing_bool", "custom_reward_post_process_path": "reward_post_process",
-    "custom_convert_samples_to_train_data_path": "rollout_function",  # 4 positional parameters
+    "custom_convert_samples_to_train_data_path": "convert_samples_to_train_data",
     "rollout_data_postprocess_path": "rollout_data_postprocess",
     "buffer_filter_path": "buffer_filter_newest", "rollout_sample_filter_path": "remove_odd_samples",
     "data_source_path": "ListDataSource",

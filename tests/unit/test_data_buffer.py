@@ -183,3 +183,27 @@ def test_eval_metrics_report_pass_at_k_per_prompt():
     for k in (1, 2, 4):
         assert m[f"eval/arith/pass@{k}"] == pytest.approx(sum(_brute_pass_at_k(g, k) for g in groups) / 3)
     assert "eval/arith/pass@8" not in m and m["eval/arith"] == pytest.approx(3 / 12)
+
+
+# ---------------------------------------------------------------- slime's import path and contract
+
+def test_slimes_data_source_path_is_the_default_and_the_contract(tmp_path):
+    import slime.rollout.data_source as slime_path
+    from slime.data import data_source
+    from slime.utils.misc import load_function
+
+    args = _args(_prompts(tmp_path))
+    assert args.data_source_path == "slime.rollout.data_source.RolloutDataSourceWithBuffer"
+    assert load_function(args.data_source_path) is data_source.RolloutDataSourceWithBuffer
+    assert slime_path.DataSource is data_source.DataSource
+    assert issubclass(slime_path.RolloutDataSourceWithBuffer, slime_path.DataSource)
+
+    class Incomplete(slime_path.DataSource):  # a custom source must implement the whole contract
+        def get_samples(self, num_samples):
+            return []
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete()
+    read_only = slime_path.RolloutDataSource(args)
+    with pytest.raises(SlimeError, match="read-only data source"):
+        read_only.add_samples(read_only.get_samples(1))
