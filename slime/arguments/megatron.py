@@ -168,9 +168,18 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+MOE_KEYS = ("moe_intermediate_size", "num_experts", "n_routed_experts", "num_local_experts")
+
+
 def check_model_shape(args: argparse.Namespace, config: dict, config_path: str) -> None:
-    """Stop when a Megatron model-shape option the user set contradicts the checkpoint's config."""
+    """Stop when a Megatron model-shape option the user set contradicts the checkpoint's config.
+
+    As slime's own check: a multimodal config is judged by its `text_config`, and a MoE model's
+    dense `intermediate_size` is not compared (its MLPs are the experts')."""
+    config = config.get("text_config") or config
     given = set(args.megatron_options_given)
+    if any(k in config for k in MOE_KEYS):
+        given.discard("--ffn-hidden-size")
     for option, (dest, read, key) in SHAPE.items():
         if option not in given:
             continue

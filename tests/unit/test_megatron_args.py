@@ -78,6 +78,20 @@ def test_model_shape_matches_and_mismatches_name_both_values():
             check_model_shape(wrong, QWEN3_4B_CONFIG, "/models/Qwen3-4B/config.json")
 
 
+def test_multimodal_and_moe_configs_are_judged_as_slime_does():
+    moe = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048, "intermediate_size": 6144,
+           "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8}
+    ok = parse_args(BASE + ["--num-layers", "48", "--ffn-hidden-size", "1", "--moe-ffn-hidden-size", "768",
+                            "--num-experts", "128", "--moe-router-topk", "8"])
+    check_model_shape(ok, moe, "m.json")  # the dense ffn size of a MoE model is not compared
+    with pytest.raises(SlimeError, match="--moe-router-topk 4 does not match the model: m.json has num_experts_per_tok = 8"):
+        check_model_shape(parse_args(BASE + ["--moe-router-topk", "4"]), moe, "m.json")
+    vl = {"model_type": "qwen3_vl", "text_config": dict(QWEN3_4B_CONFIG), "vision_config": {"hidden_size": 1024}}
+    check_model_shape(parse_args(BASE + QWEN3_4B_MODEL_ARGS), vl, "vl.json")
+    with pytest.raises(SlimeError, match="--hidden-size 1024 does not match the model: vl.json has hidden_size = 2560"):
+        check_model_shape(parse_args(BASE + ["--hidden-size", "1024"]), vl, "vl.json")
+
+
 def test_model_shape_flags_against_the_config():
     llama = {"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
              "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
