@@ -161,12 +161,15 @@ class Scheduler:
 
     def load(self) -> dict:
         with self._cv:
-            reqs = list(self._waiting) + list(self._running)
-        running = [r.kv_need() for r in self._running if r.finish_reason is None]
+            waiting = list(self._waiting)
+            # a finished row stays in the batch list until the step that drops it; its answer is
+            # already delivered, so it is no longer load
+            running = [r for r in self._running if r.finish_reason is None]
+        reqs = waiting + running
         load = {"num_reqs": len(reqs), "num_tokens": sum(r.num_tokens() for r in reqs),
-                "num_waiting_reqs": len(self._waiting), "num_running_reqs": len(self._running)}
+                "num_waiting_reqs": len(waiting), "num_running_reqs": len(running)}
         if self.max_total_tokens:
-            load["token_usage"] = round(self._reserved(running) / self.max_total_tokens, 4)
+            load["token_usage"] = round(self._reserved([r.kv_need() for r in running]) / self.max_total_tokens, 4)
         return load
 
     def abort(self, rids: list[str] | None = None, abort_all: bool = False) -> int:
