@@ -17,8 +17,7 @@ import ray
 from ray.util.placement_group import remove_placement_group
 from transformers import AutoTokenizer
 
-from slime.arguments import parse_args, save_args
-from slime.arguments.megatron import unused_note as megatron_unused_note
+from slime.arguments import parse_args, save_args, startup_notes
 from slime.errors import SlimeError
 from slime.observability.metrics import MetricsLogger
 from slime.observability.plots import plot_run
@@ -44,8 +43,7 @@ def train(args: Namespace) -> dict[str, float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     save_args(args, run_dir / (f"args.{args.stage}.json" if args.stage else "args.json"))
     print(f"[slime] run directory: {run_dir.resolve()}", flush=True)
-    note = megatron_unused_note(args)
-    if note:
+    for note in startup_notes(args):
         print(f"[slime] {note}", flush=True)
     metrics_log = MetricsLogger(run_dir, use_tensorboard=args.use_tensorboard, stage=args.stage, console=False)
 

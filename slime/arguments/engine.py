@@ -15,6 +15,10 @@ ROLLOUT_BACKENDS = ("sglang", "builtin")
 # sglang-router's policies; slime's default is sglang-router's default (`cache_aware`).
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing", "manual")
 DEFAULT_ROUTER_POLICY = "cache_aware"
+# slime's transports plus the built-in engine's HTTP payload ('tensor')
+WEIGHT_TRANSPORTS = ("nccl", "tensor", "disk")
+# an earlier slime-rl spelling of the transport, under a name slime uses for something else
+OLD_WEIGHT_MODES = {"tensor": "tensor", "distributed": "nccl"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -22,11 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-backend", choices=ROLLOUT_BACKENDS, default=None,
                    help="Engine servers: real SGLang (GPUs) or the built-in CPU engine "
                         "(default: sglang when CUDA and the sglang package are present, else builtin).")
-    g.add_argument("--update-weight-mode", choices=["tensor", "distributed"], default=None,
-                   help="Weight sync into engines: 'tensor' posts safetensors bytes to /update_weights_from_tensor "
-                        "(the built-in engine's payload; default with it); 'distributed' broadcasts over a gloo group "
-                        "(/init_weights_update_group + /update_weights_from_distributed), as slime does for "
-                        "non-colocated engines (default with --rollout-backend sglang).")
+    g.add_argument("--update-weight-transport", choices=WEIGHT_TRANSPORTS, default=None,
+                   help="How weights reach the engines (slime's option): 'nccl' broadcasts them over a process "
+                        "group of their own (/init_weights_update_group + /update_weights_from_distributed; gloo "
+                        "on CPU; slime's default, and the default with --rollout-backend sglang); 'tensor' posts "
+                        "safetensors bytes to /update_weights_from_tensor (the built-in engine's payload; the "
+                        "default with it); 'disk' is not built yet.")
+    # slime's meaning: what is sent (every weight, or only the changed ones); not a transport
+    g.add_argument("--update-weight-mode", type=str, default="full",
+                   help="Weight sync payload (slime's option): 'full' sends every weight; 'delta' is not built yet.")
     g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024 ** 2,
                    help="Bytes per bucket of a distributed weight update (one HTTP call per bucket).")
     g.add_argument("--sglang-server-concurrency", type=int, default=512,
@@ -58,16 +66,32 @@ def finalize(args: argparse.Namespace) -> None:
     args.rollout_engine_urls = None
     if args.rollout_backend is None:
         args.rollout_backend = default_rollout_backend()
-    if args.update_weight_mode is None:
-        args.update_weight_mode = "distributed" if args.rollout_backend == "sglang" else "tensor"
-    elif args.update_weight_mode == "tensor" and args.rollout_backend == "sglang":
-        # SGLang's /update_weights_from_tensor takes torch multiprocessing handles (CUDA IPC), which
-        # only a GPU trainer on the same machine can make; the tensor payload here is the built-in's
-        raise SlimeError("--update-weight-mode tensor posts the built-in engine's safetensors payload, which "
-                         "SGLang's /update_weights_from_tensor does not take (it wants CUDA IPC handles); with "
-                         "--rollout-backend sglang use --update-weight-mode distributed")
+    _finalize_weight_sync(args)
     if args.update_weight_buffer_size < 1:
         raise SlimeError(f"--update-weight-buffer-size must be >= 1 byte, got {args.update_weight_buffer_size}")
+
+
+def _finalize_weight_sync(args: argparse.Namespace) -> None:
+    if args.update_weight_mode in OLD_WEIGHT_MODES:
+        new = OLD_WEIGHT_MODES[args.update_weight_mode]
+        raise SlimeError(f"--update-weight-mode {args.update_weight_mode}: in slime this option chooses the payload "
+                         f"(full or delta); the transport is --update-weight-transport {new}")
+    if args.update_weight_mode == "delta":
+        raise SlimeError("--update-weight-mode delta is not built yet (issue 'Every way slime places and overlaps "
+                         "training and rollout'); use full")
+    if args.update_weight_mode != "full":
+        raise SlimeError(f"--update-weight-mode must be full or delta, got {args.update_weight_mode!r}")
+    if args.update_weight_transport is None:
+        args.update_weight_transport = "nccl" if args.rollout_backend == "sglang" else "tensor"
+    elif args.update_weight_transport == "disk":
+        raise SlimeError("--update-weight-transport disk is not built yet (issue 'Every way slime places and "
+                         "overlaps training and rollout'); use nccl or tensor")
+    elif args.update_weight_transport == "tensor" and args.rollout_backend == "sglang":
+        # SGLang's /update_weights_from_tensor takes torch multiprocessing handles (CUDA IPC), which
+        # only a GPU trainer on the same machine can make; the tensor payload here is the built-in's
+        raise SlimeError("--update-weight-transport tensor posts the built-in engine's safetensors payload, which "
+                         "SGLang's /update_weights_from_tensor does not take (it wants CUDA IPC handles); with "
+                         "--rollout-backend sglang use --update-weight-transport nccl")
 
 
 def split_passthrough(argv: list[str], known_options: set[str]) -> tuple[list[str], list[str]]:

@@ -21,8 +21,9 @@ import json
 import math
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
+from slime.arguments.from_data import add_options
 from slime.errors import SlimeError
 
 DATA = Path(__file__).with_name("megatron_lm.json")
@@ -48,39 +49,10 @@ _TYPES: dict[str | None, Callable[[str], Any]] = {"int": int, "float": float, "b
 
 def add_arguments(p: argparse.ArgumentParser) -> set[str]:
     """Every Megatron-LM option slime-rl does not define itself (call after the other groups);
-    returns the option strings added."""
+    returns the option strings added. Megatron's own converters (enum and tuple parsers) are not
+    here: their values stay strings."""
     known = {s for a in p._actions for s in a.option_strings}
-    g = p.add_argument_group(GROUP_TITLE)
-    for name, spec in megatron_options().items():
-        names = [name, *spec["aliases"]]
-        if any(n in known for n in names):
-            continue
-        kw: dict[str, Any] = {"dest": spec["dest"], "default": spec["default"]}
-        action = spec["action"]
-        if action == "_StoreTrueAction":
-            g.add_argument(name, *spec["aliases"], action="store_true", **kw)
-        elif action == "_StoreFalseAction":
-            g.add_argument(name, *spec["aliases"], action="store_false", **kw)
-        elif action == "BooleanOptionalAction":
-            g.add_argument(name, action=argparse.BooleanOptionalAction, **kw)
-        else:
-            if spec["nargs"] is not None:
-                kw["nargs"] = spec["nargs"]
-            if spec["choices"] is not None:
-                kw["choices"] = spec["choices"]
-            # Megatron's own converters (enum and tuple parsers) are not here: their values stay strings
-            g.add_argument(name, *spec["aliases"], type=_TYPES.get(spec["type"], str), **kw)
-    return {s for a in g._group_actions for s in a.option_strings}
-
-
-def given_options(tokens: Sequence[str], megatron_names: set[str]) -> list[str]:
-    """The Megatron-LM options among command-line tokens, each once, in order."""
-    out: list[str] = []
-    for tok in tokens:
-        name = tok.split("=", 1)[0]
-        if name in megatron_names and name not in out:
-            out.append(name)
-    return out
+    return add_options(p.add_argument_group(GROUP_TITLE), megatron_options(), known, _TYPES)
 
 
 # ------------------------------------------------------------------------------ model shape

@@ -23,7 +23,9 @@ from typing import Any, Sequence
 
 import yaml
 
-from slime.arguments import algorithm, cluster, data, engine, evaluation, logs, megatron, rollout, training
+from slime.arguments import (algorithm, cluster, data, engine, evaluation, logs, megatron, rollout, training,
+                             upstream)
+from slime.arguments.from_data import given_options
 from slime.errors import SlimeError
 
 # The groups in the order their `finalize` runs: each may read what an earlier one resolved.
@@ -50,7 +52,10 @@ def build_parser() -> SlimeArgumentParser:
     p.add_argument("--config", type=str, default=None, help="YAML file of arguments (command line wins).")
     for group in GROUPS:
         group.add_arguments(p)
-    p.megatron_names = megatron.add_arguments(p)  # last: slime-rl's own definitions win
+    # then slime's and Megatron-LM's other options, as data: slime-rl's own definitions win
+    p.slime_names = upstream.add_arguments(p, megatron_names=set(megatron.megatron_options()))
+    p.megatron_names = megatron.add_arguments(p)
+    upstream.set_slime_defaults(p, p.megatron_names)
     return p
 
 
@@ -81,7 +86,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise SlimeError(f"unknown argument {name}{_suggest(name, sorted(known))}")
         raise SlimeError(f"unexpected value {bad!r} (no argument takes it)")
     args.sglang_args = passthrough
-    args.megatron_options_given = megatron.given_options(own, parser.megatron_names)
+    args.slime_options_given = given_options(own, parser.slime_names)
+    upstream.check_given(args.slime_options_given)
+    args.megatron_options_given = given_options(own, parser.megatron_names)
     return finalize_args(args)
 
 
@@ -91,6 +98,12 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
         if hasattr(group, "finalize"):
             group.finalize(args)
     return args
+
+
+def startup_notes(args: argparse.Namespace) -> list[str]:
+    """What the command line set that this backend accepts but does not use: one line per source,
+    printed once at start-up so nothing a user wrote is dropped silently."""
+    return [note for note in (upstream.unused_note(args), megatron.unused_note(args)) if note]
 
 
 def set_num_rollout(args: argparse.Namespace, num_prompts: int) -> None:

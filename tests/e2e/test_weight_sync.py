@@ -66,11 +66,11 @@ def test_logprob_parity_after_sync(engine, tiny_model_dir, tmp_path):
 
 
 def test_distributed_update_serves_the_trainers_new_weights(engine, tiny_model_dir, tmp_path):
-    """--update-weight-mode distributed: gloo broadcast; the engine then generates exactly what a
+    """--update-weight-transport nccl: a gloo broadcast; the engine then generates exactly what a
     direct HF forward with the trainer's new weights gives."""
     from slime.engine.client import EngineClient
 
-    actor = _actor(tiny_model_dir, tmp_path, "--update-weight-mode", "distributed",
+    actor = _actor(tiny_model_dir, tmp_path, "--update-weight-transport", "nccl",
                    "--update-weight-buffer-size", "30000")
     seq = list(range(5, 40))
     data = {"tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11], [12, 13, 14, 15], [12, 13, 16, 17]],

@@ -45,11 +45,23 @@ def test_rollout_backend_default_and_choice(monkeypatch):
 def test_weight_update_mode_follows_the_backend():
     """SGLang cannot take the built-in engine's tensor payload: its backend defaults to the
     distributed path and refuses 'tensor' at parse time, naming both arguments."""
-    assert parse_args(BASE).update_weight_mode == "tensor"
-    assert parse_args(BASE + ["--rollout-backend", "sglang"]).update_weight_mode == "distributed"
-    assert parse_args(BASE + ["--update-weight-mode", "distributed"]).update_weight_mode == "distributed"
-    with pytest.raises(SlimeError, match="--update-weight-mode tensor.*--rollout-backend sglang"):
-        parse_args(BASE + ["--rollout-backend", "sglang", "--update-weight-mode", "tensor"])
+    assert parse_args(BASE).update_weight_transport == "tensor"
+    assert parse_args(BASE + ["--rollout-backend", "sglang"]).update_weight_transport == "nccl"
+    assert parse_args(BASE + ["--update-weight-transport", "nccl"]).update_weight_transport == "nccl"
+    with pytest.raises(SlimeError, match="--update-weight-transport tensor.*--rollout-backend sglang"):
+        parse_args(BASE + ["--rollout-backend", "sglang", "--update-weight-transport", "tensor"])
+
+
+def test_update_weight_mode_has_slimes_meaning():
+    """slime's --update-weight-mode is the payload (full/delta), not the transport; the earlier
+    slime-rl spelling is pointed at --update-weight-transport."""
+    assert parse_args(BASE).update_weight_mode == "full"
+    with pytest.raises(SlimeError, match="--update-weight-transport nccl"):
+        parse_args(BASE + ["--update-weight-mode", "distributed"])
+    with pytest.raises(SlimeError, match="delta is not built yet"):
+        parse_args(BASE + ["--update-weight-mode", "delta"])
+    with pytest.raises(SlimeError, match="disk is not built yet"):
+        parse_args(BASE + ["--update-weight-transport", "disk"])
 
 
 def test_sglang_server_command_forwards_every_sglang_arg_verbatim():

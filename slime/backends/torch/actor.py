@@ -47,7 +47,7 @@ class TrainActor:
                  num_threads: int) -> None:
         self.args, self.rank, self.world_size = args, rank, world_size
         self.master_addr, self.master_port, self.num_threads = master_addr, master_port, num_threads
-        self._dist_sync: DistributedWeightSync | None = None  # --update-weight-mode distributed, built on first use
+        self._dist_sync: DistributedWeightSync | None = None  # --update-weight-transport nccl, built on first use
 
     # ------------------------------------------------------------------ set-up
     def init(self) -> int:
@@ -315,7 +315,7 @@ class TrainActor:
         t0 = time.perf_counter()
         state = self.full_state_dict()
         if self.is_rank0():
-            if self.args.update_weight_mode == "distributed":
+            if self.args.update_weight_transport == "nccl":
                 if self._dist_sync is None:
                     self._dist_sync = DistributedWeightSync(buffer_size=self.args.update_weight_buffer_size)
                 self._dist_sync.push(engine_urls, state, weight_version=weight_version)

@@ -1,0 +1,170 @@
+"""slime's own options that slime-rl's groups do not define, accepted as slime accepts them.
+
+`slime_upstream.json` is every option of slime's parser (slime/utils/arguments.py, slime's
+SGLang-side options and its pre-parse options) at the commit it names, written by
+`scripts/extract_slime_args.py`. An option slime-rl defines in its own groups keeps that
+definition; every other one is added here with slime's dest and default, so a slime script
+parses and `args` carries what slime's would, and then sorted by what it does on this backend:
+
+* `NOT_USED`: GPU-only or Megatron-only (FP8/INT4, MTP, routing replay, DeepGEMM, NIXL, memory
+  snapshots, Megatron plugins ...): accepted and named once at start-up, never silently dropped;
+* `NOT_BUILT`: options that issues still open build (weight-sync modes and placement; fault
+  tolerance and debugging): setting one stops with "not built yet", naming the issue;
+* `NOT_SUPPORTED`: features outside this wave (SGLang server groups / PD disaggregation,
+  multimodal data, slime's external rollout buffer): setting one stops with "not supported yet".
+
+slime's options that are Megatron-LM's too (`--no-save-optim`, `--mtp-num-layers`, ...) are added
+with Megatron's and take slime's default (`set_slime_defaults`). Every other slime option is
+either defined by slime-rl or in exactly one of the three tables
+(tests/unit/test_slime_arguments.py checks it), so an option added to the data cannot slip
+through as silently accepted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Sequence
+
+from slime.arguments.from_data import add_options
+from slime.errors import SlimeError
+
+DATA = Path(__file__).with_name("slime_upstream.json")
+MODES_ISSUE = "'Every way slime places and overlaps training and rollout'"
+RUNS_ISSUE = "'Runs that survive and explain themselves'"
+THIS_ISSUE = "'Bring a slime run over unchanged'"
+
+_MEGATRON = "a Megatron-LM training feature; the fsdp backend trains without it"
+_GPU = "GPU-only; nothing to do on this backend"
+
+NOT_USED: dict[str, str] = {
+    "--allgather-cp": "context parallelism is " + _GPU,
+    "--qwen-gdn-backend": "a GPU kernel choice; " + _GPU,
+    "--freeze-indexer": "DSA indexer of Megatron's model; " + _MEGATRON,
+    "--custom-model-provider-path": "Megatron's model provider; the fsdp backend builds the model from --hf-checkpoint",
+    "--custom-megatron-init-path": "a Megatron plugin hook",
+    "--custom-megatron-before-log-prob-hook-path": "a Megatron plugin hook",
+    "--custom-megatron-before-train-step-hook-path": "a Megatron plugin hook",
+    "--megatron-deepgemm-forward-layers": "DeepGEMM is " + _GPU,
+    "--megatron-deepgemm-forward-modules": "DeepGEMM is " + _GPU,
+    "--megatron-deepgemm-moe-forward-layers": "DeepGEMM is " + _GPU,
+    "--megatron-deepgemm-moe-forward-modules": "DeepGEMM is " + _GPU,
+    "--megatron-config-path": "per-role Megatron configs; " + _MEGATRON,
+    "--use-routing-replay": "MoE routing replay is " + _MEGATRON,
+    "--use-rollout-routing-replay": "MoE routing replay is " + _MEGATRON,
+    "--enable-mtp-training": "MTP layers are " + _MEGATRON,
+    "--memory-recorder": "CUDA memory snapshots are " + _GPU,
+    "--memory-snapshot-dir": "CUDA memory snapshots are " + _GPU,
+    "--memory-snapshot-num-steps": "CUDA memory snapshots are " + _GPU,
+    "--num-gpus-per-node": "engines are placed by --rollout-num-gpus / --rollout-num-gpus-per-engine on CPU",
+    "--log-probs-max-tokens-per-gpu": "log-prob micro-batches follow --max-tokens-per-gpu here",
+    "--recompute-loss-function": "a GPU memory saving; " + _MEGATRON,
+    "--data-pad-size-multiplier": "padding for GPU kernels; batches are not padded to a multiple here",
+    "--use-stateless-adam": _MEGATRON,
+    "--ref-ckpt-step": "Megatron checkpoint iterations; --ref-load here is a Hugging Face directory",
+    "--opd-teacher-ckpt-step": "Megatron checkpoint iterations; --opd-teacher-load here is a Hugging Face directory",
+    "--model-name": "Megatron -> Hugging Face weight conversion; weights here are Hugging Face tensors already",
+    "--save-hf": "checkpoints here are Hugging Face directories already (--save)",
+    "--balance-by-flops": "FLOPs-balanced micro-batches for GPU kernels",
+    "--rollout-data-transport": "rollout data moves through Ray's object store here (NIXL is GPU-only)",
+    "--sglang-router-request-timeout-secs": "the router's request timeout is sglang-router's own default here",
+    "--http-proxy": "rollout requests go to loopback engines here",
+    "--use-distributed-post": "rollout requests are posted from the rollout manager here",
+}
+
+NOT_BUILT: dict[str, str] = {
+    **dict.fromkeys((
+        "--update-weights-interval", "--offload", "--offload-rollout", "--offload-train",
+        "--rollout-external-engine-addrs", "--update-weight-delta-checksum", "--update-weight-delta-encoding",
+        "--update-weight-disk-dir", "--update-weight-disk-keep-files", "--update-weight-local-checkpoint-dir",
+        "--custom-update-weight-post-write-path", "--release-train",
+    ), MODES_ISSUE),
+    **dict.fromkeys((
+        "--debug-rollout-only", "--debug-train-only", "--load-debug-rollout-data",
+        "--load-debug-rollout-data-subsample", "--save-debug-rollout-data", "--save-debug-train-data",
+        "--dump-details", "--load-forge-rollout-data", "--ci-test", "--ci-disable-kl-checker",
+        "--ci-load-grad-norm", "--ci-save-grad-norm", "--ci-train-rollout-logprob-abs-diff-threshold",
+        "--get-mismatch-metrics", "--use-fault-tolerance", "--rollout-health-check-first-wait",
+        "--rollout-health-check-interval", "--rollout-health-check-timeout", "--profile-target",
+    ), RUNS_ISSUE),
+    **dict.fromkeys((
+        "--balance-data", "--rollout-max-context-len", "--loss-mask-type", "--use-rollout-entropy",
+        "--disable-compute-advantages-and-returns", "--custom-tis-function-path",
+        "--custom-pg-loss-reducer-function-path", "--rollout-sample-hook-path", "--rollout-all-samples-process-path",
+        "--custom-rollout-log-function-path", "--custom-eval-rollout-log-function-path", "--custom-config-path",
+        "--disable-rollout-global-dataset", "--start-rollout-id", "--eval-config", "--eval-top-k",
+        "--eval-max-prompt-len", "--eval-min-new-tokens", "--eval-max-context-len", "--eval-reward-key",
+        "--eval-tool-key", "--only-train-params-name-list", "--freeze-params-name-list", "--reset-optimizer-states",
+        "--train-env-vars", "--log-multi-turn", "--log-passrate", "--log-reward-category", "--log-correct-samples",
+        "--tb-project-name", "--tb-experiment-name", "--use-wandb", "--wandb-team", "--wandb-group",
+        "--wandb-host", "--wandb-key", "--wandb-mode", "--wandb-dir", "--wandb-run-id",
+        "--wandb-always-use-train-step", "--disable-wandb-random-suffix",
+    ), THIS_ISSUE),
+}
+
+NOT_SUPPORTED: dict[str, str] = {
+    "--sglang-config": "SGLang server groups (prefill/decode disaggregation, several models) are not supported yet",
+    "--prefill-num-servers": "prefill/decode disaggregation is not supported yet",
+    "--multimodal-keys": "multimodal prompts are not supported yet (text models only)",
+    "--rollout-buffer-url": "slime's external rollout buffer server is not supported yet",
+    "--rollout-task-type": "slime's external rollout buffer server is not supported yet",
+    "--fetch-trajectory-retry-times": "slime's external rollout buffer server is not supported yet",
+    "--min-batch-collection-ratio": "slime's external rollout buffer server is not supported yet",
+}
+
+GROUP_TITLE = "slime options (accepted; GPU-only ones named at start-up as not used)"
+
+
+@lru_cache(maxsize=1)
+def slime_data() -> dict[str, Any]:
+    """{"source": {repo, path, commit}, "options": {name: {aliases, dest, group, action, ...}}}."""
+    return json.loads(DATA.read_text())
+
+
+def slime_options() -> dict[str, dict[str, Any]]:
+    return slime_data()["options"]
+
+
+def _loads(value: str) -> Any:
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected JSON, got {value!r} ({e})") from e
+
+
+_TYPES = {"int": int, "float": float, "str": str, "loads": _loads}
+
+
+def add_arguments(p: argparse.ArgumentParser, megatron_names: set[str]) -> set[str]:
+    """slime's options that no earlier group defined and that are not Megatron-LM's (call after
+    slime-rl's own groups); returns the option strings added."""
+    known = {s for a in p._actions for s in a.option_strings} | megatron_names
+    return add_options(p.add_argument_group(GROUP_TITLE), slime_options(), known, _TYPES)
+
+
+def set_slime_defaults(p: argparse.ArgumentParser, megatron_added: set[str]) -> None:
+    """Megatron-LM options slime re-defaults (`reset_arg` in slime's parser: `--mtp-loss-scaling-factor`
+    0.2, ...) take slime's default, as under slime."""
+    for name, spec in slime_options().items():
+        if name in megatron_added:
+            p.set_defaults(**{spec["dest"]: spec["default"]})
+
+
+def check_given(given: Sequence[str]) -> None:
+    """Stop on the first slime option set that is not built or not supported here."""
+    for option in given:
+        if option in NOT_SUPPORTED:
+            raise SlimeError(f"{option}: {NOT_SUPPORTED[option]}")
+        if option in NOT_BUILT:
+            raise SlimeError(f"{option} is not built yet (issue {NOT_BUILT[option]})")
+
+
+def unused_note(args: argparse.Namespace) -> str | None:
+    """One line naming the slime options the command line set that this backend does not use."""
+    unused = [o for o in args.slime_options_given if o in NOT_USED]
+    if not unused:
+        return None
+    return "slime options accepted but not used by the fsdp backend: " + "; ".join(
+        f"{o} ({NOT_USED[o]})" for o in unused)
