@@ -56,7 +56,8 @@ COMMON = dict(
     eval_input_key="prompt", eval_label_key="label", apply_chat_template=True, rollout_shuffle=True,
     eval_function_path="slime.rollout.sglang_rollout.generate_rollout",
     rm_type="math", rollout_max_response_len=8, eval_temperature=0.0, n_samples_per_eval_prompt=1,
-    colocate=True, adam_beta2=0.999, clip_grad=1.0,
+    # the job's own optimizer settings, whatever the defaults
+    colocate=True, adam_beta2=0.999, clip_grad=1.0, lr_decay_style="constant", weight_decay=0.0,
 )
 SFT = dict(
     stage="sft", loss_type="sft_loss", rollout_function_path="slime.rollout.sft_rollout.generate_rollout",

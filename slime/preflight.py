@@ -48,7 +48,7 @@ def check_context_length(args: Namespace, config: dict) -> None:
         return
     for arg, value in (("--rollout-max-response-len", args.rollout_max_response_len),
                        ("--eval-max-response-len", args.eval_max_response_len)):
-        if value >= context:
+        if value is not None and value >= context:
             raise SlimeError(
                 f"{arg} {value} does not fit the model's context length {context} "
                 f"(max_position_embeddings in {args.hf_checkpoint}/config.json); use a smaller value"

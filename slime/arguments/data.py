@@ -17,10 +17,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--label-key", type=str, default=None)
     g.add_argument("--metadata-key", type=str, default="metadata")
     g.add_argument("--apply-chat-template", action="store_true")
-    g.add_argument("--apply-chat-template-kwargs", type=json.loads, default=None, help="JSON dict.")
-    g.add_argument("--tool-key", type=str, default=None,
+    g.add_argument("--apply-chat-template-kwargs", type=json.loads, default="{}", help="JSON dict.")
+    g.add_argument("--tool-key", type=str, default="tools",
                    help="Column with the tools (a list, or a JSON string of one) passed to the chat template "
-                        "as `tools=` and kept in sample.metadata['tools'].")
+                        "as `tools=` and kept in sample.metadata['tools'] (rows without it have none).")
     g.add_argument("--rollout-shuffle", action="store_true")
     g.add_argument("--rollout-seed", type=int, default=42)
     g.add_argument("--rollout-max-prompt-len", type=int, default=None,

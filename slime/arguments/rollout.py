@@ -16,7 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-rollout", type=int, default=None)
     g.add_argument("--rollout-batch-size", type=int, default=None, help="Prompts per rollout.")
     g.add_argument("--n-samples-per-prompt", type=int, default=1)
-    g.add_argument("--rollout-max-response-len", type=int, default=1024)
+    g.add_argument("--rollout-max-response-len", type=int, default=None,
+                   help="max_new_tokens of each generate call (default, as slime's: none; the engine stops at "
+                        "the context length).")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1)

@@ -10,9 +10,10 @@ scheduler, SGLang's answer shape out.
 
 from __future__ import annotations
 
+
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -109,7 +110,8 @@ def parse_generate(body: Any, runner, max_total_tokens: int | None) -> tuple[lis
         if id(raw) not in params_of:
             params_of[id(raw)] = SamplingParams.from_dict(raw, vocab_size=runner.vocab_size,
                                                           where=f"sampling_params{where}")
-        req = _request(ids, params_of[id(raw)], {k: v[b] for k, v in columns.items()}, where, runner)
+        sp = _with_room(params_of[id(raw)], len(ids), where, runner.context_length, max_total_tokens)
+        req = _request(ids, sp, {k: v[b] for k, v in columns.items()}, where, runner)
         _check_fits(req, where, runner.context_length, max_total_tokens)
         reqs.append(req)
     return reqs, is_batch
@@ -187,6 +189,18 @@ def _request(ids: list[int], sp: SamplingParams, fields: dict[str, Any], where: 
     if sp.sampling_seed is not None:
         req.generator = torch.Generator().manual_seed(sp.sampling_seed)
     return req
+
+
+def _with_room(sp: SamplingParams, n: int, where: str, context_length: int,
+               max_total_tokens: int | None) -> SamplingParams:
+    """max_new_tokens null: every position the prompt leaves, less one (as SGLang's scheduler)."""
+    if sp.max_new_tokens is not None:
+        return sp
+    limit = min(context_length, max_total_tokens or context_length)
+    room = limit - n - 1
+    if room < max(1, sp.min_new_tokens):
+        raise BadRequest(f"prompt{where} has {n} tokens: no room left to generate within {limit} positions")
+    return replace(sp, max_new_tokens=room)
 
 
 def _check_fits(req: Req, where: str, context_length: int, max_total_tokens: int | None) -> None:

@@ -48,7 +48,9 @@ class SamplingParams:
     top_p: float = 1.0
     top_k: int = -1
     min_p: float = 0.0
-    max_new_tokens: int = 128
+    # 128 when absent; an explicit null means "up to the context length" (SGLang's scheduler
+    # clamps a None to the room left), resolved per request once the prompt length is known
+    max_new_tokens: int | None = 128
     min_new_tokens: int = 0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -80,7 +82,9 @@ class SamplingParams:
                 continue
             if key not in _FIELDS:
                 raise BadRequest(f"unknown sampling parameter {where}.{key!r}")
-            if value is None:  # null means "default", as in SGLang
+            if value is None:  # null means "default", as in SGLang (for max_new_tokens: no limit of its own)
+                if key == "max_new_tokens":
+                    p.max_new_tokens = None
                 continue
             setattr(p, key, _FIELDS[key](value, f"{where}.{key}", vocab_size))
         if p.top_p <= 0.0 or p.top_p > 1.0:
@@ -91,9 +95,9 @@ class SamplingParams:
             raise BadRequest(f"{where}.min_p must be in [0, 1], got {p.min_p}")
         if p.temperature < 0:
             raise BadRequest(f"{where}.temperature must be >= 0, got {p.temperature}")
-        if p.max_new_tokens < 0:
+        if p.max_new_tokens is not None and p.max_new_tokens < 0:
             raise BadRequest(f"{where}.max_new_tokens must be >= 0, got {p.max_new_tokens}")
-        if p.min_new_tokens < 0 or p.min_new_tokens > p.max_new_tokens:
+        if p.min_new_tokens < 0 or (p.max_new_tokens is not None and p.min_new_tokens > p.max_new_tokens):
             raise BadRequest(
                 f"{where}.min_new_tokens must be in [0, max_new_tokens={p.max_new_tokens}], got {p.min_new_tokens}"
             )

@@ -137,16 +137,21 @@ async def run_multi_turn(
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     if max_total_tokens is None:
         max_total_tokens = args.max_total_tokens
-    response_budget = int(sampling_params.get("max_new_tokens", 1024))
+    response_budget = sampling_params.get("max_new_tokens", 1024)  # None: only the engine's context bounds it
     if sample.session_id is None:  # one routing key per trajectory: all its turns go to one engine
         sample.session_id = uuid.uuid4().hex
     traj = Trajectory(sample, prompt_ids_of(state, sample), max_turns)
 
-    def room() -> int:
-        left = response_budget - sample.response_length
+    def room() -> int | None:
+        """Tokens the trajectory may still add (None: no limit but the engine's context length)."""
+        limits = [] if response_budget is None else [int(response_budget) - sample.response_length]
         if max_total_tokens is not None:
-            left = min(left, max_total_tokens - len(sample.tokens))
-        return left
+            limits.append(max_total_tokens - len(sample.tokens))
+        return min(limits) if limits else None
+
+    def out_of_room() -> bool:
+        left = room()
+        return left is not None and left <= 0
 
     def stop(status: Sample.Status, reason: str) -> Sample:
         sample.status = status
@@ -154,19 +159,21 @@ async def run_multi_turn(
         return sample
 
     while True:
-        if room() <= 0:
+        if out_of_room():
             return stop(Sample.Status.TRUNCATED, "max_tokens")
         if state.aborted:  # a partial rollout is collecting: send nothing new
             return stop(Sample.Status.ABORTED, "abort")
         params = dict(sampling_params)
-        params["max_new_tokens"] = min(room(), max_new_tokens_per_turn or room())
+        caps = [c for c in (room(), max_new_tokens_per_turn) if c is not None]
+        params["max_new_tokens"] = min(caps) if caps else None
         output = await post(engine_url(args), {"input_ids": list(sample.tokens), "sampling_params": params,
                                                  "return_logprob": True}, headers=session_headers(sample.session_id))
         text = traj.add_model_turn(output)
         finish = traj.turns[-1].finish_reason
         if finish == "abort":
             return stop(Sample.Status.ABORTED, "abort")
-        if finish == "length" and room() <= 0:
+        # with no limit of ours, a turn cut by length (not by the per-turn cap) filled the context
+        if finish == "length" and (out_of_room() or (room() is None and not max_new_tokens_per_turn)):
             return stop(Sample.Status.TRUNCATED, "max_tokens")
         observation = env_step(text, traj)
         if inspect.isawaitable(observation):
@@ -176,8 +183,9 @@ async def run_multi_turn(
         if traj.turns_left == 0:  # no model turn would read it: not appended
             return stop(Sample.Status.TRUNCATED, "max_turns")
         ids = list(observation) if isinstance(observation, list) else tokenizer.encode(observation, add_special_tokens=False)
-        if len(ids) >= room():  # the observation would leave no room for another model turn
-            ids = ids[: max(0, room())]
+        left = room()
+        if left is not None and len(ids) >= left:  # the observation would leave no room for another model turn
+            ids = ids[: max(0, left)]
             traj.add_env_turn(ids, tokenizer.decode(ids))
             return stop(Sample.Status.TRUNCATED, "max_tokens")
         traj.add_env_turn(ids, observation if isinstance(observation, str) else tokenizer.decode(ids))

@@ -40,6 +40,19 @@ def test_max_new_tokens_and_answer_shape(client, prompts):
     assert r0["output_ids"] == [] and r0["meta_info"]["finish_reason"] == {"type": "length", "length": 0}
 
 
+def test_null_max_new_tokens_runs_to_the_context_length(client, tiny_model_dir):
+    """As SGLang: an explicit null is no limit of its own (slime's --rollout-max-response-len default),
+    an absent one is 128; a prompt that leaves no room is a 400."""
+    context = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+    prompt = list(range(5, 5 + context - 20))
+    r = gen(client, prompt, max_new_tokens=None, temperature=0, ignore_eos=True)
+    assert len(r["output_ids"]) == context - len(prompt) - 1 == 19
+    assert r["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(gen(client, prompt[:5], temperature=0, ignore_eos=True)["output_ids"]) == 128
+    with pytest.raises(Exception, match="no room left"):
+        gen(client, list(range(5, 5 + context - 1)), max_new_tokens=None)
+
+
 def test_greedy_deterministic_and_independent_of_batch(client, prompts):
     single = [gen(client, p, max_new_tokens=10, temperature=0, ignore_eos=True)["output_ids"] for p in prompts]
     again = [gen(client, p, max_new_tokens=10, temperature=0, ignore_eos=True)["output_ids"] for p in prompts]

@@ -87,3 +87,28 @@ def test_turn_and_token_limits(args):
     out = _run(run_multi_turn(args, Sample(prompt="2+2="), _params(args, max_new_tokens=10), always_more,
                               max_new_tokens_per_turn=TURN))
     assert out.response_length <= 10 and out.status == Sample.Status.TRUNCATED
+
+
+def test_no_response_budget_runs_until_the_context_is_full(args, tiny_model_dir):
+    """max_new_tokens None (slime's default --rollout-max-response-len): turns are capped only by
+    --max-new-tokens-per-turn, and a turn the engine cut at the context length ends it TRUNCATED."""
+    import json
+
+    from slime.rollout.multi_turn import run_multi_turn
+    from slime.utils.types import Sample
+
+    context = json.loads((tiny_model_dir / "config.json").read_text())["max_position_embeddings"]
+    turns = []
+
+    def one_more(text, trajectory):
+        turns.append(text)
+        return None if len(turns) == 2 else "<obs>"
+
+    capped = _run(run_multi_turn(args, Sample(prompt="2+2="), _params(args, max_new_tokens=None), one_more,
+                                 max_new_tokens_per_turn=TURN))
+    assert capped.status == Sample.Status.COMPLETED
+    assert [t["end"] - t["start"] for t in capped.metadata["turns"] if t["role"] == "model"] == [TURN, TURN]
+    full = _run(run_multi_turn(args, Sample(prompt="2+2="), _params(args, max_new_tokens=None),
+                               lambda text, trajectory: "<obs>"))
+    assert full.status == Sample.Status.TRUNCATED and full.metadata["stop_reason"] == "max_tokens"
+    assert len(full.tokens) == context - 1  # the engine's room: every position but one
