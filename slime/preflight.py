@@ -14,6 +14,7 @@ from pathlib import Path
 
 from slime.arguments import DEFAULT_DATA_SOURCE, set_num_rollout
 from slime.arguments.megatron import check_model_shape
+from slime.checkpoint_sources import resolve_checkpoints
 from slime.data.data_source import load_tokenizer
 from slime.data.dataset import load_prompt_samples
 from slime.engine.args import check_engine_args, check_model_dir
@@ -123,6 +124,8 @@ def preflight(args: Namespace) -> None:
     config = json.loads(config_path.read_text())
     check_model_shape(args, config, str(config_path))  # a slime script's Megatron model-config block
     check_context_length(args, config)
+    for note in resolve_checkpoints(args, config):
+        print(f"[slime] {note}", flush=True)
     if args.use_kl_loss:
         check_model_dir(args.ref_load, "--ref-load")
     if args.load:

@@ -12,7 +12,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-interval", type=int, default=None)
     g.add_argument("--eval-function-path", type=str, default=None,
                    help="Rollout function for evaluation (default: --rollout-function-path).")
-    g.add_argument("--eval-prompt-data", type=str, nargs="+", default=None, help="NAME PATH [NAME PATH ...]")
+    g.add_argument("--eval-prompt-data", type=str, nargs="+", default=None, help="NAME PATH [NAME PATH ...] (one PATH alone: named aime, as slime's legacy form)")
     g.add_argument("--eval-input-key", type=str, default=None, help="Default: --input-key.")
     g.add_argument("--eval-label-key", type=str, default=None, help="Default: --label-key.")
     g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def finalize(args: argparse.Namespace) -> None:
+    if args.eval_prompt_data is not None and len(args.eval_prompt_data) == 1:
+        # slime's legacy form: one path is the data set named "aime"
+        args.eval_prompt_data = ["aime", args.eval_prompt_data[0]]
     if args.eval_prompt_data is not None and len(args.eval_prompt_data) % 2:
         raise SlimeError("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
     for own, rollout in (("eval_input_key", "input_key"), ("eval_label_key", "label_key"),

@@ -39,3 +39,27 @@ def rollout_id_of(directory: Path) -> int | None:
     """`iter_0000012` -> 12; None for a directory not named by the layout."""
     digits = directory.name.removeprefix("iter_")
     return int(digits) if digits.isdigit() else None
+
+
+def has_checkpoint(load: str | os.PathLike) -> bool:
+    """Whether `--load` holds a checkpoint of this layout (a tracker, or one iteration directory)."""
+    load = Path(load)
+    return (load / TRACKER).exists() or (load / TRAINER_STATE_FILE).exists()
+
+
+def megatron_iteration_dir(path: str | os.PathLike) -> Path | None:
+    """The iteration directory of a Megatron-LM `torch_dist` checkpoint (what slime's `--ref-load`
+    usually is: a tracker naming `iter_XXXXXXX` or `release`, holding torch.distributed.checkpoint's
+    `.metadata`), else None."""
+    path = Path(path)
+    tracker = path / TRACKER
+    if not tracker.exists():
+        return None
+    step = tracker.read_text().strip()
+    if step == "release":
+        directory = path / "release"
+    elif step.isdigit():
+        directory = iter_dir(path, int(step))
+    else:
+        return None
+    return directory if (directory / ".metadata").exists() else None

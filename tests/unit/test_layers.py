@@ -22,7 +22,7 @@ LAYERS = [
     ("weight sync", ("slime.sync",)),
     ("trainer", ("slime.backends",)),
     ("fleet", ("slime.ray",)),
-    ("top", ("slime.preflight", "slime.train", "slime.default_job", "slime.cli", "slime.__main__")),
+    ("top", ("slime.preflight", "slime.checkpoint_sources", "slime.train", "slime.default_job", "slime.cli", "slime.__main__")),
 ]
 TRAINER_SIDE = ("slime.arguments", "slime.data", "slime.rollout", "slime.sync", "slime.backends", "slime.ray",
                 "slime.preflight", "slime.train", "slime.default_job", "slime.algorithms", "slime.observability")
