@@ -24,7 +24,9 @@ from slime.data.tiny_model import build_tiny_model
 from slime.train import finish_run, run_cli, train
 from slime.utils.checkpoint_layout import iter_dir
 
-SHARED_FLAGS = ("--run-dir", "--use-tensorboard", "--seed", "--colocate")
+SHARED_FLAGS = ("--run-dir", "--use-tensorboard", "--seed", "--colocate", "--use-wandb", "--wandb-project",
+                "--wandb-team", "--wandb-group", "--wandb-mode", "--wandb-dir", "--wandb-key", "--wandb-host",
+                "--tb-project-name", "--tb-experiment-name")
 
 
 def assets_dir() -> Path:

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 
 from slime.arguments import parse_args, save_args, startup_notes
 from slime.errors import SlimeError
-from slime.observability.metrics import MetricsLogger
+from slime.observability.metrics import MetricsLogger, tensorboard_dir
 from slime.observability.plots import plot_run
 from slime.observability.timer import timer
 from slime.preflight import preflight
@@ -45,7 +45,7 @@ def train(args: Namespace) -> dict[str, float]:
     print(f"[slime] run directory: {run_dir.resolve()}", flush=True)
     for note in startup_notes(args):
         print(f"[slime] {note}", flush=True)
-    metrics_log = MetricsLogger(run_dir, use_tensorboard=args.use_tensorboard, stage=args.stage, console=False)
+    metrics_log = MetricsLogger.from_args(args, console=False)  # metrics.jsonl, TensorBoard, wandb
 
     init_ray(args)
     placement = create_placement(args)
@@ -154,7 +154,7 @@ def finish_run(args: Namespace) -> None:
     print(f"[slime] metrics: {(run_dir / 'metrics.jsonl').resolve()}")
     print(f"[slime] plot:    {png.resolve()}")
     if args.use_tensorboard:
-        print(f"[slime] tensorboard --logdir {(run_dir / 'tensorboard').resolve()}")
+        print(f"[slime] tensorboard --logdir {tensorboard_dir(args).resolve()}")
 
 
 def shutdown() -> None:

@@ -1,4 +1,30 @@
-"""What a run leaves behind: its run directory, metrics, TensorBoard, and the weight-sync check."""
+"""What a run leaves behind: its run directory, metrics (metrics.jsonl, TensorBoard, Weights & Biases)
+and the weight-sync check.
+
+The wandb and TensorBoard options are slime's (`add_wandb_arguments` / `add_tensorboard_arguments`
+of slime/utils/arguments.py): same names, dests and defaults. Every metrics row goes to all sinks
+from one place (slime.observability.metrics.MetricsLogger), so the wandb run and TensorBoard hold
+the keys and global step of metrics.jsonl. What each option does here:
+
+* `--use-wandb` logs to a wandb run, started in the trainer's driver (one run per run directory:
+  a later stage of the same --run-dir resumes it). `--wandb-project/-team/-group/-host/-key/-dir`
+  are wandb's project, entity, group, base URL, API key and directory (default: WANDB_DIR, else
+  the run directory). Run naming as slime's: with the random suffix (default) the group is
+  `<group>_<id>` and the run `<group>_<id>-RANK_0`; `--disable-wandb-random-suffix` uses the group as
+  both. Without `--wandb-group` the run directory's name is the group.
+* `--wandb-mode`: as given. Not given: WANDB_MODE; else online when an API key is known
+  (`--wandb-key`, WANDB_API_KEY, `wandb login`) and the host answers within 2 s, otherwise offline,
+  said in one line. `--wandb-mode online` that cannot work (no key, host unreachable) stops before
+  the run starts instead of losing its logs (slime.observability.wandb_sink).
+* `--wandb-run-id`: resume (or create) the wandb run with that id; afterwards `args.wandb_run_id`
+  is the run's id, as under slime.
+* `--tb-project-name` / `--tb-experiment-name`: with `--use-tensorboard`, events go to
+  `tensorboard_log/<project>/<experiment>` (experiment default: a timestamp) or to
+  $TENSORBOARD_DIR, as slime's; without either, to `<run-dir>/tensorboard`.
+* Not used here, named in one start-up line when set (`unused_note`): `--wandb-always-use-train-step`
+  (every sink's step is the global rollout step of metrics.jsonl) and slime's extra rollout
+  statistics `--log-multi-turn`, `--log-passrate`, `--log-reward-category`, `--log-correct-samples`.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +32,85 @@ import argparse
 import os
 import time
 
+TB_EXPERIMENT_TIME_FORMAT = "%Y%m%d_%H%M%S"  # slime's default --tb-experiment-name
+
+# Options of slime's add_wandb_arguments that have no effect on this backend, and why.
+NOT_USED = {
+    "wandb_always_use_train_step": ("--wandb-always-use-train-step",
+                                    "every sink (metrics.jsonl, TensorBoard, wandb) uses the global rollout step"),
+    "log_multi_turn": ("--log-multi-turn", "slime's multi-turn rollout statistics are not computed here"),
+    "log_passrate": ("--log-passrate", "slime's pass@n rollout statistics are not computed here "
+                     "(evaluation logs eval/<name>/pass@k always)"),
+    "log_reward_category": ("--log-reward-category", "reward-category statistics are not computed here"),
+    "log_correct_samples": ("--log-correct-samples", "slime's correct-sample length statistics are not computed here"),
+}
+WANDB_DESTS = ("wandb_project", "wandb_team", "wandb_group", "wandb_host", "wandb_key", "wandb_mode", "wandb_dir",
+               "wandb_run_id")
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("logging")
     g.add_argument("--run-dir", type=str, default=None, help="Default: runs/<timestamp>.")
-    g.add_argument("--use-tensorboard", action="store_true")
     g.add_argument("--check-weight-update-equal", action="store_true",
                    help="After each weight sync, compare engine and trainer log-probs on a fixed sequence.")
     g.add_argument("--stage", type=str, default=None, help="Stage name written with every metrics row.")
+
+    # slime's add_tensorboard_arguments
+    g.add_argument("--use-tensorboard", action="store_true", default=False,
+                   help="Also write the metrics as TensorBoard scalars (default dir: <run-dir>/tensorboard).")
+    g.add_argument("--tb-project-name", type=str, default=None,
+                   help="TensorBoard logs go to tensorboard_log/<project>/<experiment> ($TENSORBOARD_DIR wins).")
+    g.add_argument("--tb-experiment-name", type=str, default=None,
+                   help="With --tb-project-name; default: the start time (YYYYmmdd_HHMMSS).")
+
+    # slime's add_wandb_arguments
+    g.add_argument("--use-wandb", action="store_true", default=False,
+                   help="Also log the metrics to a Weights & Biases run.")
+    g.add_argument("--wandb-mode", type=str, default=None, choices=["online", "offline", "disabled"],
+                   help="Default: $WANDB_MODE, else online when an API key is known and the host answers, "
+                        "else offline (said at start-up). 'online' that cannot work stops the run.")
+    g.add_argument("--wandb-dir", type=str, default=None,
+                   help="Directory for wandb's files (it writes <dir>/wandb/...). Default: $WANDB_DIR, "
+                        "else the run directory.")
+    g.add_argument("--wandb-key", type=str, default=None, help="wandb API key (default: WANDB_API_KEY / wandb login).")
+    g.add_argument("--wandb-host", type=str, default=None, help="wandb server URL (default: WANDB_BASE_URL / wandb's).")
+    g.add_argument("--wandb-team", type=str, default=None, help="wandb entity.")
+    g.add_argument("--wandb-group", type=str, default=None, help="wandb group (default: the run directory's name).")
+    g.add_argument("--wandb-project", type=str, default=None, help="wandb project.")
+    g.add_argument("--disable-wandb-random-suffix", action="store_false", dest="wandb_random_suffix", default=True,
+                   help="Name the group and run exactly --wandb-group (default: add a random suffix, as slime).")
+    g.add_argument("--wandb-always-use-train-step", action="store_true", default=False,
+                   help="Accepted for slime scripts; not used (every sink uses the global rollout step).")
+    g.add_argument("--log-multi-turn", action="store_true", default=False, help="Accepted for slime scripts; not used.")
+    g.add_argument("--log-passrate", action="store_true", default=False, help="Accepted for slime scripts; not used.")
+    g.add_argument("--log-reward-category", type=str, default=None, help="Accepted for slime scripts; not used.")
+    g.add_argument("--log-correct-samples", action="store_true", default=False,
+                   help="Accepted for slime scripts; not used.")
+    g.add_argument("--wandb-run-id", type=str, default=None,
+                   help="Resume (or create) the wandb run with this id; set to the run's id once it starts.")
 
 
 def finalize(args: argparse.Namespace) -> None:
     if args.run_dir is None:
         args.run_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    # slime's default experiment name, fixed here so args.json records where TensorBoard writes
+    if args.use_tensorboard and args.tb_project_name is not None and args.tb_experiment_name is None:
+        args.tb_experiment_name = time.strftime(TB_EXPERIMENT_TIME_FORMAT)
+
+
+def unused_note(args: argparse.Namespace) -> str | None:
+    """One line naming the logging options set that do nothing on this run, or None."""
+    parts = [f"{opt} ({why})" for dest, (opt, why) in NOT_USED.items() if getattr(args, dest)]
+    if not args.use_wandb:
+        given = [f"--{d.replace('_', '-')}" for d in WANDB_DESTS if getattr(args, d) is not None]
+        if not args.wandb_random_suffix:
+            given.append("--disable-wandb-random-suffix")
+        if given:
+            parts.append(f"{' '.join(given)} (without --use-wandb)")
+    if not args.use_tensorboard:
+        given = [f"--{d.replace('_', '-')}" for d in ("tb_project_name", "tb_experiment_name") if getattr(args, d)]
+        if given:
+            parts.append(f"{' '.join(given)} (without --use-tensorboard)")
+    if not parts:
+        return None
+    return "logging options accepted but not used: " + "; ".join(parts)

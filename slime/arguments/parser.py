@@ -103,7 +103,7 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 def startup_notes(args: argparse.Namespace) -> list[str]:
     """What the command line set that this backend accepts but does not use: one line per source,
     printed once at start-up so nothing a user wrote is dropped silently."""
-    return [note for note in (upstream.unused_note(args), megatron.unused_note(args)) if note]
+    return [note for note in (upstream.unused_note(args), logs.unused_note(args), megatron.unused_note(args)) if note]
 
 
 def set_num_rollout(args: argparse.Namespace, num_prompts: int) -> None:
@@ -155,10 +155,15 @@ def _config_to_argv(path: str, parser: SlimeArgumentParser, known_options: set[s
     return argv
 
 
+# never written to the run directory
+SECRETS = ("wandb_key",)
+
+
 def save_args(args: argparse.Namespace, path: str | Path) -> None:
     """Write the resolved arguments (JSON) so a run can be inspected and repeated."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(vars(args), indent=2, sort_keys=True, default=str) + "\n")
+    values = {k: v for k, v in vars(args).items() if k not in SECRETS}
+    Path(path).write_text(json.dumps(values, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def to_argv(values: dict[str, Any]) -> list[str]:

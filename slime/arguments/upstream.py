@@ -97,10 +97,7 @@ NOT_BUILT: dict[str, str] = {
         "--disable-rollout-global-dataset", "--start-rollout-id", "--eval-config", "--eval-top-k",
         "--eval-max-prompt-len", "--eval-min-new-tokens", "--eval-max-context-len", "--eval-reward-key",
         "--eval-tool-key", "--only-train-params-name-list", "--freeze-params-name-list", "--reset-optimizer-states",
-        "--train-env-vars", "--log-multi-turn", "--log-passrate", "--log-reward-category", "--log-correct-samples",
-        "--tb-project-name", "--tb-experiment-name", "--use-wandb", "--wandb-team", "--wandb-group",
-        "--wandb-host", "--wandb-key", "--wandb-mode", "--wandb-dir", "--wandb-run-id",
-        "--wandb-always-use-train-step", "--disable-wandb-random-suffix",
+        "--train-env-vars",
     ), THIS_ISSUE),
 }
 

@@ -1,5 +1,5 @@
-"""Run metrics: one JSON object per line in ``<run_dir>/metrics.jsonl``, optional TensorBoard, and a
-one-line console summary per step.
+"""Run metrics: one JSON object per line in ``<run_dir>/metrics.jsonl``, optional TensorBoard and
+Weights & Biases, and a one-line console summary per step.
 
 Each line holds ``rollout_id`` (the step the caller passes), ``global_step`` (monotone across the
 stages of one run: ``rollout_id + step_offset``), ``stage`` (when set), ``time`` (seconds since the
@@ -8,6 +8,11 @@ logger was created) and the metrics with slime's keys (``rollout/raw_reward``, `
 
 Several stages of one run (e.g. SFT then RL) append to the same file; the second stage's logger
 continues the global step after the first (``step_offset=None`` works it out from the file).
+
+All sinks are fed from ``MetricsLogger.log``: TensorBoard and wandb receive the same scalars (every
+numeric, finite metric of the JSON record; strings and non-finite values are in the JSON only) at
+the same step, the record's ``global_step``. ``MetricsLogger.from_args`` builds the logger of a
+training stage from its arguments (``--use-tensorboard``, ``--tb-*``, ``--use-wandb``, ``--wandb-*``).
 """
 
 from __future__ import annotations
@@ -15,13 +20,19 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import threading
 import time
+from argparse import Namespace
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["MetricsLogger", "read_metrics", "METRICS_FILE", "TENSORBOARD_DIR", "DEFAULT_CONSOLE_KEYS"]
+if TYPE_CHECKING:
+    from slime.observability.wandb_sink import WandbSink
+
+__all__ = ["MetricsLogger", "read_metrics", "sink_scalars", "tensorboard_dir", "METRICS_FILE", "TENSORBOARD_DIR",
+           "DEFAULT_CONSOLE_KEYS"]
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -42,6 +53,24 @@ DEFAULT_CONSOLE_KEYS: tuple[str, ...] = (
     "perf/train_time",
     "perf/tokens_per_s",
 )
+
+
+def tensorboard_dir(args: Namespace) -> Path:
+    """Where ``--use-tensorboard`` writes: $TENSORBOARD_DIR, else with ``--tb-project-name``
+    ``tensorboard_log/<project>/<experiment>`` (slime's rules), else ``<run-dir>/tensorboard``."""
+    env = os.environ.get("TENSORBOARD_DIR")
+    if env:
+        return Path(env)
+    if args.tb_project_name is not None:
+        return Path("tensorboard_log") / args.tb_project_name / str(args.tb_experiment_name)
+    return Path(args.run_dir) / TENSORBOARD_DIR
+
+
+def sink_scalars(record: Mapping[str, Any]) -> dict[str, int | float]:
+    """The metrics of a JSON record that TensorBoard and wandb receive: every int/float value
+    (None, i.e. non-finite, and strings left out), the bookkeeping keys excluded."""
+    return {k: v for k, v in record.items()
+            if k not in RESERVED_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def _metrics_path(path: str | Path) -> Path:
@@ -129,6 +158,8 @@ class MetricsLogger:
     TensorBoard step); ``None`` derives it from the existing file (see ``_auto_step_offset``).
     ``console``: print one line per ``log`` with ``console_keys`` (plus every ``eval/*`` key),
     4 significant digits; non-finite values are always shown and flagged.
+    ``tensorboard_dir``: where TensorBoard events go (default ``<run_dir>/tensorboard``).
+    ``wandb``: a started wandb sink; the logger logs to it and finishes it on ``close``.
     """
 
     def __init__(
@@ -140,6 +171,8 @@ class MetricsLogger:
         step_offset: int | None = None,
         console: bool = True,
         console_keys: Iterable[str] | None = None,
+        tensorboard_dir: str | Path | None = None,
+        wandb: "WandbSink | None" = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -152,11 +185,29 @@ class MetricsLogger:
         self._lock = threading.Lock()
         self._file = open(self.path, "a", encoding="utf-8")
         self._writer = None
+        self._wandb = wandb
         self.last_global_step: int | None = None
         if use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # imported lazily: slow import
 
-            self._writer = SummaryWriter(log_dir=str(self.run_dir / TENSORBOARD_DIR))
+            tb_dir = self.run_dir / TENSORBOARD_DIR if tensorboard_dir is None else Path(tensorboard_dir)
+            self._writer = SummaryWriter(log_dir=str(tb_dir))
+
+    @classmethod
+    def from_args(cls, args: Namespace, *, console: bool = True) -> "MetricsLogger":
+        """The logger of one training stage: ``args.run_dir``, ``args.stage``, TensorBoard with
+        ``--use-tensorboard`` (in ``tensorboard_dir(args)``), a wandb run with ``--use-wandb``.
+        Prints the wandb run's mode and place."""
+        from slime.observability.wandb_sink import WandbSink
+
+        sink = WandbSink.from_args(args, args.run_dir)
+        try:
+            return cls(args.run_dir, use_tensorboard=args.use_tensorboard, stage=args.stage, console=console,
+                       tensorboard_dir=tensorboard_dir(args) if args.use_tensorboard else None, wandb=sink)
+        except BaseException:
+            if sink is not None:
+                sink.close()
+            raise
 
     def log(self, step: int, metrics: Mapping[str, Any], *, stage: str | None = None) -> dict[str, Any]:
         """Append one record for ``step`` (slime's ``rollout_id``); returns the record as written."""
@@ -190,13 +241,13 @@ class MetricsLogger:
                 raise ValueError(f"MetricsLogger for {self.path} is closed")
             self._file.write(line + "\n")
             self._file.flush()
+            scalars = sink_scalars(record)  # one set of scalars, one step, for every sink below
             if self._writer is not None:
-                for key, value in record.items():
-                    if key in RESERVED_KEYS or isinstance(value, bool):
-                        continue
-                    if isinstance(value, (int, float)):
-                        self._writer.add_scalar(key, value, global_step)
+                for key, value in scalars.items():
+                    self._writer.add_scalar(key, value, global_step)
                 self._writer.flush()
+            if self._wandb is not None:
+                self._wandb.log(global_step, scalars)
             self.last_global_step = global_step
         if self.console:
             print(self.summary_line(record, nonfinite), flush=True)
@@ -220,13 +271,16 @@ class MetricsLogger:
         return line
 
     def close(self) -> None:
-        """Flush and close the JSONL file and the TensorBoard writer (idempotent)."""
+        """Flush and close the JSONL file, the TensorBoard writer and the wandb run (idempotent)."""
         with self._lock:
             if not self._file.closed:
                 self._file.close()
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
+            if self._wandb is not None:
+                self._wandb.close()
+                self._wandb = None
 
     def __enter__(self) -> "MetricsLogger":
         return self
