@@ -122,3 +122,46 @@ def test_extraction_script_reproduces_the_shipped_data(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts/extract_slime_args.py"), str(tmp_path), commit, str(out)],
                    check=True, capture_output=True, cwd=tmp_path)
     assert json.loads(out.read_text()) == slime_data()
+
+
+# Where slime-rl's default differs from slime's, it is because the meaning differs on this backend.
+DIFFERENT_MEANING = {
+    "--actor-num-gpus-per-node": "trainer processes on CPU cores, not GPUs (slime: 8)",
+    "--train-backend": "the fsdp backend here; slime has only megatron",
+    "--update-weight-transport": "resolved from --rollout-backend: nccl with SGLang, tensor with the built-in engine",
+}
+
+
+def test_own_definitions_take_slimes_and_megatrons_defaults():
+    """Same name, same default where the meaning is the same: slime's for its own options, Megatron-LM's
+    for the ones slime takes from Megatron (--adam-beta2, --weight-decay, --lr-decay-style, ...)."""
+    from slime.arguments.megatron import megatron_options
+
+    p = build_parser()
+    own = _own_options()
+    actions = {s: a for a in p._actions for s in a.option_strings}
+    wrong = {}
+    for name in own:
+        reference = slime_options().get(name) or megatron_options().get(name)
+        if reference is None or name in DIFFERENT_MEANING:
+            continue
+        want = reference["default"]
+        if isinstance(want, str) and reference.get("type") == "loads":
+            want = json.loads(want)
+        have = actions[name].default
+        if isinstance(have, str) and actions[name].type not in (None, str):  # argparse converts it too
+            have = actions[name].type(have)
+        if have != want:
+            wrong[name] = (have, want)
+    assert not wrong, f"slime-rl default vs slime/Megatron default: {wrong}"
+    args = parse_args(BASE)
+    assert (args.lr_decay_style, args.weight_decay, args.adam_beta2) == ("linear", 0.01, 0.999)
+    assert args.rollout_max_response_len is None and args.tool_key == "tools"
+    assert args.apply_chat_template_kwargs == {}
+
+
+def test_single_eval_prompt_data_path_keeps_slimes_legacy_meaning():
+    assert parse_args(BASE + ["--eval-prompt-data", "/data/aime.jsonl"]).eval_prompt_data == ["aime", "/data/aime.jsonl"]
+    assert parse_args(BASE + ["--eval-prompt-data", "m", "m.jsonl"]).eval_prompt_data == ["m", "m.jsonl"]
+    with pytest.raises(SlimeError, match="pairs"):
+        parse_args(BASE + ["--eval-prompt-data", "a", "a.jsonl", "b"])
