@@ -5,11 +5,19 @@ that engine's own parser before anything starts)."""
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
+import json
+from functools import lru_cache
+from pathlib import Path
 
 import torch
 
+from slime.engine.args import build_arg_parser as builtin_engine_parser
 from slime.errors import SlimeError
+
+# SGLang's server options (scripts/extract_sglang_args.py): what `--sglang-<name>` may name
+SGLANG_OPTIONS = Path(__file__).with_name("sglang_server_args.json")
 
 ROLLOUT_BACKENDS = ("sglang", "builtin")
 # sglang-router's policies; slime's default is sglang-router's default (`cache_aware`).
@@ -67,6 +75,8 @@ def finalize(args: argparse.Namespace) -> None:
     if args.rollout_backend is None:
         args.rollout_backend = default_rollout_backend()
     _finalize_weight_sync(args)
+    if hasattr(args, "sglang_args"):  # set by parse_args from the command line's --sglang-* tokens
+        args.sglang_args, args.sglang_options_not_used = sort_passthrough(args.sglang_args, args.rollout_backend)
     if args.update_weight_buffer_size < 1:
         raise SlimeError(f"--update-weight-buffer-size must be >= 1 byte, got {args.update_weight_buffer_size}")
 
@@ -92,6 +102,60 @@ def _finalize_weight_sync(args: argparse.Namespace) -> None:
         raise SlimeError("--update-weight-transport tensor posts the built-in engine's safetensors payload, which "
                          "SGLang's /update_weights_from_tensor does not take (it wants CUDA IPC handles); with "
                          "--rollout-backend sglang use --update-weight-transport nccl")
+
+
+@lru_cache(maxsize=1)
+def sglang_option_names() -> frozenset[str]:
+    """Every option name (aliases included) of SGLang's server parser, from the data file."""
+    data = json.loads(SGLANG_OPTIONS.read_text())
+    return frozenset(data["options"]) | frozenset(data["aliases"])
+
+
+@lru_cache(maxsize=1)
+def builtin_engine_option_names() -> frozenset[str]:
+    return frozenset(s for a in builtin_engine_parser()._actions for s in a.option_strings)
+
+
+def _option_groups(tokens: list[str]) -> list[list[str]]:
+    """["--a", "1", "--b"] -> [["--a", "1"], ["--b"]] (pass-through tokens keep their values)."""
+    groups: list[list[str]] = []
+    for tok in tokens:
+        if tok.startswith("--") or not groups:
+            groups.append([tok])
+        else:
+            groups[-1].append(tok)
+    return groups
+
+
+def sort_passthrough(tokens: list[str], backend: str) -> tuple[list[str], list[str]]:
+    """(tokens to forward to every engine, options SGLang knows that the built-in engine cannot use).
+
+    With SGLang every SGLang option is forwarded (its own parser checks values before launch);
+    with the built-in engine the ones it does not have are kept out of its command line and named
+    once at start-up. A name neither knows is an error, with the closest `--sglang-*` name."""
+    sglang, builtin = sglang_option_names(), builtin_engine_option_names()
+    forward: list[str] = []
+    not_used: list[str] = []
+    for group in _option_groups(tokens):
+        name = group[0].split("=", 1)[0]
+        if (backend == "builtin" and name in builtin) or (backend != "builtin" and name in sglang | builtin):
+            forward += group
+        elif name in sglang:
+            not_used.append(" ".join(["--sglang-" + group[0][2:], *group[1:]]))
+        else:
+            close = difflib.get_close_matches(name, sorted(sglang | builtin), n=1)
+            hint = f"; did you mean --sglang-{close[0][2:]}?" if close else ""
+            raise SlimeError(f"unknown engine argument --sglang-{name[2:]}: neither SGLang's server nor the built-in "
+                             f"engine has {name}{hint}")
+    return forward, not_used
+
+
+def unused_note(args: argparse.Namespace) -> str | None:
+    """One line naming the SGLang options set that the built-in engine does not use."""
+    if not getattr(args, "sglang_options_not_used", None):
+        return None
+    return ("SGLang options accepted but not used by the built-in engine: "
+            + "; ".join(args.sglang_options_not_used))
 
 
 def split_passthrough(argv: list[str], known_options: set[str]) -> tuple[list[str], list[str]]:

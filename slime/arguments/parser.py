@@ -4,7 +4,8 @@
   launch script needs only backend changes.
 * `--sglang-<arg> [value]` is captured verbatim into `args.sglang_args` and forwarded to the
   engine as `--<arg>` (slime's own `--sglang-router-ip/port` and `--sglang-server-concurrency`
-  excepted).
+  excepted); with the built-in engine, SGLang's options it does not have are named at start-up
+  instead (`engine.sort_passthrough`), and a name neither knows is an error.
 * `--config file.yaml` supplies the same arguments (keys with `-` or `_`); the command line wins.
 * Every default is defined once, in the group that adds the option; values that follow other
   options (`--eval-temperature` from `--rollout-temperature`, ...) are filled in by the group's
@@ -103,7 +104,8 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 def startup_notes(args: argparse.Namespace) -> list[str]:
     """What the command line set that this backend accepts but does not use: one line per source,
     printed once at start-up so nothing a user wrote is dropped silently."""
-    return [note for note in (upstream.unused_note(args), logs.unused_note(args), megatron.unused_note(args)) if note]
+    notes = (upstream.unused_note(args), logs.unused_note(args), megatron.unused_note(args), engine.unused_note(args))
+    return [note for note in notes if note]
 
 
 def set_num_rollout(args: argparse.Namespace, num_prompts: int) -> None:

@@ -12,13 +12,14 @@ import types
 import pytest
 
 from slime.arguments import engine as engine_args
-from slime.arguments import parse_args
+from slime.arguments import parse_args, startup_notes
 from slime.engine.args import check_engine_args
 from slime.errors import SlimeError
 from slime.ray.engine_launch import sglang_installed, sglang_server_command, validate_sglang_args
 from slime.ray.router import dispatcher_command, sglang_router_command
 
 BASE = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--num-rollout", "3"]
+SGLANG = BASE + ["--rollout-backend", "sglang"]
 
 
 def test_router_policy_argument():
@@ -65,7 +66,7 @@ def test_update_weight_mode_has_slimes_meaning():
 
 
 def test_sglang_server_command_forwards_every_sglang_arg_verbatim():
-    a = parse_args(BASE + ["--hf-checkpoint", "/models/qwen", "--rollout-num-gpus", "4",
+    a = parse_args(SGLANG + ["--hf-checkpoint", "/models/qwen", "--rollout-num-gpus", "4",
                            "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.7",
                            "--sglang-enable-dp-attention", "--sglang-dtype=bfloat16", "--sglang-cuda-graph-bs", "1",
                            "2", "4"])
@@ -79,7 +80,7 @@ def test_sglang_server_command_forwards_every_sglang_arg_verbatim():
 
 
 def test_sglang_server_command_host_port_and_owned_args():
-    a = parse_args(BASE + ["--hf-checkpoint", "m", "--sglang-host", "0.0.0.0", "--sglang-port", "30000",
+    a = parse_args(SGLANG + ["--hf-checkpoint", "m", "--sglang-host", "0.0.0.0", "--sglang-port", "30000",
                            "--sglang-random-seed", "7"])
     host, cmd = sglang_server_command(a, rank=3, base_gpu_id=3, port=1)
     assert host == "0.0.0.0"
@@ -88,7 +89,7 @@ def test_sglang_server_command_host_port_and_owned_args():
     assert cmd[cmd.index("--random-seed") + 1] == "7" and cmd.count("--random-seed") == 1
     for flag, names in [("--sglang-tp-size", "--rollout-num-gpus-per-engine"), ("--sglang-model-path", "--hf-checkpoint"),
                         ("--sglang-base-gpu-id", "placement")]:
-        b = parse_args(BASE + ["--hf-checkpoint", "m", flag, "2"])
+        b = parse_args(SGLANG + ["--hf-checkpoint", "m", flag, "2"])
         with pytest.raises(SlimeError, match=f"{flag}.*{names}"):
             sglang_server_command(b, rank=0, base_gpu_id=0, port=1)
 
@@ -193,3 +194,20 @@ def test_default_generate_sends_the_session_routing_key(tiny_model_dir, monkeypa
         sglang_rollout.GenerateState.reset()
     assert seen == [{"X-SMG-Routing-Key": "traj-7"}, None, {"X-SMG-Routing-Key": "traj-9"}]
     assert s.tokens == [1, 2, 3, 5] and s.session_id == "traj-7"
+
+
+def test_sglang_options_the_builtin_engine_cannot_use_are_named_not_forwarded():
+    """SGLang's own options (data: sglang_server_args.json) parse with the built-in engine too: kept
+    off its command line and named once at start-up; a name neither knows is an error."""
+    a = parse_args(BASE + ["--sglang-cuda-graph-bs", "1", "2", "4", "--sglang-enable-dp-attention",
+                           "--sglang-max-running-requests", "8", "--sglang-ep-size", "2"])
+    assert a.sglang_args == ["--max-running-requests", "8"]
+    note = next(n for n in startup_notes(a) if n.startswith("SGLang options"))
+    assert "--sglang-cuda-graph-bs 1 2 4" in note and "--sglang-enable-dp-attention" in note
+    assert "--sglang-ep-size 2" in note and "max-running-requests" not in note
+    with_sglang = parse_args(SGLANG + ["--sglang-cuda-graph-bs", "1", "2", "--sglang-enable-dp-attention"])
+    assert with_sglang.sglang_args == ["--cuda-graph-bs", "1", "2", "--enable-dp-attention"]
+    assert not [n for n in startup_notes(with_sglang) if n.startswith("SGLang options")]
+    with pytest.raises(SlimeError, match="unknown engine argument --sglang-cuda-graph-bss.*did you mean "
+                                         "--sglang-cuda-graph-bs"):
+        parse_args(BASE + ["--sglang-cuda-graph-bss", "1"])
