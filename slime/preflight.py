@@ -39,6 +39,10 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "buffer_filter_path": (("args", "rollout_id", "buffer", "num_samples"), ()),
     "rollout_sample_filter_path": (("args", "samples"), ()),
     "data_source_path": (("args",), ()),
+    "custom_tis_function_path": ((), ("args", "pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks",
+                                      "total_lengths", "response_lengths")),
+    "custom_pg_loss_reducer_function_path": (("total_lengths", "response_lengths", "loss_masks",
+                                              "calculate_per_token_loss"), ()),
 }
 
 

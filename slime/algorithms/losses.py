@@ -1,4 +1,4 @@
-"""Token log-probs, entropy, slime's loss reductions, the PPO-clip policy loss and the SFT loss.
+"""Token log-probs, entropy, slime's loss reductions, the PPO-clip and CISPO policy losses and the SFT loss.
 
 Per-token tensors of a micro-batch are *packed*: the response tokens of every sample are
 concatenated into one flat ``[total_tokens]`` tensor, and ``response_lengths`` says where each
@@ -32,6 +32,7 @@ __all__ = [
     "reduce_loss",
     "policy_loss_ppo_clip",
     "ppo_clip_from_kl",
+    "cispo_loss",
     "sequence_ppo_kl",
     "tis_weights",
     "opsm_mask",
@@ -137,16 +138,25 @@ def _masked_sum(x_i: Tensor, m_i: Tensor) -> Tensor:
 
 
 def sum_of_sample_mean(
-    x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
+    x: Tensor,
+    response_lengths: Sequence[int],
+    loss_masks: Sequence[Tensor | Sequence[int]],
+    sample_denoms: Sequence[float] | None = None,
 ) -> Tensor:
-    """``sum_i (sum_t mask_it x_it) / max(sum_t mask_it, 1)``: the SUM of per-sample masked means.
+    """``sum_i (sum_t mask_it x_it) / max(d_i, 1)``: the SUM of per-sample masked means.
 
+    ``d_i`` is ``sum_t mask_it`` unless ``sample_denoms`` gives it: slime keeps the denominators of
+    the masks the rollout delivered when a TIS / rejection hook zeroes tokens of the numerator.
     The caller divides by the number of samples of the global batch (see :func:`reduce_loss`).
     Empty or fully-masked samples contribute exactly 0.
     """
+    pairs = _split(x, response_lengths, loss_masks)
+    if sample_denoms is not None and len(sample_denoms) != len(pairs):
+        raise ValueError(f"{len(sample_denoms)} sample denominators but {len(pairs)} samples")
     total = x.new_zeros(())
-    for x_i, m_i in _split(x, response_lengths, loss_masks):
-        total = total + _masked_sum(x_i, m_i) / m_i.sum().clamp_min(1).to(x.dtype)
+    for i, (x_i, m_i) in enumerate(pairs):
+        denom = m_i.sum() if sample_denoms is None else torch.as_tensor(float(sample_denoms[i]))
+        total = total + _masked_sum(x_i, m_i) / denom.clamp_min(1).to(x.dtype)
     return total
 
 
@@ -171,10 +181,11 @@ def reduce_loss(
     calculate_per_token_loss: bool = False,
     num_samples: int | None = None,
     num_tokens: int | float | None = None,
+    sample_denoms: Sequence[float] | None = None,
 ) -> Tensor:
     """Scalar loss from per-token ``x`` with slime's two reductions, denominators explicit.
 
-    * per-sample (default): ``sum_of_sample_mean(x) / num_samples``
+    * per-sample (default): ``sum_of_sample_mean(x, sample_denoms) / num_samples``
       (``num_samples`` defaults to ``len(response_lengths)``: pass the global batch size when
       this is one micro-batch of it);
     * per-token: ``sum_of_token(x) / num_tokens`` (``num_tokens`` defaults to the unmasked tokens
@@ -185,7 +196,7 @@ def reduce_loss(
         if num_tokens is None:
             num_tokens = sum(int(torch.as_tensor(m).to(torch.bool).sum()) for m in loss_masks)
         return s / max(num_tokens, 1)
-    s = sum_of_sample_mean(x, response_lengths, loss_masks)
+    s = sum_of_sample_mean(x, response_lengths, loss_masks, sample_denoms)
     if num_samples is None:
         num_samples = len(response_lengths)
     return s / max(num_samples, 1)
@@ -253,6 +264,32 @@ def ppo_clip_from_kl(
         pg_losses3 = -eps_clip_c * advantages
         pg_losses = torch.where(advantages < 0, torch.minimum(pg_losses, pg_losses3), pg_losses)
     return pg_losses, clipfrac
+
+
+def cispo_loss(
+    ppo_kl: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    eps_clip: float,
+    eps_clip_high: float,
+) -> tuple[Tensor, Tensor]:
+    """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585), slime's ``--advantage-estimator cispo``.
+
+    ``w = clip(exp(-ppo_kl), 1 - eps_clip, 1 + eps_clip_high)`` under stop-gradient, and
+    ``loss = -w * A * log_probs``: the gradient is ``-w * A * grad log_probs`` on every token, so a
+    clipped token still teaches (PPO's clip zeroes its gradient). ``eps_clip >= 1`` turns the lower
+    bound off (canonical CISPO). ``clipfrac`` is 1 wherever the clip changed the ratio.
+    Returns ``(pg_losses, clipfrac)``.
+    """
+    if not (ppo_kl.shape == log_probs.shape == advantages.shape):
+        raise ValueError(
+            f"shape mismatch: ppo_kl {tuple(ppo_kl.shape)}, log_probs {tuple(log_probs.shape)}, "
+            f"advantages {tuple(advantages.shape)}"
+        )
+    ratio = torch.exp(-ppo_kl.detach())
+    weight = ratio.clamp(1.0 - eps_clip, 1.0 + eps_clip_high)
+    pg_losses = -weight * advantages * log_probs
+    return pg_losses, (weight != ratio).to(pg_losses.dtype)
 
 
 def _per_sample_masked_mean(
@@ -341,6 +378,7 @@ def sft_loss(
     calculate_per_token_loss: bool = False,
     num_samples: int | None = None,
     num_tokens: int | float | None = None,
+    sample_denoms: Sequence[float] | None = None,
 ) -> Tensor:
     """Masked negative log-likelihood: ``reduce_loss(-log_probs, ...)`` (same reductions and denominators)."""
     return reduce_loss(
@@ -350,4 +388,5 @@ def sft_loss(
         calculate_per_token_loss=calculate_per_token_loss,
         num_samples=num_samples,
         num_tokens=num_tokens,
+        sample_denoms=sample_denoms,
     )

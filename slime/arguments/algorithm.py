@@ -4,18 +4,27 @@ Incompatible combinations stop at parsing, each message naming both arguments.""
 from __future__ import annotations
 
 import argparse
+import logging
 
 from slime.algorithms.kl import KL_TYPES
 from slime.arguments.checks import need
 
-ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "ppo")
+logger = logging.getLogger(__name__)
+
+ADVANTAGE_ESTIMATORS = ("grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "ppo")
 LOSS_TYPES = ("policy_loss", "sft_loss", "custom_loss")
 OPD_TYPES = ("sglang", "megatron")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("algorithm")
-    g.add_argument("--advantage-estimator", choices=ADVANTAGE_ESTIMATORS, default="grpo")
+    g.add_argument("--advantage-estimator", choices=ADVANTAGE_ESTIMATORS, default="grpo",
+                   help="cispo: GRPO's advantages with MiniMax-M1's loss (clipped IS weight under stop-gradient "
+                        "times the log-prob); canonically --eps-clip 1.0 --eps-clip-high 4.0.")
+    g.add_argument("--disable-compute-advantages-and-returns", action="store_false",
+                   dest="compute_advantages_and_returns",
+                   help="No old/reference log-probs, values, advantages or returns (SFT or a custom loss); "
+                        "--rollout-data-postprocess-path still runs and may set rollout_data['advantages'].")
     g.add_argument("--disable-grpo-std-normalization", action="store_false", dest="grpo_std_normalization",
                    help="GRPO/GSPO subtract the group mean only (Dr. GRPO); slime's dest grpo_std_normalization.")
     g.add_argument("--loss-type", choices=LOSS_TYPES, default="policy_loss")
@@ -28,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--calculate-per-token-loss", action="store_true")
     g.add_argument("--use-rollout-logprobs", action="store_true",
                    help="Use the engine's log-probs as the old policy instead of recomputing them.")
+    g.add_argument("--use-rollout-entropy", action="store_true",
+                   help="Also compute the per-token entropy where old (rollout_data['entropy']) and reference "
+                        "(['ref_entropy']) log-probs are computed: for hooks (special loss masks) and "
+                        "rollout/entropy, rollout/ref_entropy.")
     g.add_argument("--disable-rewards-normalization", action="store_false", dest="rewards_normalization",
                    help="Train on raw rewards (no group normalisation for grpo/gspo/rloo/reinforce_plus_plus_baseline); "
                         "slime's dest rewards_normalization.")
@@ -43,6 +56,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--use-tis", action="store_true", help="Truncated importance sampling for train/rollout mismatch.")
     g.add_argument("--tis-clip", type=float, default=2.0)
     g.add_argument("--tis-clip-low", type=float, default=0.0)
+    g.add_argument("--custom-tis-function-path", type=str, default=None,
+                   help="Replaces the TIS weighting of --use-tis: fn(args, *, pg_loss, train_log_probs, "
+                        "rollout_log_probs, loss_masks, total_lengths, response_lengths) -> "
+                        "(pg_loss, loss_masks, metrics).")
+    g.add_argument("--custom-pg-loss-reducer-function-path", type=str, default=None,
+                   help="Reduces pg_loss only: fn(total_lengths, response_lengths, loss_masks, "
+                        "calculate_per_token_loss) -> reducer(per-token tensor) -> scalar sum (as slime's "
+                        "sum_of_sample_mean); the global-batch division follows.")
     g.add_argument("--use-opsm", action="store_true", help="Off-policy sequence masking.")
     g.add_argument("--opsm-delta", type=float, default=1e-4)
     g.add_argument("--use-opd", action="store_true", help="On-policy distillation (needs --opd-type).")
@@ -81,6 +102,8 @@ def finalize(args: argparse.Namespace) -> None:
     else:
         need(args.opd_type is None and args.opd_teacher_load is None, "--opd-type / --opd-teacher-load need --use-opd")
     if args.overlong_buffer_len is not None:
+        need(args.rollout_max_response_len is not None, "--overlong-buffer-len needs --rollout-max-response-len "
+             "(the penalty counts from the end of the response budget)")
         need(1 <= args.overlong_buffer_len <= args.rollout_max_response_len,
              f"--overlong-buffer-len ({args.overlong_buffer_len}) must be in [1, --rollout-max-response-len "
              f"({args.rollout_max_response_len})]")
@@ -90,16 +113,46 @@ def _check_losses(args: argparse.Namespace) -> None:
     est, loss = args.advantage_estimator, args.loss_type
     need((loss == "custom_loss") == (args.custom_loss_function_path is not None),
          "--loss-type custom_loss and --custom-loss-function-path go together")
+    if args.custom_pg_loss_reducer_function_path is not None:
+        need(loss == "policy_loss", f"--custom-pg-loss-reducer-function-path reduces the policy loss; "
+                                    f"--loss-type {loss} has none")
+    if est == "cispo":
+        need(args.eps_clip_c is None, "--eps-clip-c (dual clip) bounds the PPO-clip loss; "
+                                      "--advantage-estimator cispo does not use it")
+        if args.eps_clip < 1.0:  # slime warns too: the lower bound is still active
+            logger.warning("--advantage-estimator cispo is canonically single-sided, but --eps-clip %s keeps the "
+                           "lower clip bound %s active; set --eps-clip 1.0 (and e.g. --eps-clip-high 4.0)",
+                           args.eps_clip, 1.0 - args.eps_clip)
+    if not args.compute_advantages_and_returns:
+        _check_without_advantages(args)
     if loss == "sft_loss":
         for option, on in (("--use-tis", args.use_tis), ("--use-opsm", args.use_opsm), ("--use-opd", args.use_opd),
                            ("--use-kl-loss", args.use_kl_loss), ("--normalize-advantages", args.normalize_advantages),
-                           ("--custom-advantage-function-path", args.custom_advantage_function_path)):
+                           ("--custom-advantage-function-path", args.custom_advantage_function_path),
+                           ("--use-rollout-entropy", args.use_rollout_entropy)):
             need(not on, f"{option} has no effect with --loss-type sft_loss (no advantages, no policy ratio)")
         need(est != "ppo", "--advantage-estimator ppo needs --loss-type policy_loss, not --loss-type sft_loss")
     need(args.eps_clip_c is None or args.eps_clip_c > 1.0, f"--eps-clip-c (dual clip) must be > 1.0, got {args.eps_clip_c}")
     need(args.eps_clip > 0 and args.eps_clip_high > 0, "--eps-clip and --eps-clip-high must be > 0")
     need(0.0 <= args.gamma <= 1.0 and 0.0 <= args.lambd <= 1.0,
          f"--gamma ({args.gamma}) and --lambd ({args.lambd}) must be in [0, 1]")
+
+
+def _check_without_advantages(args: argparse.Namespace) -> None:
+    """--disable-compute-advantages-and-returns skips every forward pass and estimator before the
+    training steps; options that only act there would be silently ignored."""
+    flag = "--disable-compute-advantages-and-returns"
+    need(args.advantage_estimator != "ppo",
+         f"--advantage-estimator ppo trains its critic on returns, which {flag} does not compute")
+    for option, on in (("--use-kl-loss", args.use_kl_loss), ("--kl-coef", args.kl_coef != 0.0),
+                       ("--use-opd", args.use_opd), ("--normalize-advantages", args.normalize_advantages),
+                       ("--custom-advantage-function-path", args.custom_advantage_function_path),
+                       ("--keep-old-actor", args.keep_old_actor), ("--use-rollout-entropy", args.use_rollout_entropy)):
+        need(not on, f"{option} acts where advantages are computed, which {flag} skips")
+    if args.loss_type == "policy_loss":
+        need(args.rollout_data_postprocess_path is not None,
+             f"--loss-type policy_loss needs advantages, which {flag} does not compute: use --loss-type "
+             f"sft_loss / custom_loss, or set rollout_data['advantages'] in --rollout-data-postprocess-path")
 
 
 def _check_corrections(args: argparse.Namespace) -> None:
@@ -109,6 +162,8 @@ def _check_corrections(args: argparse.Namespace) -> None:
         option = "--use-tis" if args.use_tis else "--use-rollout-logprobs"
         need(not sft_rollout, f"{option} needs rollout log-probs, which --rollout-function-path "
                               f"{args.rollout_function_path} (SFT data) does not produce")
+    need(args.custom_tis_function_path is None or args.use_tis,
+         "--custom-tis-function-path replaces the weighting of --use-tis: add --use-tis")
     need(args.tis_clip >= args.tis_clip_low >= 0,
          f"--tis-clip ({args.tis_clip}) must be >= --tis-clip-low ({args.tis_clip_low}) >= 0")
     need(not (args.use_rollout_logprobs and args.keep_old_actor),

@@ -1,10 +1,13 @@
 """Training: checkpoints, slime's batching (rollout -> global batch -> micro-batches), optimizer
-and learning-rate schedule."""
+and learning-rate schedule, which parameters train, the training actors' environment."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
+from typing import Any
 
 from slime.arguments.checks import need, require_positive
 from slime.errors import SlimeError
@@ -19,6 +22,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--load", type=str, default=None, help="Resume from the latest checkpoint in this directory.")
     g.add_argument("--save", type=str, default=None, help="Checkpoint directory (default: <run-dir>/checkpoints).")
     g.add_argument("--save-interval", type=int, default=None)
+    # Megatron-LM's option too (megatron_lm.json, default None); this definition wins, with slime's default.
+    g.add_argument("--no-save-optim", action="store_true", default=False,
+                   help="Checkpoints without optimizer state; --load of one starts a fresh optimizer.")
 
     g = p.add_argument_group("batching")
     g.add_argument("--global-batch-size", type=int, default=None, help="Samples per optimizer step.")
@@ -27,22 +33,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--use-dynamic-batch-size", action="store_true",
                    help="Micro-batches packed (no padding) up to --max-tokens-per-gpu tokens; ignores --micro-batch-size.")
     g.add_argument("--max-tokens-per-gpu", type=int, default=None)
+    g.add_argument("--balance-data", action="store_true",
+                   help="Give each trainer rank an even share of the rollout's tokens (equal sample counts; the "
+                        "responses of one prompt may land in different steps), as slime's.")
     g.add_argument("--log-probs-chunk-size", type=int, default=-1, help="Rows per fp32 log-softmax chunk (-1: all).")
 
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("adam",), default="adam")
     g.add_argument("--lr", type=float, default=1e-6)
-    g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default="constant")
+    # Megatron-LM's defaults, which a slime script runs with: linear decay, weight decay 0.01, beta2 0.999
+    g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default="linear")
     g.add_argument("--lr-warmup-iters", type=int, default=0)
     g.add_argument("--lr-decay-iters", type=int, default=None,
                    help="Default: all optimizer steps of the run (num_rollout x steps per rollout).")
     g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--weight-decay", type=float, default=0.0)
+    g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.98)
+    g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--reset-optimizer-states", action="store_true", default=False,
+                   help="Zero Adam's step count and moments before each rollout's training (policy and critic).")
+    g.add_argument("--only-train-params-name-list", type=str, nargs="*", default=None,
+                   help="Regexes (re.search) of parameter names to train; all others are frozen. "
+                        "Names are the Hugging Face model's (model.layers.0.mlp.up_proj.weight).")
+    g.add_argument("--freeze-params-name-list", type=str, nargs="*", default=None,
+                   help="Regexes (re.search) of parameter names to freeze; all others train.")
+
+    g = p.add_argument_group("training actors")
+    g.add_argument("--train-env-vars", type=_json_object, default="{}",
+                   help='JSON object of environment variables for the training actors, e.g. \'{"NCCL_DEBUG": "INFO"}\'.')
+
+
+def _json_object(value: str) -> Any:
+    """slime's ``type=json.loads``, with argparse's error naming the option on bad JSON."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"expected JSON, got {value!r} ({e})") from e
 
 
 def finalize(args: argparse.Namespace) -> None:
@@ -66,6 +95,33 @@ def finalize(args: argparse.Namespace) -> None:
     need(0.0 <= args.min_lr <= args.lr, f"--min-lr ({args.min_lr}) must be in [0, --lr ({args.lr})]")
     if args.num_rollout is not None:  # else set when --num-epoch is counted (slime.arguments.set_num_rollout)
         finalize_schedule(args)
+    _check_param_patterns(args)
+    args.train_env_vars = _env_vars(args.train_env_vars)
+
+
+def _check_param_patterns(args: argparse.Namespace) -> None:
+    """Patterns compile and only one list is given (slime's rule); whether each matches a parameter is
+    checked when the model is loaded."""
+    need(not (args.only_train_params_name_list and args.freeze_params_name_list),
+         "give only one of --only-train-params-name-list and --freeze-params-name-list")
+    for option, patterns in (("--only-train-params-name-list", args.only_train_params_name_list),
+                             ("--freeze-params-name-list", args.freeze_params_name_list)):
+        for pat in patterns or ():
+            try:
+                re.compile(pat)
+            except re.error as e:
+                raise SlimeError(f"{option}: {pat!r} is not a valid regular expression ({e})") from e
+
+
+def _env_vars(value: Any) -> dict[str, str]:
+    """--train-env-vars as Ray's env_vars want it: string names, string values (numbers converted)."""
+    need(isinstance(value, dict), f"--train-env-vars must be a JSON object of NAME: value, got {value!r}")
+    out: dict[str, str] = {}
+    for name, v in value.items():
+        need(isinstance(v, (str, int, float)) and not isinstance(v, bool),
+             f"--train-env-vars: {name} must be a string or number, got {v!r}")
+        out[name] = str(v)
+    return out
 
 
 def _finalize_batching(args: argparse.Namespace) -> None:

@@ -90,14 +90,11 @@ NOT_BUILT: dict[str, str] = {
         "--rollout-health-check-interval", "--rollout-health-check-timeout", "--profile-target",
     ), RUNS_ISSUE),
     **dict.fromkeys((
-        "--balance-data", "--rollout-max-context-len", "--loss-mask-type", "--use-rollout-entropy",
-        "--disable-compute-advantages-and-returns", "--custom-tis-function-path",
-        "--custom-pg-loss-reducer-function-path", "--rollout-sample-hook-path", "--rollout-all-samples-process-path",
-        "--custom-rollout-log-function-path", "--custom-eval-rollout-log-function-path", "--custom-config-path",
-        "--disable-rollout-global-dataset", "--start-rollout-id", "--eval-config", "--eval-top-k",
-        "--eval-max-prompt-len", "--eval-min-new-tokens", "--eval-max-context-len", "--eval-reward-key",
-        "--eval-tool-key", "--only-train-params-name-list", "--freeze-params-name-list", "--reset-optimizer-states",
-        "--train-env-vars",
+        "--rollout-max-context-len", "--loss-mask-type", "--rollout-sample-hook-path",
+        "--rollout-all-samples-process-path", "--custom-rollout-log-function-path",
+        "--custom-eval-rollout-log-function-path", "--custom-config-path", "--disable-rollout-global-dataset",
+        "--start-rollout-id", "--eval-config", "--eval-top-k", "--eval-max-prompt-len", "--eval-min-new-tokens",
+        "--eval-max-context-len", "--eval-reward-key", "--eval-tool-key",
     ), THIS_ISSUE),
 }
 

@@ -18,9 +18,11 @@ class RayTrainGroup:
         train_threads, _ = thread_budget(args)
         world = args.actor_world_size
         master_port = free_port()
+        # --train-env-vars: slime's environment for the training processes (Ray merges it with the job's)
+        env = {"runtime_env": {"env_vars": dict(args.train_env_vars)}} if args.train_env_vars else {}
         self.actors = [
             RayTrainActor.options(
-                num_cpus=placement.actor_cpus, scheduling_strategy=placement.strategy(bundle)
+                num_cpus=placement.actor_cpus, scheduling_strategy=placement.strategy(bundle), **env
             ).remote(args, rank, world, "127.0.0.1", master_port, train_threads)
             for rank, bundle in enumerate(placement.actor_bundles)
         ]

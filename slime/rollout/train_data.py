@@ -44,7 +44,7 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
     if not args.rewards_normalization or est in ("ppo", "reinforce_plus_plus"):
         return raw, rewards
     t = torch.tensor(rewards, dtype=torch.float32)
-    if est in ("grpo", "gspo"):
+    if est in ("grpo", "gspo", "cispo"):  # cispo takes grpo's advantages
         t = group_normalize_rewards(t, g, std_normalization=args.grpo_std_normalization)
     elif est == "reinforce_plus_plus_baseline":
         t = group_normalize_rewards(t, g, std_normalization=False)

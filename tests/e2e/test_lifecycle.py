@@ -34,10 +34,11 @@ def _slime(argv, **kw) -> subprocess.CompletedProcess:
 
 
 def test_two_fsdp_ranks_and_two_engines_behind_the_router(tiny_model_dir, task_dir, tmp_path):
-    """--actor-num-gpus-per-node 2 --colocate: two gloo/FSDP2 ranks and two engines behind sglang-router."""
+    """--actor-num-gpus-per-node 2 --colocate: two gloo/FSDP2 ranks and two engines behind sglang-router
+    (with slime's --balance-data: the ranks take token-balanced shares of each rollout)."""
     run_dir = tmp_path / "run"
     proc = _slime(_base(tiny_model_dir, task_dir, run_dir) + [
-        "--num-rollout", "2", "--actor-num-gpus-per-node", "2", "--check-weight-update-equal"])
+        "--num-rollout", "2", "--actor-num-gpus-per-node", "2", "--check-weight-update-equal", "--balance-data"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(run_dir)
     assert len(rows) == 2

@@ -19,7 +19,7 @@ DATA = {
 }
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like:UserWarning")  # optimizer.step is patched on purpose
 
-ESTIMATORS = ["grpo", "gspo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "ppo"]
+ESTIMATORS = ["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo", "ppo"]
 
 
 def _actor(tiny_model_dir, tmp_path, *extra, double=False):
@@ -81,6 +81,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("estimator,extra", [
     ("grpo", ["--use-kl-loss", "--kl-loss-coef", "0.1", "--entropy-coef", "0.01"]),
     ("gspo", ["--calculate-per-token-loss"]),
+    ("cispo", ["--eps-clip", "1.0", "--eps-clip-high", "4.0", "--entropy-coef", "0.01"]),
     ("ppo", ["--kl-coef", "0.05", "--normalize-advantages"]),
     ("reinforce_plus_plus", ["--use-tis", "--use-opsm", "--log-probs-chunk-size", "2"]),
 ])

@@ -33,10 +33,11 @@ from slime.backends.torch.batching import (
 )
 from slime.backends.torch.critic import Critic
 from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
-from slime.backends.torch.optim import build_optimizer
+from slime.backends.torch.optim import build_optimizer, reset_adam_state, select_trainable
 from slime.sync.distributed import DistributedWeightSync
 from slime.sync.tensor import engine_sequence_log_probs, push_weights
 from slime.utils.misc import load_function
+from slime.utils.seqlen_balancing import balanced_order
 from slime.utils.threads import configure_torch_threads
 
 logger = logging.getLogger(__name__)
@@ -58,14 +59,18 @@ class TrainActor:
             os.environ.update(MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
             dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
 
-        self.model = AutoModelForCausalLM.from_pretrained(self.args.hf_checkpoint, dtype=torch.float32)
+        # the initial policy is --ref-load's weights (= --hf-checkpoint unless given), as slime's
+        # training starts from --ref-load when --load holds no checkpoint
+        self.model = AutoModelForCausalLM.from_pretrained(self.args.ref_load, dtype=torch.float32)
         self.model.train()
         self.model.config.use_cache = False
         if self.args.recompute_granularity is not None:  # Megatron's --recompute-*: activations recomputed in backward
             enable_activation_checkpointing(self.model)
+        a = self.args
+        # --only-train / --freeze-params-name-list: before sharding, so FSDP sees the final requires_grad
+        trainable = select_trainable(self.model, a.only_train_params_name_list, a.freeze_params_name_list)
         if self.world_size > 1:
             self._shard(self.model)
-        a = self.args
 
         def frozen(path: str) -> torch.nn.Module:
             return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
@@ -78,7 +83,9 @@ class TrainActor:
         if a.use_critic:
             self.critic = Critic(a, self.world_size, lambda m: self._shard_module(m))
 
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), a, lr=a.lr, warmup=a.lr_warmup_iters)
+        if self.world_size > 1:  # fully_shard swapped the parameters for sharded ones
+            trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer, self.scheduler = build_optimizer(trainable, a, lr=a.lr, warmup=a.lr_warmup_iters)
         self.pad_id = self.model.config.pad_token_id or 0
         start = 0
         if self.args.load:
@@ -121,15 +128,19 @@ class TrainActor:
         return build_micro_batch(data, indices, self.args.use_dynamic_batch_size, self.pad_id)
 
     @torch.no_grad()
-    def _forward_only(self, data: dict[str, Any], indices: list[int], model: torch.nn.Module) -> list[torch.Tensor]:
+    def _forward_only(self, data: dict[str, Any], indices: list[int], model: torch.nn.Module,
+                      entropy_out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+        """Per-sample response log-probs; per-sample entropies appended to ``entropy_out`` if given."""
         out: list[torch.Tensor] = []
         was_training = model.training
         model.eval()
         for mb_indices in self._plan(data, indices):
             mb = self._micro_batch(data, mb_indices)
-            lp, _ = response_log_probs(model, mb, self.args.rollout_temperature,
-                                       chunk_size=self.args.log_probs_chunk_size)
+            lp, ent = response_log_probs(model, mb, self.args.rollout_temperature, with_entropy=entropy_out is not None,
+                                         chunk_size=self.args.log_probs_chunk_size)
             out += list(torch.split(lp, mb.response_lengths))
+            if entropy_out is not None:
+                entropy_out += list(torch.split(ent, mb.response_lengths))
         model.train(was_training)
         return out
 
@@ -143,20 +154,31 @@ class TrainActor:
         """Old / reference / teacher log-probs, critic values, advantages and returns for this rank's samples."""
         args = self.args
         extra: dict[str, float] = {}
+        # --use-rollout-entropy: entropies come with the old / reference forward passes (none when
+        # the old log-probs are the engine's), as in slime
+        entropy: list[torch.Tensor] | None = [] if args.use_rollout_entropy else None
+        ref_entropy: list[torch.Tensor] | None = [] if args.use_rollout_entropy else None
         if args.use_rollout_logprobs:
             old = [torch.as_tensor(data["rollout_log_probs"][i], dtype=torch.float32) for i in mine]
+            entropy = None
         else:
-            old = self._forward_only(data, mine, self.old_actor if self.old_actor is not None else self.model)
+            old = self._forward_only(data, mine, self.old_actor if self.old_actor is not None else self.model, entropy)
             data["train_log_probs"] = dict(zip(mine, old))
         data["old_log_probs"] = dict(zip(mine, old))
         if self.ref_model is not None:
-            data["ref_log_probs"] = dict(zip(mine, self._forward_only(data, mine, self.ref_model)))
+            data["ref_log_probs"] = dict(zip(mine, self._forward_only(data, mine, self.ref_model, ref_entropy)))
+        else:
+            ref_entropy = None
         rollout_data: dict[str, Any] = {
             "log_probs": old,
             "rewards": [data["rewards"][i] for i in mine],
             "loss_masks": [data["loss_masks"][i] for i in mine],
             "response_lengths": [data["response_lengths"][i] for i in mine],
         }
+        if entropy is not None:
+            rollout_data["entropy"] = entropy
+        if ref_entropy is not None:
+            rollout_data["ref_entropy"] = ref_entropy
         if self.ref_model is not None:
             rollout_data["ref_log_probs"] = [data["ref_log_probs"][i] for i in mine]
         if "rollout_log_probs" in data:
@@ -169,18 +191,13 @@ class TrainActor:
             rollout_data["values"] = self.critic.values(data, mine)
             data["values"] = dict(zip(mine, rollout_data["values"]))
         compute_advantages_and_returns(args, rollout_data, self._sum_over_ranks)
-        if args.rollout_data_postprocess_path:  # slime's hook: after advantages, before training
-            load_function(args.rollout_data_postprocess_path, arg_name="--rollout-data-postprocess-path")(
-                args, rollout_id, rollout_data)
+        self._postprocess(data, mine, rollout_id, rollout_data)
         data["advantages"] = dict(zip(mine, rollout_data["advantages"]))
         data["returns"] = dict(zip(mine, rollout_data["returns"]))
-
-        masks = [torch.as_tensor(m, dtype=torch.bool) for m in rollout_data["loss_masks"]]
-
-        def token_mean(xs: list[torch.Tensor]) -> float:
-            s = self._sum_over_ranks(torch.tensor([sum(float(x[m].sum()) for x, m in zip(xs, masks)),
-                                                   float(sum(int(m.sum()) for m in masks))], dtype=torch.float64))
-            return float(s[0] / max(float(s[1]), 1.0))
+        token_mean = self._token_mean(rollout_data["loss_masks"])
+        for key in ("entropy", "ref_entropy"):
+            if key in rollout_data:
+                extra[f"rollout/{key}"] = token_mean(rollout_data[key])
 
         adv = rollout_data["advantages"]
         mean = token_mean(adv)
@@ -196,15 +213,69 @@ class TrainActor:
             extra["train/train_rollout_logprob_abs_diff"] = token_mean(diffs)
         return extra
 
+    def _postprocess(self, data: dict[str, Any], mine: list[int], rollout_id: int, rollout_data: dict[str, Any]) -> None:
+        """slime's ``--rollout-data-postprocess-path`` (after advantages, before training). Its
+        ``loss_masks`` are the ones trained on (a special loss mask, e.g. from ``entropy``); the
+        per-sample denominators stay those the rollout delivered (``rollout_mask_sums``), as slime's."""
+        if not self.args.rollout_data_postprocess_path:
+            return
+        load_function(self.args.rollout_data_postprocess_path, arg_name="--rollout-data-postprocess-path")(
+            self.args, rollout_id, rollout_data)
+        data["loss_masks"] = list(data["loss_masks"])
+        for i, m in zip(mine, rollout_data["loss_masks"], strict=True):
+            data["loss_masks"][i] = m
+
+    def _prepare_without_advantages(self, data: dict[str, Any], mine: list[int], rollout_id: int) -> None:
+        """``--loss-type sft_loss`` / ``--disable-compute-advantages-and-returns``: no forward pass, no
+        estimator; the postprocess hook still runs and may set ``advantages`` (and ``returns``)."""
+        args = self.args
+        rollout_data: dict[str, Any] = {
+            "rewards": [data["rewards"][i] for i in mine],
+            "loss_masks": [data["loss_masks"][i] for i in mine],
+            "response_lengths": [data["response_lengths"][i] for i in mine],
+        }
+        if "rollout_log_probs" in data:
+            rollout_data["rollout_log_probs"] = [torch.as_tensor(data["rollout_log_probs"][i]) for i in mine]
+            if args.use_rollout_logprobs:
+                data["old_log_probs"] = dict(zip(mine, rollout_data["rollout_log_probs"]))
+        self._postprocess(data, mine, rollout_id, rollout_data)
+        for key in ("advantages", "returns"):
+            if key in rollout_data:
+                data[key] = dict(zip(mine, rollout_data[key]))
+
+    def _token_mean(self, loss_masks: list[Any]):
+        """Mean of per-token values over the trained tokens of every rank."""
+        masks = [torch.as_tensor(m).to(torch.bool) for m in loss_masks]
+
+        def token_mean(xs: list[torch.Tensor]) -> float:
+            s = self._sum_over_ranks(torch.tensor([sum(float(x[m].sum()) for x, m in zip(xs, masks)),
+                                                   float(sum(int(m.sum()) for m in masks))], dtype=torch.float64))
+            return float(s[0] / max(float(s[1]), 1.0))
+
+        return token_mean
+
     def train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         """One rollout's worth of optimizer steps. Returns rank-averaged metrics."""
         args = self.args
         t0 = time.perf_counter()
         n = len(data["tokens"])
-        mine = [i for s in range(0, n, args.global_batch_size) for i in self._my_slice(s, args.global_batch_size)]
+        order = list(range(n))
+        if args.balance_data and self.world_size > 1 and n % self.world_size == 0:  # even tokens per rank
+            order = balanced_order([len(t) for t in data["tokens"]], self.world_size,
+                                   args.global_batch_size // self.world_size)
+        mine = [order[i] for s in range(0, n, args.global_batch_size) for i in self._my_slice(s, args.global_batch_size)]
+        if args.reset_optimizer_states:  # slime: at the start of every rollout's training, critic's too
+            reset_adam_state(self.optimizer)
+            if self.critic is not None:
+                reset_adam_state(self.critic.optimizer)
+        own_denoms = "rollout_mask_sums" not in data
+        if own_denoms:  # per-sample mean denominators, fixed before any hook edits the masks
+            data["rollout_mask_sums"] = [float(sum(m)) for m in data["loss_masks"]]
         extra: dict[str, float] = {}
-        if args.loss_type != "sft_loss":
+        if args.loss_type != "sft_loss" and args.compute_advantages_and_returns:
             extra = self._prepare_rl_data(data, mine, rollout_id)
+        else:
+            self._prepare_without_advantages(data, mine, rollout_id)
         critic_only = self.critic is not None and rollout_id < args.num_critic_only_steps
 
         sums: dict[str, float] = {}
@@ -226,7 +297,8 @@ class TrainActor:
         if args.ref_update_interval and self.ref_model is not None and (rollout_id + 1) % args.ref_update_interval == 0:
             self.ref_model.load_state_dict(self._full_state_every_rank())
         metrics["perf/train_time"] = time.perf_counter() - t0
-        for key in ("old_log_probs", "train_log_probs", "ref_log_probs", "advantages", "returns", "values"):
+        for key in ("old_log_probs", "train_log_probs", "ref_log_probs", "advantages", "returns", "values",
+                    *(("rollout_mask_sums",) if own_denoms else ())):
             data.pop(key, None)
         return metrics
 
@@ -250,17 +322,18 @@ class TrainActor:
             masks = mb.loss_masks
             log_probs, entropy = response_log_probs(self.model, mb, args.rollout_temperature, with_entropy=True,
                                                     chunk_size=args.log_probs_chunk_size)
+            denoms = [float(data["rollout_mask_sums"][i]) for i in mb.indices]
 
             def red(x: torch.Tensor) -> torch.Tensor:
-                return reduce_loss(x, mb.response_lengths, masks, **reduce_kw)
+                return reduce_loss(x, mb.response_lengths, masks, sample_denoms=denoms, **reduce_kw)
 
             if args.loss_type == "sft_loss":
-                loss = sft_loss(log_probs, mb.response_lengths, masks, **reduce_kw)
+                loss = sft_loss(log_probs, mb.response_lengths, masks, sample_denoms=denoms, **reduce_kw)
                 parts = {"train/loss": loss}
             elif args.loss_type == "custom_loss":
                 loss, parts = self._custom_loss(data, mb, red)
             else:
-                loss, parts = policy_loss(args, data, mb, log_probs, entropy, red)
+                loss, parts = policy_loss(args, data, mb, log_probs, entropy, reduce_kw, denoms)
                 parts["train/loss"] = loss
             loss.backward()
             for k, v in parts.items():  # each part is already this micro-batch's share of the step

@@ -2,7 +2,8 @@
 
 * :func:`compute_advantages_and_returns`: once per rollout, per-token advantages (and returns for the
   critic) from the rank's samples, for every ``--advantage-estimator``, then OPD and whitening;
-* :func:`policy_loss`: one micro-batch's PPO / GSPO loss with TIS, OPSM, entropy and KL terms.
+* :func:`policy_loss`: one micro-batch's PPO / GSPO / CISPO loss with TIS (or ``--custom-tis-function-path``),
+  OPSM, entropy and KL terms, ``pg_loss`` reduced by ``--custom-pg-loss-reducer-function-path`` if given.
 
 Formulas live in ``slime/algorithms``; this module only decides which ones apply.
 """
@@ -26,7 +27,7 @@ from slime.algorithms.advantages import (
     reinforce_plus_plus_returns,
 )
 from slime.algorithms.kl import compute_approx_kl
-from slime.algorithms.losses import opsm_mask, ppo_clip_from_kl, sequence_ppo_kl, tis_weights
+from slime.algorithms.losses import cispo_loss, opsm_mask, ppo_clip_from_kl, reduce_loss, sequence_ppo_kl, tis_weights
 from slime.backends.torch.batching import MicroBatch, pack
 from slime.errors import SlimeError
 from slime.utils.misc import load_function
@@ -54,7 +55,7 @@ def compute_advantages_and_returns(
     if args.custom_advantage_function_path is not None:
         load_function(args.custom_advantage_function_path, arg_name="--custom-advantage-function-path")(args, rollout_data)
         advantages, returns = rollout_data["advantages"], rollout_data["returns"]
-    elif est in ("grpo", "gspo", "rloo"):
+    elif est in ("grpo", "gspo", "cispo", "rloo"):
         advantages = expand_to_tokens(torch.tensor(rewards), [lp.numel() for lp in log_probs])
         returns = advantages
     elif est == "reinforce_plus_plus":
@@ -85,33 +86,63 @@ def compute_advantages_and_returns(
 
 def policy_loss(
     args: Namespace, data: dict[str, Any], mb: MicroBatch, log_probs: Tensor, entropy: Tensor,
-    reduce: Callable[[Tensor], Tensor],
+    reduce_kw: dict[str, Any], sample_denoms: list[float] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """One micro-batch's policy loss; ``reduce`` is slime's sum-of-sample-mean over the global batch."""
-    old = pack(data["old_log_probs"], mb.indices)
+    """One micro-batch's policy loss.
+
+    ``reduce_kw`` holds the global-batch denominators of slime's sum-of-sample-mean (or token sum);
+    ``sample_denoms`` each sample's mask total as the rollout delivered it. Without
+    ``old_log_probs`` (``--disable-compute-advantages-and-returns``) the policy is its own old
+    policy, as in slime.
+    """
+    lengths = mb.response_lengths
+
+    def reducer(masks: list[Tensor]) -> Callable[[Tensor], Tensor]:
+        return lambda x: reduce_loss(x, lengths, masks, sample_denoms=sample_denoms, **reduce_kw)
+
+    reduce = reducer(mb.loss_masks)
+    if "advantages" not in data:
+        raise SlimeError("--loss-type policy_loss needs advantages; with --disable-compute-advantages-and-returns "
+                         "set rollout_data['advantages'] in --rollout-data-postprocess-path")
+    old = pack(data["old_log_probs"], mb.indices) if "old_log_probs" in data else log_probs.detach()
     adv = pack(data["advantages"], mb.indices)
     if args.advantage_estimator == "gspo":  # sequence-level ratio
-        ppo_kl = sequence_ppo_kl(log_probs, old, mb.response_lengths, mb.loss_masks)
+        ppo_kl = sequence_ppo_kl(log_probs, old, lengths, mb.loss_masks)
     else:
         ppo_kl = old - log_probs
-    pg, clipfrac = ppo_clip_from_kl(ppo_kl, adv, args.eps_clip, args.eps_clip_high, args.eps_clip_c)
+    if args.advantage_estimator == "cispo":
+        pg, clipfrac = cispo_loss(ppo_kl, log_probs, adv, args.eps_clip, args.eps_clip_high)
+    else:
+        pg, clipfrac = ppo_clip_from_kl(ppo_kl, adv, args.eps_clip, args.eps_clip_high, args.eps_clip_c)
     metrics: dict[str, Tensor] = {}
     if args.use_opsm:
-        keep = opsm_mask(log_probs, old, adv, mb.response_lengths, mb.loss_masks, args.opsm_delta)
+        keep = opsm_mask(log_probs, old, adv, lengths, mb.loss_masks, args.opsm_delta)
         pg = pg * keep
         metrics["train/opsm_clipfrac"] = reduce(1.0 - keep)
+    pg_masks = mb.loss_masks
     if args.use_tis:
         if "rollout_log_probs" not in data:
             raise SlimeError("--use-tis needs rollout log-probs, but the rollout function returned none")
         # The trainer's log-probs of the old policy (the current ones, detached, when the old policy
         # is the engine's own: --use-rollout-logprobs).
         train_lp = pack(data["train_log_probs"], mb.indices) if "train_log_probs" in data else log_probs.detach()
-        w, tis_metrics = tis_weights(train_lp, pack(data["rollout_log_probs"], mb.indices), args.tis_clip,
-                                     args.tis_clip_low)
-        pg = pg * w
-        metrics.update({f"train/{k}": reduce(v) for k, v in tis_metrics.items()})
-        metrics["train/ois"] = reduce(torch.exp(-ppo_kl.detach()))
-    pg_loss, entropy_loss = reduce(pg), reduce(entropy)
+        rollout_lp = pack(data["rollout_log_probs"], mb.indices)
+        if args.custom_tis_function_path is not None:
+            pg, pg_masks, tis_metrics = _custom_tis(args, pg, train_lp, rollout_lp, mb)
+            # slime: rejected tokens leave the numerators of everything reduced below; the
+            # denominators stay those of the delivered masks (sample_denoms / num_tokens).
+            reduce = reducer(pg_masks)
+        else:
+            w, tis_metrics = tis_weights(train_lp, rollout_lp, args.tis_clip, args.tis_clip_low)
+            pg = pg * w
+        # mismatch metrics over the tokens before any rejection, as slime
+        metrics.update({f"train/{k}": reducer(mb.loss_masks)(v) for k, v in tis_metrics.items()})
+        metrics["train/ois"] = reducer(mb.loss_masks)(torch.exp(-ppo_kl.detach()))
+    if args.custom_pg_loss_reducer_function_path is not None:
+        pg_loss = _custom_pg_reduce(args, pg, pg_masks, mb, reduce_kw)
+    else:
+        pg_loss = reduce(pg)
+    entropy_loss = reduce(entropy)
     loss = pg_loss - args.entropy_coef * entropy_loss
     metrics.update({"train/pg_loss": pg_loss, "train/pg_clipfrac": reduce(clipfrac),
                     "train/ppo_kl": reduce(ppo_kl), "train/entropy_loss": entropy_loss})
@@ -121,3 +152,45 @@ def policy_loss(
         loss = loss + args.kl_loss_coef * kl_loss
         metrics["train/kl_loss"] = kl_loss
     return loss, metrics
+
+
+def _custom_tis(args: Namespace, pg: Tensor, train_lp: Tensor, rollout_lp: Tensor, mb: MicroBatch
+                ) -> tuple[Tensor, list[Tensor], dict[str, Tensor]]:
+    """slime's ``--custom-tis-function-path`` contract: keyword arguments, per-sample lists (packed
+    ``pg_loss``); returns ``(pg_loss, loss_masks, metrics)`` — the weighted per-token loss, the
+    masks whose zeros reject tokens, per-token metric tensors (logged as ``train/<key>``)."""
+    fn = load_function(args.custom_tis_function_path, arg_name="--custom-tis-function-path")
+    lengths = mb.response_lengths
+    out = fn(args=args, pg_loss=pg, train_log_probs=list(torch.split(train_lp, lengths)),
+             rollout_log_probs=list(torch.split(rollout_lp, lengths)), loss_masks=list(mb.loss_masks),
+             total_lengths=[p + r for p, r in zip(mb.prompt_lengths, lengths)], response_lengths=list(lengths))
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise SlimeError(f"--custom-tis-function-path {args.custom_tis_function_path} must return "
+                         f"(pg_loss, loss_masks, metrics), got {type(out).__name__}")
+    new_pg, masks, tis_metrics = out
+    if not isinstance(new_pg, Tensor) or new_pg.shape != pg.shape:
+        raise SlimeError(f"--custom-tis-function-path {args.custom_tis_function_path}: pg_loss must be a tensor "
+                         f"of shape {tuple(pg.shape)}, got {getattr(new_pg, 'shape', type(new_pg).__name__)}")
+    masks = [torch.as_tensor(m, dtype=torch.float32) for m in masks]
+    if [m.numel() for m in masks] != list(lengths):
+        raise SlimeError(f"--custom-tis-function-path {args.custom_tis_function_path}: loss_masks must have one "
+                         f"mask per sample of lengths {list(lengths)}, got {[m.numel() for m in masks]}")
+    return new_pg, masks, {k: v.detach() for k, v in tis_metrics.items()}
+
+
+def _custom_pg_reduce(args: Namespace, pg: Tensor, masks: list[Tensor], mb: MicroBatch,
+                      reduce_kw: dict[str, Any]) -> Tensor:
+    """slime's ``--custom-pg-loss-reducer-function-path``: ``fn(total_lengths, response_lengths,
+    loss_masks, calculate_per_token_loss)`` returns a reducer whose output is a *sum* over this
+    micro-batch, like slime's ``sum_of_sample_mean``; it is divided by the same global-batch
+    denominator as every other term (samples, or tokens with ``--calculate-per-token-loss``)."""
+    fn = load_function(args.custom_pg_loss_reducer_function_path, arg_name="--custom-pg-loss-reducer-function-path")
+    lengths = mb.response_lengths
+    reducer = fn([p + r for p, r in zip(mb.prompt_lengths, lengths)], list(lengths), list(masks),
+                 reduce_kw["calculate_per_token_loss"])
+    total = reducer(pg)
+    if not isinstance(total, Tensor) or total.numel() != 1:
+        raise SlimeError(f"--custom-pg-loss-reducer-function-path {args.custom_pg_loss_reducer_function_path}: "
+                         f"the reducer must return a scalar tensor, got {getattr(total, 'shape', type(total).__name__)}")
+    denom = reduce_kw["num_tokens"] if reduce_kw["calculate_per_token_loss"] else reduce_kw["num_samples"]
+    return total.reshape(()) / max(denom, 1)

@@ -1,4 +1,5 @@
-"""AdamW and Megatron's learning-rate schedule (``--lr-decay-style``, ``--lr-warmup-iters``, ``--min-lr``).
+"""AdamW over the trainable parameters, Megatron's learning-rate schedule (``--lr-decay-style``,
+``--lr-warmup-iters``, ``--min-lr``), slime's parameter freezing and optimizer-state reset.
 
 The learning rate of optimizer step ``k`` (0-based, counted over the whole run):
 
@@ -13,10 +14,16 @@ train as before (slime's example scripts all pass ``--lr-decay-style constant``)
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 
 import torch
+
+from slime.errors import SlimeError
+
+logger = logging.getLogger(__name__)
 
 
 def lr_at(step: int, lr: float, *, style: str = "constant", warmup: int = 0, decay_iters: int | None = None,
@@ -52,3 +59,57 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], args, *, lr: float, wa
                      min_lr=min_lr) / lr
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def select_trainable(model: torch.nn.Module, only_train: Sequence[str] | None,
+                     freeze: Sequence[str] | None) -> list[torch.nn.Parameter]:
+    """slime's ``--only-train-params-name-list`` / ``--freeze-params-name-list``: each pattern is a
+    Python regex ``re.search``-ed in the parameter names (here the Hugging Face model's, e.g.
+    ``model.layers.0.mlp.up_proj.weight``). With the first, a parameter trains iff some pattern
+    matches; with the second, a parameter freezes iff some pattern matches. Frozen parameters get
+    ``requires_grad=False`` and stay out of the optimizer, so no step (weight decay included) moves
+    them. A pattern that matches nothing stops here: with HF names, Megatron-style patterns
+    (``output_layer``, ``linear_fc1``) would otherwise silently train everything or nothing.
+    Returns the trainable parameters."""
+    named = list(model.named_parameters())
+    check_param_patterns([n for n, _ in named], only_train, freeze)
+    for option, patterns in (("--only-train-params-name-list", only_train), ("--freeze-params-name-list", freeze)):
+        if not patterns:  # slime: an empty list is as if not given
+            continue
+        for n, param in named:
+            if any(re.search(pat, n) for pat in patterns) != (option == "--only-train-params-name-list"):
+                param.requires_grad_(False)
+    trainable = [p for _, p in named if p.requires_grad]
+    if not trainable:
+        raise SlimeError("--freeze-params-name-list freezes every parameter of the model: nothing would train")
+    frozen = len(named) - len(trainable)
+    if frozen:
+        logger.info("training %d of %d parameter tensors (%d frozen)", len(trainable), len(named), frozen)
+    return trainable
+
+
+def check_param_patterns(names: Sequence[str], only_train: Sequence[str] | None,
+                         freeze: Sequence[str] | None) -> None:
+    """Every pattern of either list matches some name (cheap: callers may pass a checkpoint's tensor
+    names before loading the model); else one line naming the option and the pattern."""
+    for option, patterns in (("--only-train-params-name-list", only_train), ("--freeze-params-name-list", freeze)):
+        for pat in patterns or ():
+            if not any(re.search(pat, n) for n in names):
+                raise SlimeError(f"{option}: pattern {pat!r} matches no parameter of the model "
+                                 f"(names look like: {', '.join(names[:4])}, ...)")
+
+
+@torch.no_grad()
+def reset_adam_state(optimizer: torch.optim.Optimizer) -> None:
+    """slime's ``--reset-optimizer-states``: Adam's step count and both moments back to zero (in
+    place, so sharded states stay sharded); the next step is a first step again, bias correction
+    included. The learning-rate schedule is not touched."""
+    for state in optimizer.state.values():
+        if "step" in state:
+            if isinstance(state["step"], torch.Tensor):
+                state["step"].zero_()
+            else:
+                state["step"] = 0
+        for key in ("exp_avg", "exp_avg_sq", "max_exp_avg_sq"):
+            if key in state:
+                state[key].zero_()
