@@ -62,6 +62,8 @@ def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rm-type", type=str, default=None)
     g.add_argument("--custom-rm-path", type=str, default=None)
     g.add_argument("--reward-key", type=str, default=None, help="Key of a dict reward to train on.")
+    g.add_argument("--eval-reward-key", type=str, default=None,
+                   help="Key of a dict reward that evaluation reports (default: --reward-key), as slime's.")
     g.add_argument("--group-rm", action="store_true",
                    help="Call the reward (--custom-rm-path or --rm-type) once per group with the whole group.")
     g.add_argument("--rm-url", type=str, default=None, help="The reward service of --rm-type remote_rm.")

@@ -94,7 +94,7 @@ NOT_BUILT: dict[str, str] = {
         "--rollout-all-samples-process-path", "--custom-rollout-log-function-path",
         "--custom-eval-rollout-log-function-path", "--custom-config-path", "--disable-rollout-global-dataset",
         "--start-rollout-id", "--eval-config", "--eval-top-k", "--eval-max-prompt-len", "--eval-min-new-tokens",
-        "--eval-max-context-len", "--eval-reward-key", "--eval-tool-key",
+        "--eval-max-context-len", "--eval-tool-key",
     ), THIS_ISSUE),
 }
 

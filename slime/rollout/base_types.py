@@ -3,7 +3,8 @@
 A rollout function returns either a plain list of groups (lists of `Sample`) or
 `RolloutFnTrainOutput(samples=groups, metrics={...})`; with `evaluation=True`, either
 `{name: {"rewards": [...], "samples": [...]}}` or `RolloutFnEvalOutput(data=..., metrics=...)`.
-Extra `metrics` are logged with the rollout's own.
+Extra `metrics` are logged with the rollout's own. `call_rollout_fn` calls one and always
+hands back the wrapped form (slime's helper).
 """
 
 from __future__ import annotations
@@ -34,3 +35,11 @@ def unwrap_eval_output(output: Any) -> tuple[dict[str, dict[str, Any]], dict[str
     if isinstance(output, RolloutFnEvalOutput):
         return output.data, dict(output.metrics or {})
     return output, {}
+
+
+def call_rollout_fn(fn: Any, *args: Any, evaluation: bool, **kwargs: Any) -> RolloutFnTrainOutput | RolloutFnEvalOutput:
+    """`fn(*args, **kwargs, evaluation=evaluation)`, a plain answer wrapped in the output class."""
+    output = fn(*args, **kwargs, evaluation=evaluation)
+    if isinstance(output, (RolloutFnTrainOutput, RolloutFnEvalOutput)):
+        return output
+    return RolloutFnEvalOutput(data=output) if evaluation else RolloutFnTrainOutput(samples=output)

@@ -6,36 +6,64 @@ Same names and contracts as slime's `slime.rollout.sglang_rollout`:
   `evaluation=True`, `{name: {"rewards": [...], "samples": [...]}}` per eval data set.
 * `generate(args, sample, sampling_params)` is the default per-sample generate function; a
   `--custom-generate-function-path` hook has the same signature.
-* `GenerateState` is the per-process singleton hooks use for `.tokenizer` and `.semaphore`.
+* `generate_and_rm(args, sample, sampling_params, evaluation=False)` generates one sample (the
+  sample's own `generate_function_path`, else `--custom-generate-function-path`, else
+  `generate`) and scores it; `generate_and_rm_group` does a whole group.
+* `GenerateState` is the per-process singleton hooks use for `.tokenizer`, `.processor`,
+  `.semaphore` and `.sampling_params`; a custom rollout loop may submit groups with
+  `state.submit_generate_tasks(groups)` (tasks in `state.pendings`) and stop the rest with
+  `await abort(args, rollout_id)`, which hands back the partial groups under `--partial-rollout`.
+* `eval_rollout(args, rollout_id)` -> `(RolloutFnEvalOutput, [])`; `get_model_url(args, name)`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
+import functools
 import inspect
 import logging
+import random
 import threading
 import traceback
 import weakref
 from argparse import Namespace
+from types import SimpleNamespace
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from transformers import AutoTokenizer
 
 from slime.data.dataset import load_prompt_samples
 from slime.errors import SlimeError
-from slime.rollout.base_types import RolloutFnTrainOutput
-from slime.rollout.filter_hub.base_types import DynamicFilterOutput
+from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+from slime.rollout.filter_hub.base_types import (
+    DynamicFilterOutput,
+    call_dynamic_filter,
+    should_drop_dynamic_filter_output,
+)
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.utils.async_utils import run
 from slime.utils.http_utils import post, session_headers
 from slime.utils.misc import load_function
+from slime.utils.processing_utils import load_processor
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
 
 DYNAMIC_SAMPLING_BUDGET = 10  # x the target: a dynamic-sampling filter that keeps less than 1 in 10 stops the run
+
+
+class _ClassOrInstanceMethod:
+    """One name, two meanings by how it is called: on the class (`GenerateState.reset()`, this
+    project's tests and examples) and on the instance (`state.reset()`, slime's)."""
+
+    def __init__(self, on_class: Callable[[type], Any], on_instance: Callable[[Any], Any]):
+        self.on_class, self.on_instance = on_class, on_instance
+
+    def __get__(self, obj: Any, owner: type) -> Callable[[], Any]:
+        return functools.partial(self.on_class, owner) if obj is None else functools.partial(self.on_instance, obj)
 
 
 class GenerateState:
@@ -69,6 +97,11 @@ class GenerateState:
         self.eval_datasets: dict[str, list[Sample]] = {}
         # Set while a rollout aborts its long tail: generate calls not yet sent return ABORTED.
         self.aborted = False
+        # slime's bookkeeping for a rollout loop that submits through this state
+        self.remaining_batch_size = 0
+        self.pendings: set[asyncio.Task] = set()
+        self.dp_counts = [0] * (getattr(args, "sglang_dp_size", None) or 1)
+        self.dp_rank = 0
 
     @property
     def semaphore(self) -> asyncio.Semaphore:
@@ -80,9 +113,48 @@ class GenerateState:
             sem = self._semaphores[loop] = asyncio.Semaphore(self.concurrency)
         return sem
 
-    @classmethod
-    def reset(cls) -> None:
-        cls._instance = None
+    @functools.cached_property
+    def processor(self) -> Any:
+        """The model's multimodal processor (None for a text-only model); loaded on first use."""
+        return load_processor(self.args.hf_checkpoint)
+
+    @contextlib.contextmanager
+    def dp_rank_context(self) -> Iterator[int]:
+        """Pick a least-loaded data-parallel rank for one request (slime's balancing)."""
+        counts = self.dp_counts
+        rank = random.choice([i for i, c in enumerate(counts) if c == min(counts)])
+        counts[rank] += 1
+        self.dp_rank = rank
+        try:
+            yield rank
+        finally:
+            counts[rank] -= 1
+
+    def submit_generate_tasks(self, samples: list[list[Sample]]) -> None:
+        """Start generating each group as one task (into `pendings`); counts them as remaining."""
+        for group in samples:
+            self.pendings.add(asyncio.ensure_future(
+                generate_and_rm_group(self.args, group, sampling_params=dict(self.sampling_params), evaluation=False)))
+        self.remaining_batch_size += len(samples)
+
+    def _reset_rollout(self) -> None:
+        self.remaining_batch_size = 0
+        self.pendings = set()
+        self.aborted = False
+
+    # `GenerateState.reset()` forgets the singleton (the next call builds a fresh one);
+    # `state.reset()` clears one rollout's bookkeeping, as slime's does.
+    reset = _ClassOrInstanceMethod(lambda cls: setattr(cls, "_instance", None), _reset_rollout)
+
+
+def get_model_url(args: Namespace, model_name: str, endpoint: str = "/generate") -> str:
+    """The URL of `endpoint` on the router serving `model_name` (`args.sglang_model_routers`:
+    name -> (ip, port)), or on the default router when that model has none of its own."""
+    routers = getattr(args, "sglang_model_routers", None)
+    if routers and model_name in routers:
+        ip, port = routers[model_name]
+        return f"http://{ip}:{port}{endpoint}"
+    return f"http://{args.sglang_router_ip}:{args.sglang_router_port}{endpoint}"
 
 
 def sampling_params_from_args(args: Namespace, *, evaluation: bool) -> dict[str, Any]:
@@ -137,6 +209,7 @@ def _apply_output(sample: Sample, input_ids: list[int], output: dict[str, Any]) 
         sample.weight_versions = []
     if meta.get("weight_version") is not None:
         sample.weight_versions.append(str(meta["weight_version"]))
+    sample.prefix_cache_info.add(meta)  # cached_tokens / prompt_tokens when the engine reports them
     finish = (meta.get("finish_reason") or {}).get("type")
     sample.status = {
         "length": Sample.Status.TRUNCATED,
@@ -251,12 +324,26 @@ async def _reward(args: Namespace, samples: list[Sample]) -> None:
     await asyncio.gather(*(one(s) for s in todo if s.reward is None))
 
 
-async def _custom_generate_one(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
-                               evaluation: bool) -> list[Sample]:
-    """One call of the --custom-generate-function-path hook; its exception fails only this sample."""
+def _generate_function(args: Namespace, sample: Sample) -> tuple[Callable | None, str | None]:
+    """The sample's own generate function (an eval data set's), else --custom-generate-function-path."""
+    path = getattr(sample, "generate_function_path", None)
+    if path:
+        return load_function(path, arg_name="Sample.generate_function_path"), path
+    path = args.custom_generate_function_path
+    if not path:
+        return None, None
+    fn = getattr(GenerateState(args), "custom_generate", None)  # loaded once at start-up
+    return fn or load_function(path, arg_name="--custom-generate-function-path"), path
+
+
+async def _call_generate_hook(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
+                              evaluation: bool) -> Sample | list[Sample]:
+    """One call of the sample's generate hook, its answer as it gave it (a Sample or a list of
+    them); its exception fails only this sample (which is then the answer)."""
     state = GenerateState(args)
-    fn = state.custom_generate
+    fn, path = None, args.custom_generate_function_path
     try:
+        fn, path = _generate_function(args, sample)
         if "evaluation" in inspect.signature(fn).parameters:
             result = await _maybe_await(fn(args, sample, sampling_params, evaluation=evaluation))
         else:
@@ -264,13 +351,74 @@ async def _custom_generate_one(args: Namespace, sample: Sample, sampling_params:
         results = result if isinstance(result, list) else [result]
         if not results or not all(isinstance(r, Sample) for r in results):
             raise TypeError(f"returned {type(result).__name__}, not a Sample or a list of Samples")
-        return results
+        return result
     except Exception as e:
-        logger.exception("--custom-generate-function-path %s failed for sample %s",
-                         args.custom_generate_function_path, sample.index)
-        _mark_failed(sample, f"--custom-generate-function-path {args.custom_generate_function_path}", e)
+        logger.exception("generate function %s failed for sample %s", path, sample.index)
+        _mark_failed(sample, f"--custom-generate-function-path {path}", e)
         _ensure_tokens(state, sample)
-        return [sample]
+        return sample
+
+
+async def _custom_generate_one(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
+                               evaluation: bool) -> list[Sample]:
+    result = await _call_generate_hook(args, sample, sampling_params, evaluation)
+    return result if isinstance(result, list) else [result]
+
+
+async def _default_generate_one(args: Namespace, sample: Sample, sampling_params: dict[str, Any]) -> Sample:
+    """`generate` on one sample; an error fails only this sample."""
+    try:
+        return await generate(args, sample, sampling_params)
+    except Exception as e:
+        logger.exception("generate failed for sample %s", sample.index)
+        _mark_failed(sample, "generate", e)
+        _ensure_tokens(GenerateState(args), sample)
+        return sample
+
+
+async def generate_and_rm(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
+                          evaluation: bool = False) -> Sample | list[Sample]:
+    """slime's per-sample step: generate one sample, then score it (unless `--group-rm`, where the
+    group is scored whole by the caller). A generate function that returns several samples
+    gets them scored in one `batched_async_rm` call, as slime does; a sample that already has a
+    reward keeps it. A sample already COMPLETED or TRUNCATED (from the Data Buffer) is returned as it is."""
+    if args.partial_rollout and args.mask_offpolicy_in_partial_rollout and sample.response_length > 0:
+        sample.loss_mask = [0] * sample.response_length  # generated by older weights
+    if sample.status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED):
+        return sample
+    state = GenerateState(args)
+    async with state.semaphore:
+        if state.aborted:
+            sample.status = Sample.Status.ABORTED
+            return sample
+        if _generate_function(args, sample)[0] is not None:
+            result = await _call_generate_hook(args, sample, copy.deepcopy(sampling_params), evaluation)
+        else:
+            result = await _default_generate_one(args, sample, dict(sampling_params))
+    if args.group_rm:
+        return result
+    if isinstance(result, list):
+        if any(s.status == Sample.Status.ABORTED for s in result):
+            return result
+        todo = [s for s in result if s.reward is None and s.status != Sample.Status.FAILED]
+        if todo:
+            try:
+                rewards = list(await batched_async_rm(args, todo))
+            except Exception as e:
+                logger.exception("reward failed for the samples of %s", sample.index)
+                for s in todo:
+                    _mark_failed(s, "reward", e)
+                return result
+            for s, r in zip(todo, rewards):
+                s.reward = r
+        return result
+    if result.status not in (Sample.Status.ABORTED, Sample.Status.FAILED) and result.reward is None:
+        await _reward(args, [result])
+    return result
+
+
+async def _as_list(coro: Any) -> list[Sample]:
+    return [await coro]
 
 
 async def generate_and_rm_group(
@@ -280,10 +428,13 @@ async def generate_and_rm_group(
     state = GenerateState(args)
     todo = [s for s in group if not is_finished(s)]  # a group from the Data Buffer may be partly done
     async with state.semaphore:
-        if state.custom_generate is not None:
-            results = await asyncio.gather(
-                *(_custom_generate_one(args, s, copy.deepcopy(sampling_params), evaluation) for s in todo)
-            )
+        if state.custom_generate is not None or any(getattr(s, "generate_function_path", None) for s in todo):
+            results = await asyncio.gather(*(
+                _custom_generate_one(args, s, copy.deepcopy(sampling_params), evaluation)
+                if _generate_function(args, s)[0] is not None
+                else _as_list(_default_generate_one(args, s, dict(sampling_params)))
+                for s in todo
+            ))
             by_id = {id(s): res for s, res in zip(todo, results)}
             group[:] = [r for s in group for r in by_id.get(id(s), [s])]
         else:
@@ -302,18 +453,19 @@ async def generate_and_rm_group(
     return group
 
 
-async def _dynamic_filter(args: Namespace, fn: Any, group: list[Sample]) -> tuple[bool, str | None]:
-    """slime's dynamic-sampling contract: fn(args, samples) -> bool or DynamicFilterOutput(keep, reason)."""
-    if fn is None:
-        return True, None
+async def _dynamic_filter(args: Namespace, fn: Any, group: list[Sample]) -> DynamicFilterOutput:
+    """slime's dynamic-sampling contract: fn(args, samples) -> bool or DynamicFilterOutput (an
+    async filter is awaited)."""
     try:
-        out = await _maybe_await(fn(args, group))
+        out = call_dynamic_filter(fn, args, group)
+        if inspect.isawaitable(out.keep):  # an async filter: call_dynamic_filter wrapped its coroutine
+            out = await out.keep
+            out = out if isinstance(out, DynamicFilterOutput) else DynamicFilterOutput(keep=out)
     except Exception as e:
         raise SlimeError(f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} raised "
                          f"{type(e).__name__}: {e}") from e
-    if isinstance(out, DynamicFilterOutput):
-        return bool(out.keep), out.reason
-    return bool(out), None
+    out.keep = bool(out.keep)
+    return out
 
 
 async def abort_engines(args: Namespace) -> None:
@@ -325,6 +477,31 @@ async def abort_engines(args: Namespace) -> None:
     for url, result in zip(urls, results):
         if isinstance(result, BaseException):  # its requests then run to their end: slower, still correct
             logger.warning("could not abort the requests of %s: %s", url, result)
+
+
+async def abort(args: Namespace, rollout_id: int) -> list[list[Sample]]:
+    """slime's end of a rollout loop that submitted through `GenerateState`: stop what the
+    engines are generating, wait for every task in `state.pendings`, and (with
+    `--partial-rollout`) return those groups, partial responses and all, for the Data Buffer."""
+    state = GenerateState(args)
+    if state.aborted:
+        raise SlimeError("abort(): this rollout is already aborting")
+    state.aborted = True
+    await abort_engines(args)
+    collected: list[list[Sample]] = []
+    while state.pendings:
+        done, state.pendings = await asyncio.wait(state.pendings, return_when=asyncio.FIRST_COMPLETED)
+        if not args.partial_rollout:
+            continue
+        for task in done:
+            group = task.result()
+            for smp in group:
+                if smp.response and "start_rollout_id" not in smp.metadata:
+                    smp.metadata["start_rollout_id"] = rollout_id
+            collected.append(group)
+    if args.partial_rollout:
+        logger.info("collected %d partial samples for the data buffer", sum(len(g) for g in collected))
+    return collected
 
 
 async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> RolloutFnTrainOutput:
@@ -364,13 +541,18 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
                 pending |= {asyncio.ensure_future(generate_and_rm_group(args, g, state.sampling_params))
                             for g in groups}
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            unexamined = len(done)
             for task in done:
                 group = task.result()
-                keep, reason = await _dynamic_filter(args, fn, group)
-                if keep:
+                out = await _dynamic_filter(args, fn, group)
+                # slime's remaining_batch_size: groups that may still fill the batch, this one included
+                remaining = len(kept) + len(surplus) + len(pending) + unexamined
+                unexamined -= 1
+                if not should_drop_dynamic_filter_output(out, remaining_batch_size=remaining, target_data_size=target):
                     (kept if len(kept) < target else surplus).append(group)
                 else:
-                    drops[reason or "unspecified"] = drops.get(reason or "unspecified", 0) + 1
+                    reason = out.reason or "unspecified"
+                    drops[reason] = drops.get(reason, 0) + 1
         tail: list[list[Sample]] = []
         if pending:
             state.aborted = True
@@ -387,6 +569,10 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     metrics["rollout/buffer/resumed_groups"] = float(resumed)
     kept.sort(key=lambda g: g[0].group_index if g and g[0].group_index is not None else -1)
     leftover = surplus + tail
+    for g in tail:  # where a partial response began (slime's metadata)
+        for smp in g:
+            if smp.response and "start_rollout_id" not in smp.metadata:
+                smp.metadata["start_rollout_id"] = rollout_id
     if args.partial_rollout and hasattr(data_source, "add_samples"):
         data_source.add_samples(leftover)
         metrics["rollout/buffer/returned_groups"] = float(len(leftover))
@@ -424,8 +610,16 @@ async def eval_rollout_async(args: Namespace, rollout_id: int) -> dict[str, dict
                 s.group_index, s.index = i, i * args.n_samples_per_eval_prompt + j
         done = await asyncio.gather(*(generate_and_rm_group(args, g, params, evaluation=True) for g in groups))
         samples = [s for g in done for s in g]
-        results[name] = {"rewards": [s.get_reward_value(args) for s in samples], "samples": samples}
+        key_args = SimpleNamespace(reward_key=args.eval_reward_key or args.reward_key)
+        results[name] = {"rewards": [s.get_reward_value(key_args) for s in samples],
+                         "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
+                         "samples": samples}
     return results
+
+
+async def eval_rollout(args: Namespace, rollout_id: int) -> tuple[RolloutFnEvalOutput, list[list[Sample]]]:
+    """slime's async eval entry: every eval data set's results, and no partial samples."""
+    return RolloutFnEvalOutput(data=await eval_rollout_async(args, rollout_id)), []
 
 
 def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -435,4 +629,5 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
     return run(generate_rollout_async(args, rollout_id, data_source))
 
 
-__all__ = ["GenerateState", "generate", "generate_rollout", "generate_and_rm_group", "async_rm"]
+__all__ = ["GenerateState", "abort", "eval_rollout", "generate", "generate_and_rm", "generate_and_rm_group",
+           "generate_rollout", "get_model_url", "async_rm"]

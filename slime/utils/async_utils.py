@@ -1,4 +1,5 @@
-"""One long-lived asyncio loop per process, so HTTP clients and semaphores survive across rollouts.
+"""One long-lived asyncio loop per process, so HTTP clients and semaphores survive across rollouts
+(slime's `slime.utils.async_utils`: `AsyncLoopThread`, `get_async_loop`, `run`).
 
 Sync code (a Ray actor method, a rollout function called by slime's contract) calls
 `run(coro)`; the coroutine runs on a background thread's loop and the caller blocks.
@@ -13,20 +14,51 @@ from typing import Any, Coroutine, TypeVar
 
 from slime.utils.http_utils import close_sessions
 
+__all__ = ["AsyncLoopThread", "get_async_loop", "get_loop", "run"]
+
 T = TypeVar("T")
 
-_loop: asyncio.AbstractEventLoop | None = None
+
+class AsyncLoopThread:
+    """An event loop running forever on a daemon thread; `run(coro)` blocks for its result."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._start_loop, name="slime-async", daemon=True)
+        self._thread.start()
+
+    def _start_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self.loop:  # blocking here would wait for ourselves forever
+            coro.close()
+            raise RuntimeError("slime.utils.async_utils.run() called from inside its own loop; await instead")
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+
+_async_loop: AsyncLoopThread | None = None
 _lock = threading.Lock()
 
 
-def get_loop() -> asyncio.AbstractEventLoop:
-    global _loop
+def get_async_loop() -> AsyncLoopThread:
+    """The process's one `AsyncLoopThread` (started on first use)."""
+    global _async_loop
     with _lock:
-        if _loop is None or _loop.is_closed():
-            _loop = asyncio.new_event_loop()
-            threading.Thread(target=_loop.run_forever, name="slime-async", daemon=True).start()
-            atexit.register(_close_http_sessions, _loop)
-        return _loop
+        if _async_loop is None or _async_loop.loop.is_closed():
+            _async_loop = AsyncLoopThread()
+            atexit.register(_close_http_sessions, _async_loop.loop)
+        return _async_loop
+
+
+def get_loop() -> asyncio.AbstractEventLoop:
+    """The background loop itself."""
+    return get_async_loop().loop
 
 
 def _close_http_sessions(loop: asyncio.AbstractEventLoop) -> None:
@@ -41,11 +73,4 @@ def _close_http_sessions(loop: asyncio.AbstractEventLoop) -> None:
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
     """Run `coro` on the process's background loop and wait for its result."""
-    loop = get_loop()
-    try:
-        running = asyncio.get_running_loop()
-    except RuntimeError:
-        running = None
-    if running is loop:
-        raise RuntimeError("slime.utils.async_utils.run() called from inside its own loop; await instead")
-    return asyncio.run_coroutine_threadsafe(coro, loop).result()
+    return get_async_loop().run(coro)

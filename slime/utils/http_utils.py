@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import socket
 import weakref
 from typing import Any
 
@@ -114,21 +115,40 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
                            url)
 
 
-async def post(url: str, payload: Any, max_retries: int = 60, retry_interval: float = 1.0,
-               headers: dict[str, str] | None = None) -> Any:
-    """POST `payload` as JSON and return the decoded JSON answer.
+async def post(url: str, payload: Any = None, max_retries: int = 60, headers: dict[str, str] | None = None, *,
+               retry_interval: float = 1.0) -> Any:
+    """POST `payload` as JSON (None sends `{}`, as slime does) and return the decoded JSON answer.
 
+    Positional arguments are slime's, in slime's order: `post(url, payload, max_retries, headers)`.
     Connection errors and 5xx answers are retried (`max_retries` attempts in all, `retry_interval`
     seconds apart); a 4xx raises `HTTPRequestError` at once with the server's message. `headers`
     are sent with every attempt (e.g. `session_headers(session_id)` for router session affinity).
     """
-    return await _request("POST", url, payload, max_retries, retry_interval, headers)
+    return await _request("POST", url, {} if payload is None else payload, max_retries, retry_interval, headers)
 
 
 async def get(url: str, max_retries: int = 1, retry_interval: float = 1.0,
               headers: dict[str, str] | None = None) -> Any:
-    """GET `url` and return the decoded JSON answer (same error rules as `post`)."""
+    """GET `url` and return the decoded JSON answer (slime's `get(url)`; same error rules as `post`)."""
     return await _request("GET", url, None, max_retries, retry_interval, headers)
+
+
+def is_port_available(port: int) -> bool:
+    """Whether a TCP port can be bound on every interface right now (slime's helper)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("", port))
+            s.listen(1)
+            return True
+        except (OSError, OverflowError):
+            return False
+
+
+def get_rollout_num_engines(args: Any) -> int:
+    """How many engines serve the rollout (slime's helper): the rollout GPUs over the GPUs per
+    engine, as the cluster arguments resolved it."""
+    return int(args.num_engines)
 
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"

@@ -167,3 +167,13 @@ class ListDataSource:
 
     def __len__(self):
         return 10
+
+
+def custom_tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths):
+    """slime's --custom-tis-function-path call: keywords only; (pg_loss, loss_masks, metrics)."""
+    return pg_loss, loss_masks, {}
+
+
+def pg_loss_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss):
+    """slime's --custom-pg-loss-reducer-function-path: returns the reducer of the per-token loss."""
+    return lambda x: x.sum()

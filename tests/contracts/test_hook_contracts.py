@@ -274,6 +274,7 @@ GOOD = {
     "rollout_data_postprocess_path": "rollout_data_postprocess",
     "buffer_filter_path": "buffer_filter_newest", "rollout_sample_filter_path": "remove_odd_samples",
     "data_source_path": "ListDataSource",
+    "custom_tis_function_path": "custom_tis", "custom_pg_loss_reducer_function_path": "pg_loss_reducer",
 }
 
 
@@ -289,6 +290,8 @@ def test_preflight_accepts_documented_signatures(arg):
     ("rollout_data_postprocess_path", "custom_rm"),
     ("buffer_filter_path", "custom_rm"),
     ("rollout_sample_filter_path", "rollout_data_postprocess"),
+    ("custom_tis_function_path", "rollout_data_postprocess"),
+    ("custom_pg_loss_reducer_function_path", "custom_rm"),
 ])
 def test_preflight_rejects_wrong_signature(arg, name):
     flag = "--" + arg.replace("_", "-")

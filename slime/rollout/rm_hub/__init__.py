@@ -4,11 +4,17 @@
 Types (each gives slime's reward on the same input): `math` (last boxed answer, MATH normalisation
 + sympy), `deepscaler` (the same, on the text after `</think>` / `###Response` only), `dapo`
 (`{score: +-1, acc, pred}` from an `Answer:` line), `f1` (token F1), `gpqa` (multiple choice),
-`math_verify` (math-verify), `remote_rm` (`--rm-url`), `code` (tests run in a sandbox); a
-`boxed_` prefix grades the last `\\boxed{}` content instead of the whole response.
+`math_verify` (math-verify), `remote_rm` (`--rm-url`), `code` (tests run in a sandbox), `random`
+(0 or 1 at random: a baseline for plumbing tests); a `boxed_` prefix grades the last `\\boxed{}`
+content instead of the whole response.
 With `--custom-rm-path` set, that function is used instead (slime's convention: called with one
-sample by `async_rm`, with the whole list by `batched_async_rm`). A sample's
-`metadata["rm_type"]` overrides `--rm-type` for that sample (mixed datasets).
+sample by `async_rm`, with the whole list by `batched_async_rm`); a sample's own `custom_rm_path`
+(an eval data set's) comes first in `async_rm`. A sample's `metadata["rm_type"]` overrides
+`--rm-type` for that sample (mixed datasets).
+
+slime's scorer names are here too: `get_deepscaler_rule_based_reward`, `grade_answer_verl`,
+`compute_score_dapo`, `f1_score`, `compute_gpqa_reward`, `extract_boxed_answer` (slime's strict
+one: the content of the last `\\boxed{...}`, None without a `\\boxed`), `remote_rm`.
 """
 
 from __future__ import annotations
@@ -17,16 +23,19 @@ import asyncio
 import copy
 import difflib
 import inspect
+import random
 from typing import Any, Callable
 
 from slime.errors import SlimeError
 from slime.rollout.rm_hub.code import code_reward
-from slime.rollout.rm_hub.deepscaler import deepscaler_reward
+from slime.rollout.rm_hub.deepscaler import deepscaler_reward, get_deepscaler_rule_based_reward
 from slime.rollout.rm_hub.f1 import f1_score
-from slime.rollout.rm_hub.gpqa import gpqa_reward
+from slime.rollout.rm_hub.gpqa import compute_gpqa_reward, gpqa_reward
 from slime.rollout.rm_hub.math_dapo import compute_score
-from slime.rollout.rm_hub.math_grader import extract_answer
-from slime.rollout.rm_hub.math_utils import extract_boxed_answer, grade_math, is_equiv, normalize_answer
+from slime.rollout.rm_hub.math_dapo import compute_score as compute_score_dapo
+from slime.rollout.rm_hub.math_grader import extract_answer, grade_answer_verl
+from slime.rollout.rm_hub.math_grader import extract_answer as extract_boxed_answer  # slime's (strict) meaning
+from slime.rollout.rm_hub.math_utils import grade_math, is_equiv, normalize_answer
 from slime.rollout.rm_hub.math_verify_rm import math_verify_reward
 from slime.rollout.rm_hub.remote import remote_rm
 from slime.utils.misc import load_function
@@ -57,6 +66,10 @@ def _math_verify_rm(args, sample, response, label, metadata):
     return math_verify_reward(response, label)
 
 
+def _random_rm(args, sample, response, label, metadata):
+    return random.randint(0, 1)
+
+
 async def _remote_rm(args, sample, response, label, metadata):
     return await remote_rm(args, sample)  # the service gets the sample as it is (slime's protocol)
 
@@ -80,6 +93,7 @@ _RM_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "math_verify": _math_verify_rm,
     "remote_rm": _remote_rm,
     "code": _code_rm,
+    "random": _random_rm,
 }
 RM_TYPES: tuple[str, ...] = tuple(_RM_FUNCTIONS)
 BOXED_PREFIX = "boxed_"
@@ -119,6 +133,9 @@ def _rm_type_of(args: Any, sample: Sample) -> str | None:
 
 async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     """The reward of one sample (a number, or a dict for `dapo` / a dict-answering service)."""
+    if getattr(sample, "custom_rm_path", None):  # a per-sample reward (an eval data set's) comes first
+        fn = load_function(sample.custom_rm_path, arg_name="Sample.custom_rm_path")
+        return await _maybe_await(fn(args, sample, **kwargs))
     custom = _custom_rm(args)
     if custom is not None:
         return await _maybe_await(custom(args, sample, **kwargs))
@@ -145,7 +162,14 @@ __all__ = [
     "async_rm",
     "batched_async_rm",
     "grade_math",
-    "extract_boxed_answer",
     "normalize_answer",
     "is_equiv",
+    # slime's names
+    "remote_rm",
+    "get_deepscaler_rule_based_reward",
+    "f1_score",
+    "compute_gpqa_reward",
+    "compute_score_dapo",
+    "extract_boxed_answer",
+    "grade_answer_verl",
 ]

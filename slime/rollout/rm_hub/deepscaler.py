@@ -1,7 +1,8 @@
 """slime's `deepscaler` reward: 1 if the boxed answer AFTER the reasoning is right, else 0.
 
 Only the text after the last `</think>` (or after the first `###Response`) is graded; a response
-with neither scores 0. The label may itself be boxed. Grading is `math_grader.grade_answer`.
+with neither scores 0. The label may itself be boxed. slime's name for it is
+`get_deepscaler_rule_based_reward`. Grading is `math_grader.grade_answer`.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ def deepscaler_reward(response: str, label) -> int:
     if not isinstance(label, (str, int, float)):
         raise TypeError(f"deepscaler: the label must be a string or a number, got {type(label).__name__}")
     truth = str(label)
-    if "\\boxed" in truth or "\\fbox" in truth:
+    if "\\boxed" in truth:
         truth = extract_answer(truth)
         if truth is None:
             return 0
     return 1 if grade_answer(given, truth) else 0
+
+
+get_deepscaler_rule_based_reward = deepscaler_reward  # slime's name

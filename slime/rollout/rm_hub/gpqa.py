@@ -104,3 +104,6 @@ def gpqa_reward(response: str, label, metadata: dict | None = None) -> float:
     if chosen and not correct and label_text:
         return 1.0 if chosen == label_text.strip().upper() else 0.0
     return 0.0
+
+
+compute_gpqa_reward = gpqa_reward  # slime's name

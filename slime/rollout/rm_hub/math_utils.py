@@ -3,6 +3,10 @@
 `grade_math` (the `math` reward) follows slime's rules exactly and lives in `math_grader.py`;
 the helpers below are utilities for hooks (a lenient extractor that also reads `\\boxed 5` and
 `\\fbox{}`, and a value-preserving comparison). Plain functions, no state.
+slime's own names in this module (`extract_answer`, `grade_answer_verl`, `grade_answer_mathd`,
+`grade_answer_sympy`, `last_boxed_only_string`, `remove_boxed`, `mathd_normalize_answer`) are the
+`math_grader` functions, with slime's behaviour; `extract_boxed_answer` here is the lenient one
+(slime's strict one is `extract_answer`, which `slime.rollout.rm_hub.extract_boxed_answer` is, as in slime).
 `normalize_answer` removes formatting that never changes a value (spaces, `$`, a trailing `.`,
 thousands separators, `\\text{}`, `\\left`/`\\right`); `is_equiv` compares numbers by value
 (`65` == `65.0` == `130/2`); anything else must match exactly.
@@ -13,7 +17,12 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from slime.rollout.rm_hub.math_grader import grade_answer_verl
+from slime.rollout.rm_hub.math_grader import extract_answer, grade_answer_verl
+from slime.rollout.rm_hub.math_grader import grade_mathd as grade_answer_mathd
+from slime.rollout.rm_hub.math_grader import grade_sympy as grade_answer_sympy
+from slime.rollout.rm_hub.math_grader import last_boxed as last_boxed_only_string
+from slime.rollout.rm_hub.math_grader import mathd_normalize as mathd_normalize_answer
+from slime.rollout.rm_hub.math_grader import strip_boxed as remove_boxed
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
@@ -156,3 +165,11 @@ def grade_math(response: str | None, label) -> float:
     """slime's `math` reward: 1.0 if the last `\\boxed{}` of `response` matches `label` (MATH
     normalisation, then sympy; see `math_grader`), else 0.0."""
     return 1.0 if grade_answer_verl(response, label) else 0.0
+
+
+__all__ = [
+    "extract_boxed_answer", "normalize_answer", "to_number", "is_equiv", "grade_math",
+    # slime's names
+    "extract_answer", "grade_answer_verl", "grade_answer_mathd", "grade_answer_sympy", "last_boxed_only_string",
+    "remove_boxed", "mathd_normalize_answer",
+]
