@@ -20,6 +20,7 @@ from slime.data.dataset import load_prompt_samples
 from slime.engine.args import check_engine_args, check_model_dir
 from slime.errors import SlimeError
 from slime.ray.engine_launch import validate_sglang_args
+from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
 from slime.utils.checkpoint_layout import latest_dir
 from slime.utils.misc import load_function
@@ -144,3 +145,10 @@ def preflight(args: Namespace) -> None:
             validate_sglang_args(args.sglang_args)  # against sglang.launch_server's own parser
         else:
             check_engine_args(args.sglang_args)
+    if args.sglang_router_ip is None:
+        note = check_router_args(args.router_args)
+    else:
+        note = (f"--router-* options not used: the router at {args.sglang_router_ip}:{args.sglang_router_port} "
+                f"is not started by this run") if args.router_args else None
+    if note:
+        print(f"[slime] {note}", flush=True)

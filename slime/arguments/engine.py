@@ -158,16 +158,18 @@ def unused_note(args: argparse.Namespace) -> str | None:
             + "; ".join(args.sglang_options_not_used))
 
 
-def split_passthrough(argv: list[str], known_options: set[str]) -> tuple[list[str], list[str]]:
-    """Separate `--sglang-<arg> [value]` (engine pass-through) from slime's own arguments."""
+def split_passthrough(argv: list[str], known_options: set[str],
+                      prefix: str = "--sglang-") -> tuple[list[str], list[str]]:
+    """Separate `<prefix><arg> [value]` (pass-through: `--sglang-*` to the engines, `--router-*` to
+    sglang-router, each as `--<arg>`) from slime's own arguments."""
     own: list[str] = []
     passthrough: list[str] = []
     i = 0
     while i < len(argv):
         tok = argv[i]
         name = tok.split("=", 1)[0]
-        if name.startswith("--sglang-") and name not in known_options:
-            passthrough.append("--" + tok[len("--sglang-"):])
+        if name.startswith(prefix) and name not in known_options:
+            passthrough.append("--" + tok[len(prefix):])
             # every value up to the next option (`--sglang-cuda-graph-bs 1 2 4` takes three)
             while "=" not in tok and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
                 passthrough.append(argv[i + 1])

@@ -6,6 +6,8 @@
   engine as `--<arg>` (slime's own `--sglang-router-ip/port` and `--sglang-server-concurrency`
   excepted); with the built-in engine, SGLang's options it does not have are named at start-up
   instead (`engine.sort_passthrough`), and a name neither knows is an error.
+* `--router-<arg> [value]` (sglang-router's own options, as slime takes them) is captured into
+  `args.router_args` as `--<arg>` and given to sglang-router, checked against its parser at start-up.
 * `--config file.yaml` supplies the same arguments (keys with `-` or `_`); the command line wins.
 * Every default is defined once, in the group that adds the option; values that follow other
   options (`--eval-temperature` from `--rollout-temperature`, ...) are filled in by the group's
@@ -67,6 +69,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     known = {s for a in parser._actions for s in a.option_strings}
 
     own, passthrough = engine.split_passthrough(argv, known)
+    own, router = engine.split_passthrough(own, known, prefix="--router-")
     # --config first, so the command line overrides it.
     config_path = None
     for i, tok in enumerate(own):
@@ -76,8 +79,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             config_path = tok.split("=", 1)[1]
     if config_path:
         cfg_own, cfg_pass = engine.split_passthrough(_config_to_argv(config_path, parser, known), known)
+        cfg_own, cfg_router = engine.split_passthrough(cfg_own, known, prefix="--router-")
         own = cfg_own + own
         passthrough = cfg_pass + passthrough
+        router = cfg_router + router
 
     args, unknown = parser.parse_known_args(own)
     if unknown:
@@ -87,6 +92,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             raise SlimeError(f"unknown argument {name}{_suggest(name, sorted(known))}")
         raise SlimeError(f"unexpected value {bad!r} (no argument takes it)")
     args.sglang_args = passthrough
+    args.router_args = router  # sglang-router's own options, checked against its parser at start-up
     args.slime_options_given = given_options(own, parser.slime_names)
     upstream.check_given(args.slime_options_given)
     args.megatron_options_given = given_options(own, parser.megatron_names)
@@ -141,9 +147,9 @@ def _config_to_argv(path: str, parser: SlimeArgumentParser, known_options: set[s
     argv: list[str] = []
     for key, value in data.items():
         opt = "--" + str(key).replace("_", "-")
-        if opt not in known_options and not opt.startswith("--sglang-"):
+        if opt not in known_options and not opt.startswith(("--sglang-", "--router-")):
             raise SlimeError(f"--config {path}: unknown key {key!r}{_suggest(opt, sorted(known_options))}")
-        if opt in store_true or (opt.startswith("--sglang-") and isinstance(value, bool)):
+        if opt in store_true or (opt.startswith(("--sglang-", "--router-")) and isinstance(value, bool)):
             if not isinstance(value, bool):
                 raise SlimeError(f"--config {path}: {key!r} is a flag; use true or false, got {value!r}")
             if value:

@@ -113,8 +113,10 @@ def passthrough_without(tokens: Sequence[str], flags: set[str]) -> list[str]:
     return out
 
 
-def check_passthrough_args(parser: argparse.ArgumentParser, tokens: list[str], engine: str) -> None:
-    """Validate forwarded `--sglang-*` tokens against the parser of the engine that will run them."""
+def check_passthrough_args(parser: argparse.ArgumentParser, tokens: list[str], engine: str,
+                           prefix: str = "--sglang-", kind: str = "engine", required: tuple[str, ...] = ("--model-path", "x")) -> None:
+    """Validate forwarded `<prefix>*` tokens (as `--<arg>`) against the parser of the program that
+    will run them (`--sglang-*`: the engine's; `--router-*`: sglang-router's)."""
     known = sorted({s for a in parser._actions for s in a.option_strings})
     for tok in tokens:
         if not tok.startswith("--"):
@@ -122,15 +124,15 @@ def check_passthrough_args(parser: argparse.ArgumentParser, tokens: list[str], e
         name = tok.split("=", 1)[0]
         if name not in known:
             close = difflib.get_close_matches(name, known, n=1)
-            hint = f"; did you mean --sglang-{close[0][2:]}?" if close else ""
-            raise SlimeError(f"unknown engine argument --sglang-{name[2:]} ({engine} has no {name}){hint}")
+            hint = f"; did you mean {prefix}{close[0][2:]}?" if close else ""
+            raise SlimeError(f"unknown {kind} argument {prefix}{name[2:]} ({engine} has no {name}){hint}")
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            parser.parse_args(["--model-path", "x", *tokens])
+            parser.parse_args([*required, *tokens])
     except SystemExit as e:
         msg = err.getvalue().strip().splitlines()
-        raise SlimeError(f"invalid --sglang-* arguments for {engine}: {msg[-1] if msg else ' '.join(tokens)}") from e
+        raise SlimeError(f"invalid {prefix}* arguments for {engine}: {msg[-1] if msg else ' '.join(tokens)}") from e
 
 
 def check_engine_args(tokens: list[str]) -> None:

@@ -103,7 +103,7 @@ class RolloutManager:
                 host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
             else:
                 self.router = start_router(self.engine_urls, policy=args.router_policy, model_path=args.hf_checkpoint,
-                                           log_dir=Path(args.run_dir) / "logs")
+                                           log_dir=Path(args.run_dir) / "logs", extra_args=args.router_args)
                 host, port = self.router.host, self.router.port
                 # An engine that dies is removed from the router; retried requests go to live ones.
                 self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()

@@ -1,7 +1,8 @@
 """The router in front of several engines, and its runtime membership.
 
-* `start_router(worker_urls, policy=..., log_dir=...)` launches the real `sglang-router` (Rust,
-  PyPI) with `--router-policy`, on 127.0.0.1 with its prometheus port on 127.0.0.1 too (both
+* `start_router(worker_urls, policy=..., log_dir=..., extra_args=...)` launches the real
+  `sglang-router` (Rust, PyPI) with `--router-policy` and any other of its options a slime script
+  gives as `--router-<arg>` (checked against its own parser by `check_router_args` first), on 127.0.0.1 with its prometheus port on 127.0.0.1 too (both
   default to 0.0.0.0 there). It runs as `python -m slime.ray.router`, which goes through
   sglang_router's Python API: its CLI does not offer `consistent_hashing`, the API does.
   If `sglang-router` is not installed, a log line says so and slime's own small dispatcher
@@ -15,6 +16,7 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import logging
 import os
@@ -28,6 +30,7 @@ from typing import Iterable
 import httpx
 
 from slime.arguments.engine import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
+from slime.engine.args import check_passthrough_args
 from slime.errors import SlimeError
 from slime.ray.engine_process import child_env
 from slime.utils.http_utils import ROUTING_KEY_HEADER
@@ -119,8 +122,37 @@ class RouterProcess:
         self._client.close()
 
 
+# set from slime-rl's own options (--router-policy) and the engines it starts
+ROUTER_OWNED = {"--worker-urls": "the engines this run starts", "--policy": "--router-policy"}
+
+
+def router_option_parser() -> argparse.ArgumentParser:
+    """sglang-router's own parser (its options without slime's `--router-` prefix)."""
+    from sglang_router.router_args import RouterArgs  # optional dependency (router extra)
+
+    p = argparse.ArgumentParser(prog="sglang-router", add_help=False, allow_abbrev=False)
+    RouterArgs.add_cli_args(p, use_router_prefix=False, exclude_host_port=True)
+    return p
+
+
+def check_router_args(tokens: list[str]) -> str | None:
+    """Check `--router-*` pass-through (as `--<arg>` tokens) against sglang-router's parser before
+    anything starts; returns a start-up note when there is no sglang-router to take them."""
+    if not tokens:
+        return None
+    shown = " ".join("--router-" + t[2:] if t.startswith("--") else t for t in tokens)
+    if not sglang_router_available():
+        return f"sglang-router is not installed: {shown} not used (the built-in dispatcher takes none)"
+    for name in (tok.split("=", 1)[0] for tok in tokens):
+        if name in ROUTER_OWNED:
+            raise SlimeError(f"--router-{name[2:]} is set by the framework ({ROUTER_OWNED[name]})")
+    check_passthrough_args(router_option_parser(), tokens, "sglang-router", prefix="--router-", kind="router",
+                           required=())
+    return None
+
+
 def sglang_router_command(policy: str, host: str, port: int, metrics_port: int, worker_urls: Iterable[str],
-                          model_path: str | None = None) -> list[str]:
+                          model_path: str | None = None, extra: Iterable[str] = ()) -> list[str]:
     """`python -m slime.ray.router ...`: sglang-router through its Python API, bound to `host`."""
     if policy not in ROUTER_POLICIES:
         raise SlimeError(f"--router-policy {policy!r}: choose from {', '.join(ROUTER_POLICIES)}")
@@ -129,6 +161,7 @@ def sglang_router_command(policy: str, host: str, port: int, metrics_port: int, 
            "--policy", policy]
     if model_path:  # lets cache_aware tokenize token-id requests
         cmd += ["--model-path", str(model_path)]
+    cmd += list(extra)  # the user's --router-* options, after the framework's (argparse: the last wins)
     urls = list(worker_urls)
     if urls:
         cmd += ["--worker-urls", *urls]
@@ -143,15 +176,17 @@ def dispatcher_command(host: str, port: int, worker_urls: Iterable[str]) -> list
 
 
 def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: str = DEFAULT_ROUTER_POLICY,
-                 model_path: str | None = None) -> RouterProcess:
-    """Start the router for `worker_urls` (sglang-router, or the built-in dispatcher without it)."""
+                 model_path: str | None = None, extra_args: Iterable[str] = ()) -> RouterProcess:
+    """Start the router for `worker_urls` (sglang-router, or the built-in dispatcher without it);
+    `extra_args`: sglang-router's own options (`--router-*` as `--<arg>`)."""
     host = "127.0.0.1"
     port = free_port(host)
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     if sglang_router_available():
         kind, metrics_port = "sglang-router", free_port(host)
-        cmd = sglang_router_command(policy, host, port, metrics_port, worker_urls, model_path=model_path)
+        cmd = sglang_router_command(policy, host, port, metrics_port, worker_urls, model_path=model_path,
+                                    extra=extra_args)
         log_path = log_dir / "router.log"
     else:
         logger.warning("sglang-router is not installed (pip install sglang-router); using slime's built-in "

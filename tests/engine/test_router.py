@@ -15,7 +15,8 @@ import pytest
 
 from engine_test_utils import run_async as _run, start_engine
 from slime.ray.engine_watcher import EngineWatcher
-from slime.ray.router import start_router
+from slime.arguments import parse_args
+from slime.ray.router import check_router_args, start_router
 from slime.utils.http_utils import post, session_headers
 
 pytestmark = pytest.mark.timeout(120)
@@ -210,3 +211,22 @@ def test_multi_turn_trajectory_stays_on_one_engine(two_engines, tiny_model_dir, 
         GenerateState.reset()
     assert all(sorted(s) == [0, 3] for s in spread), spread  # each trajectory: 3 turns, one engine
     assert {s.index(3) for s in spread} == {0, 1}, spread  # and trajectories spread over both
+
+
+def test_router_options_reach_sglang_router(two_engines, tiny_model_dir, tmp_path):
+    """slime's --router-<arg> options go to sglang-router's own parser: --router-max-payload-size
+    makes it refuse a larger request body, and the command line shows it."""
+    urls = [e.url for e in two_engines]
+    args = parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--router-max-payload-size", "300"])
+    assert args.router_args == ["--max-payload-size", "300"]
+    assert check_router_args(args.router_args) is None
+    router = start_router(urls, policy="round_robin", model_path=str(tiny_model_dir), log_dir=tmp_path / "logs",
+                          extra_args=args.router_args)
+    try:
+        small = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(router.url + "/generate", json=small, timeout=30).status_code == 200
+        big = {"input_ids": list(range(5, 200)), "sampling_params": {"max_new_tokens": 2}}
+        assert httpx.post(router.url + "/generate", json=big, timeout=30).status_code == 413
+        assert "--max-payload-size 300" in router.log_path.read_text().splitlines()[0]
+    finally:
+        router.stop()

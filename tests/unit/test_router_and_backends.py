@@ -211,3 +211,27 @@ def test_sglang_options_the_builtin_engine_cannot_use_are_named_not_forwarded():
     with pytest.raises(SlimeError, match="unknown engine argument --sglang-cuda-graph-bss.*did you mean "
                                          "--sglang-cuda-graph-bs"):
         parse_args(BASE + ["--sglang-cuda-graph-bss", "1"])
+
+
+def test_router_options_are_checked_against_sglang_routers_parser():
+    from slime.ray.router import check_router_args
+
+    a = parse_args(BASE + ["--router-balance-abs-threshold", "5", "--router-log-level", "debug"])
+    assert a.router_args == ["--balance-abs-threshold", "5", "--log-level", "debug"]
+    assert a.router_policy == "cache_aware"  # slime-rl's own option is not passed through
+    assert check_router_args(a.router_args) is None
+    with pytest.raises(SlimeError, match="unknown router argument --router-balance-abs-treshold .*did you mean "
+                                         "--router-balance-abs-threshold"):
+        check_router_args(parse_args(BASE + ["--router-balance-abs-treshold", "5"]).router_args)
+    with pytest.raises(SlimeError, match="invalid --router-\\* arguments for sglang-router.*balance-abs-threshold"):
+        check_router_args(["--balance-abs-threshold", "five"])
+    with pytest.raises(SlimeError, match="--router-worker-urls is set by the framework"):
+        check_router_args(["--worker-urls", "http://x"])
+
+
+def test_router_options_without_sglang_router_are_named_not_dropped(monkeypatch):
+    from slime.ray import router
+
+    monkeypatch.setattr(router, "sglang_router_available", lambda: False)
+    note = router.check_router_args(["--log-level", "debug"])
+    assert note == "sglang-router is not installed: --router-log-level debug not used (the built-in dispatcher takes none)"
