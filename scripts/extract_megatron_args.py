@@ -13,14 +13,13 @@ runs), and records each option's names, dest, action, nargs, type, default and c
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
 import json
 import sys
 from pathlib import Path
-from unittest import mock
 
 import torch.utils.flop_counter  # noqa: F401  (torch probes optional packages itself: before any stand-in)
+
+from parser_tables import StandIns, describe  # noqa: E402 (a sibling of this script)
 
 # Packages Megatron-LM imports at module level that a CPU machine does not have.
 STAND_INS = (
@@ -32,50 +31,11 @@ STAND_INS = (
 )
 
 
-class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if any(name == s or name.startswith(s + ".") for s in STAND_INS):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = mock.MagicMock(name=spec.name)
-        module.__path__, module.__spec__, module.__version__ = [], spec, "99.0.0"
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-def _jsonable(value):
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
-    if isinstance(value, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in value):
-        return list(value)
-    return None
-
-
-def describe(parser: argparse.ArgumentParser) -> dict[str, dict]:
-    out = {}
-    for action in parser._actions:
-        names = [s for s in action.option_strings if s.startswith("--")]
-        if not names or action.dest == "help":
-            continue
-        choices = action.choices
-        out[names[0]] = {
-            "aliases": names[1:], "dest": action.dest, "action": type(action).__name__, "nargs": action.nargs,
-            "type": getattr(action.type, "__name__", None) if action.type is not None else None,
-            "default": _jsonable(action.default), "const": _jsonable(action.const),
-            "choices": list(choices) if choices is not None and _jsonable(list(choices)) is not None else None,
-        }
-    return out
-
-
 def main() -> None:
     megatron_root = Path(sys.argv[1]).resolve()
     out = Path(sys.argv[2]) if len(sys.argv) > 2 else Path(__file__).parents[1] / "slime/arguments/megatron_lm.json"
     sys.path.insert(0, str(megatron_root))
-    sys.meta_path.insert(0, _StandIns())
+    StandIns(STAND_INS, version="99.0.0").install()
     from megatron.training.arguments import add_megatron_arguments
 
     options = describe(add_megatron_arguments(argparse.ArgumentParser(allow_abbrev=False)))

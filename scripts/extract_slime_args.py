@@ -17,8 +17,6 @@ const and choices. This script must not import slime-rl's own `slime` package: t
 from __future__ import annotations
 
 import argparse
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import json
 import sys
@@ -26,32 +24,11 @@ import types
 from pathlib import Path
 from unittest import mock
 
+from parser_tables import StandIns, describe  # a sibling of this script
+
 # What slime/utils/arguments.py imports at module level that needs GPUs or is not installed here.
 STAND_INS = ("sglang", "sglang_router", "slime.backends.sglang_utils", "slime.observability")
 SGLANG_ARGUMENTS = "slime/backends/sglang_utils/arguments.py"  # slime's own --sglang-* / router options
-
-
-class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    def find_spec(self, name, path, target=None):
-        if any(name == s or name.startswith(s + ".") for s in STAND_INS):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        module = mock.MagicMock(name=spec.name)
-        module.__path__, module.__spec__ = [], spec
-        return module
-
-    def exec_module(self, module):
-        pass
-
-
-def _jsonable(value):
-    if isinstance(value, (str, int, float, bool, type(None))):
-        return value
-    if isinstance(value, (list, tuple)) and all(isinstance(x, (str, int, float, bool)) for x in value):
-        return list(value)
-    return None
 
 
 class _RecordingParser(argparse.ArgumentParser):
@@ -70,21 +47,8 @@ class _RecordingParser(argparse.ArgumentParser):
         return action
 
 
-def describe(parser: _RecordingParser) -> dict[str, dict]:
-    out = {}
-    for action in parser._actions:
-        names = [s for s in action.option_strings if s.startswith("--")]
-        if not names or action.dest == "help":
-            continue
-        choices = action.choices
-        out[names[0]] = {
-            "aliases": names[1:], "dest": action.dest, "group": parser.group_of.get(action.dest, "?"),
-            "action": type(action).__name__, "nargs": action.nargs,
-            "type": getattr(action.type, "__name__", None) if action.type is not None else None,
-            "default": _jsonable(action.default), "const": _jsonable(action.const),
-            "choices": list(choices) if choices is not None and _jsonable(list(choices)) is not None else None,
-        }
-    return out
+def _describe(parser: _RecordingParser) -> dict[str, dict]:
+    return describe(parser, extra=lambda action: {"group": parser.group_of.get(action.dest, "?")})
 
 
 def _pre_parse_options(slime_arguments) -> dict[str, dict]:
@@ -100,7 +64,7 @@ def _pre_parse_options(slime_arguments) -> dict[str, dict]:
     with mock.patch.object(slime_arguments, "argparse", types.SimpleNamespace(ArgumentParser=Capture)):
         slime_arguments._pre_parse_mode()
     sys.argv = argv
-    options = describe(made[0])
+    options = _describe(made[0])
     for spec in options.values():
         spec["group"] = "_pre_parse_mode"
     return options
@@ -111,7 +75,7 @@ def main() -> None:
     commit = sys.argv[2] if len(sys.argv) > 2 else "unknown"
     out = Path(sys.argv[3]) if len(sys.argv) > 3 else Path(__file__).parents[1] / "slime/arguments/slime_upstream.json"
     sys.path.insert(0, str(root))
-    sys.meta_path.insert(0, _StandIns())
+    StandIns(STAND_INS).install()
     import slime.utils.arguments as slime_arguments
 
     parser = _RecordingParser(allow_abbrev=False)
@@ -121,7 +85,7 @@ def main() -> None:
     sglang_arguments = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sglang_arguments)
     sglang_arguments.add_sglang_arguments(parser)
-    options = describe(parser)
+    options = _describe(parser)
     options.update(_pre_parse_options(slime_arguments))
     data = {"source": {"repo": "THUDM/slime", "path": "slime/utils/arguments.py", "commit": commit},
             "options": options}
