@@ -1,8 +1,9 @@
-"""Arguments for tests, built by slime's own parser: a test sees every option with its real
-default, never a hand-made partial namespace."""
+"""Shared test helpers. Arguments are built by slime's own parser: a test sees every option with
+its real default, never a hand-made partial namespace."""
 
 from __future__ import annotations
 
+import weakref
 from argparse import Namespace
 
 from slime.arguments import parse_args, to_argv
@@ -14,3 +15,20 @@ def make_args(*argv: str, **options) -> Namespace:
     """`parse_args` of the required options, then `options` (`rm_type="math"` -> `--rm-type math`,
     True -> a flag), then `argv` (later values win)."""
     return parse_args(REQUIRED + to_argv(options) + list(argv))
+
+
+def stub_generate_state(monkeypatch, args: Namespace):
+    """Install a GenerateState without tokenizer or engine (hooks stand in for the engine): what
+    the rollout plumbing needs from it. The caller resets `GenerateState` afterwards."""
+    from slime.rollout import sglang_rollout
+    from slime.utils.misc import load_function
+
+    st = object.__new__(sglang_rollout.GenerateState)
+    st.args, st.sampling_params = args, {"max_new_tokens": 4}
+    st.concurrency, st._semaphores = 64, weakref.WeakKeyDictionary()
+    st.custom_generate = (load_function(args.custom_generate_function_path)
+                          if args.custom_generate_function_path else None)
+    st.custom_rm, st.eval_datasets, st.tokenizer = None, {}, None
+    st.aborted, st.remaining_batch_size, st.pendings = False, 0, set()
+    monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)
+    return st

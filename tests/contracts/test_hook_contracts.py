@@ -6,7 +6,6 @@ run with custom generate hooks, so no engine is called)."""
 
 import asyncio
 import logging
-import weakref
 
 import pytest
 
@@ -20,6 +19,7 @@ from slime.rollout.train_data import samples_to_train_data
 from slime.utils.types import Sample
 from tests.contracts import hooks
 from tests.helpers import make_args as full_args
+from tests.helpers import stub_generate_state
 
 H = "tests.contracts.hooks."
 
@@ -31,21 +31,8 @@ def make_args(**kw):
 @pytest.fixture
 def state(monkeypatch):
     """A GenerateState without tokenizer or engine: what the rollout plumbing needs from it."""
-    from slime.utils.misc import load_function
-
-    def install(args):
-        st = object.__new__(sglang_rollout.GenerateState)
-        st.args, st.sampling_params = args, {"max_new_tokens": 4}
-        st.concurrency, st._semaphores = 64, weakref.WeakKeyDictionary()
-        st.custom_generate = (load_function(args.custom_generate_function_path)
-                              if args.custom_generate_function_path else None)
-        st.custom_rm, st.eval_datasets = None, {}
-        st.tokenizer = None
-        monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)
-        return st
-
     hooks.CALLS.update(rm=0, group_rm=[], postprocess=[])
-    yield install
+    yield lambda args: stub_generate_state(monkeypatch, args)
     sglang_rollout.GenerateState.reset()
 
 

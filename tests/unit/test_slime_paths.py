@@ -12,7 +12,6 @@ import base64
 import json
 import threading
 import time
-import weakref
 from dataclasses import fields
 from types import SimpleNamespace
 
@@ -21,6 +20,7 @@ import pytest
 from slime.utils.processing_utils import load_processor, load_tokenizer
 from slime.utils.types import Sample
 from tests.helpers import make_args as full_args
+from tests.helpers import stub_generate_state
 
 HERE = "tests.unit.test_slime_paths."
 
@@ -497,20 +497,8 @@ def make_args(**kw):
 def state(monkeypatch):
     """A GenerateState without tokenizer or engine (hooks stand in for the engine)."""
     from slime.rollout import sglang_rollout
-    from slime.utils.misc import load_function
 
-    def install(args):
-        st = object.__new__(sglang_rollout.GenerateState)
-        st.args, st.sampling_params = args, {"max_new_tokens": 4}
-        st.concurrency, st._semaphores = 64, weakref.WeakKeyDictionary()
-        st.custom_generate = (load_function(args.custom_generate_function_path)
-                              if args.custom_generate_function_path else None)
-        st.custom_rm, st.eval_datasets, st.tokenizer = None, {}, None
-        st.aborted, st.remaining_batch_size, st.pendings = False, 0, set()
-        monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)
-        return st
-
-    yield install
+    yield lambda args: stub_generate_state(monkeypatch, args)
     sglang_rollout.GenerateState.reset()
 
 
