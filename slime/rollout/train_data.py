@@ -97,10 +97,10 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
     if all(s.rollout_log_probs is not None for s in samples):
         data["rollout_log_probs"] = [list(s.rollout_log_probs) for s in samples]
     # On-policy distillation with a served teacher (--opd-type sglang): a hook fills these.
-    teacher = [getattr(s, "teacher_log_probs", None) or (s.train_metadata or {}).get("teacher_log_probs")
-               for s in samples]
-    if samples and all(t is not None for t in teacher):
-        data["teacher_log_probs"] = [list(t) for t in teacher]
+    teacher = [s.teacher_log_probs if s.teacher_log_probs is not None
+               else (s.train_metadata or {}).get("teacher_log_probs") for s in samples]
+    if samples and all(t is not None for t in teacher):  # a list or a tensor (slime's hooks set tensors)
+        data["teacher_log_probs"] = [[float(x) for x in t] for t in teacher]
     return data
 
 
