@@ -80,3 +80,32 @@ def test_the_bundled_task_trains_from_a_slime_style_launch(tiny_model_dir, task_
     assert len(train_rows) == 2
     assert all(r["train/pg_loss"] == r["train/pg_loss"] for r in train_rows)  # finite, not NaN
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_hooks_written_for_slime_run_unchanged(tiny_model_dir, task_dir, tmp_path):
+    """A custom generate (GenerateState + post + the router URL from args), a dynamic filter built on
+    call_dynamic_filter and a convert hook fn(args, samples), imported by slime's paths, in a short run."""
+    run_dir = tmp_path / "run"
+    argv = ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
+            "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rm-type", "math",
+            "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
+            "--over-sampling-batch-size", "4", "--rollout-max-response-len", "8", "--global-batch-size", "16",
+            "--lr", "1e-3", "--colocate", "--run-dir", str(run_dir),
+            "--custom-generate-function-path", "tests.compat.slime_hooks.generate",
+            "--dynamic-sampling-filter-path", "tests.compat.slime_hooks.dynamic_filter",
+            "--custom-convert-samples-to-train-data-path", "tests.compat.slime_hooks.convert_samples_to_train_data"]
+    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True,
+                          timeout=280)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = [json.loads(line) for line in (run_dir / "hook_calls.jsonl").read_text().splitlines()]
+    kinds = {c["hook"] for c in calls}
+    assert kinds == {"generate", "filter", "convert"}, kinds
+    assert sum(c["hook"] == "convert" for c in calls) == 2
+    assert all(c["n"] == 16 for c in calls if c["hook"] == "convert")
+    masks = [(c["assistant_mask_tokens"], c["total"]) for c in calls if c["hook"] == "generate"]
+    assert all(0 < n < total for n, total in masks)  # the assistant turn only, never the prompt
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len([r for r in rows if "train/pg_loss" in r]) == 2
+    assert all(r["rollout/status/failed"] == 0 for r in rows if "rollout/status/failed" in r)
