@@ -1,4 +1,4 @@
-"""examples/fully_async: staleness bookkeeping, the worker against a real engine, one real run."""
+"""slime.rollout.fully_async_rollout (examples/fully_async): staleness bookkeeping, the worker against a real engine, one real run."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-from examples.fully_async import rollout as fa  # noqa: E402
+from slime.rollout import fully_async_rollout as fa  # noqa: E402
 from slime.errors import SlimeError  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 from tests.helpers import make_args
