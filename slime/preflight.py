@@ -22,7 +22,9 @@ from slime.errors import SlimeError
 from slime.ray.engine_launch import validate_sglang_args
 from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
+from slime.rollout.sglang_rollout import load_eval_prompts
 from slime.utils.checkpoint_layout import latest_dir
+from slime.utils.eval_config import eval_dataset_configs
 from slime.utils.misc import load_function
 
 # Each hook argument, with how slime calls it (positional names, keyword arguments passed). A hook
@@ -44,6 +46,12 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                       "total_lengths", "response_lengths")),
     "custom_pg_loss_reducer_function_path": (("total_lengths", "response_lengths", "loss_masks",
                                               "calculate_per_token_loss"), ()),
+    # a list (slime's action="append"); rollout_id / evaluation are passed only where the hook takes them
+    "rollout_sample_hook_path": (("args", "sample"), ()),
+    "rollout_all_samples_process_path": (("args", "all_samples", "data_source"), ()),
+    "custom_rollout_log_function_path": (("rollout_id", "args", "samples", "rollout_extra_metrics",
+                                          "rollout_time"), ()),
+    "custom_eval_rollout_log_function_path": (("rollout_id", "args", "data", "extra_metrics"), ()),
 }
 
 
@@ -52,13 +60,27 @@ def check_context_length(args: Namespace, config: dict) -> None:
     context = config.get("max_position_embeddings")
     if not context:
         return
-    for arg, value in (("--rollout-max-response-len", args.rollout_max_response_len),
-                       ("--eval-max-response-len", args.eval_max_response_len)):
+    limits = [("--rollout-max-response-len", args.rollout_max_response_len),
+              ("--eval-max-response-len", args.eval_max_response_len)]
+    limits += [(f"--eval-config {args.eval_config}: data set {c.name!r} max_response_len", c.max_response_len)
+               for c in eval_dataset_configs(args) if args.eval_config]
+    for arg, value in limits:
         if value is not None and value >= context:
             raise SlimeError(
                 f"{arg} {value} does not fit the model's context length {context} "
                 f"(max_position_embeddings in {args.hf_checkpoint}/config.json); use a smaller value"
             )
+
+
+def check_eval_sampling(args: Namespace) -> None:
+    """What an --eval-config data set asks that the built-in engine cannot do, said before launch
+    rather than as FAILED samples."""
+    if args.rollout_backend != "builtin" or not args.eval_config:
+        return
+    for c in eval_dataset_configs(args):
+        if c.repetition_penalty not in (None, 1.0):
+            raise SlimeError(f"--eval-config {args.eval_config}: data set {c.name!r} sets repetition_penalty "
+                             f"{c.repetition_penalty}, which the built-in engine does not support (SGLang does)")
 
 
 def check_hook(arg: str, path: str) -> None:
@@ -82,9 +104,10 @@ def check_hook(arg: str, path: str) -> None:
 
 def check_hooks(args: Namespace) -> None:
     for arg in HOOK_CALLS:
-        path = getattr(args, arg)
-        if path:
-            check_hook(arg, path)
+        value = getattr(args, arg)
+        for path in [value] if isinstance(value, str) else value or ():  # an append option holds a list
+            if path:
+                check_hook(arg, path)
 
 
 def check_reward(args: Namespace) -> None:
@@ -96,11 +119,13 @@ def check_reward(args: Namespace) -> None:
 
 def check_data(args: Namespace) -> int | None:
     """Read every prompt row now: a malformed line, a missing key, a chat template that fails or a
-    length limit that leaves nothing stops the run before anything starts. Returns the prompt count."""
-    if not args.prompt_data and args.data_source_path == DEFAULT_DATA_SOURCE:
-        raise SlimeError("--prompt-data is required (or a --data-source-path that provides prompts)")
+    length limit that leaves nothing stops the run before anything starts. Returns the prompt count.
+    With --disable-rollout-global-dataset --prompt-data is not loaded (slime's), so neither read here."""
+    if not args.prompt_data and args.data_source_path == DEFAULT_DATA_SOURCE and args.rollout_global_dataset:
+        raise SlimeError("--prompt-data is required (or a --data-source-path that provides prompts, or "
+                         "--disable-rollout-global-dataset with a rollout function that brings its own)")
     num_prompts = None
-    if args.prompt_data:
+    if args.prompt_data and args.rollout_global_dataset:
         tokenizer = load_tokenizer(args.hf_checkpoint) if (args.apply_chat_template or args.rollout_max_prompt_len) else None
         prompts = load_prompt_samples(
             args.prompt_data, input_key=args.input_key, label_key=args.label_key, metadata_key=args.metadata_key,
@@ -110,10 +135,26 @@ def check_data(args: Namespace) -> int | None:
             raise SlimeError(f"--prompt-data {args.prompt_data!r} holds no prompts ({prompts.num_dropped} longer "
                              f"than --rollout-max-prompt-len {args.rollout_max_prompt_len})")
         num_prompts = len(prompts)
-    if args.eval_prompt_data:
-        for path in args.eval_prompt_data[1::2]:
-            load_prompt_samples(path, input_key=args.eval_input_key, label_key=args.eval_label_key)
+    check_eval_data(args)
     return num_prompts
+
+
+def check_eval_data(args: Namespace) -> None:
+    """Each eval data set read as eval will read it (its own keys and chat template, --eval-max-prompt-len),
+    and its own reward and generate hook (--eval-config): a missing file or key stops the run now."""
+    tokenizer = None
+    for cfg in eval_dataset_configs(args):
+        if tokenizer is None and (cfg.apply_chat_template or args.eval_max_prompt_len):
+            tokenizer = load_tokenizer(args.hf_checkpoint)
+        load_eval_prompts(args, cfg, tokenizer)  # its errors name the data set
+        try:
+            if cfg.rm_type is not None:
+                validate_rm_type(cfg.rm_type)
+            for arg in ("custom_generate_function_path", "custom_rm_path"):
+                if getattr(cfg, arg):
+                    check_hook(arg, getattr(cfg, arg))
+        except SlimeError as e:
+            raise SlimeError(f"eval data set {cfg.name!r}: {e}") from None
 
 
 def count_prompts(args: Namespace, num_prompts: int | None) -> int:
@@ -129,6 +170,7 @@ def preflight(args: Namespace) -> None:
     config = json.loads(config_path.read_text())
     check_model_shape(args, config, str(config_path))  # a slime script's Megatron model-config block
     check_context_length(args, config)
+    check_eval_sampling(args)
     for note in resolve_checkpoints(args, config):
         print(f"[slime] {note}", flush=True)
     if args.use_kl_loss:
@@ -141,14 +183,14 @@ def preflight(args: Namespace) -> None:
     if args.num_rollout is None:
         set_num_rollout(args, count_prompts(args, num_prompts))
     if args.sglang_router_ip is None:
-        if args.rollout_backend == "sglang":
-            validate_sglang_args(args.sglang_args)  # against sglang.launch_server's own parser
-        else:
-            check_engine_args(args.sglang_args)
-    if args.sglang_router_ip is None:
         note = check_router_args(args.router_args)
     else:
         note = (f"--router-* options not used: the router at {args.sglang_router_ip}:{args.sglang_router_port} "
                 f"is not started by this run") if args.router_args else None
     if note:
         print(f"[slime] {note}", flush=True)
+    if args.sglang_router_ip is None:
+        if args.rollout_backend == "sglang":
+            validate_sglang_args(args.sglang_args)  # against sglang.launch_server's own parser
+        else:
+            check_engine_args(args.sglang_args)

@@ -18,6 +18,7 @@ from ray.util.placement_group import remove_placement_group
 from transformers import AutoTokenizer
 
 from slime.arguments import parse_args, save_args, startup_notes
+from slime.arguments.training import custom_config_note
 from slime.errors import SlimeError
 from slime.observability.metrics import MetricsLogger, tensorboard_dir
 from slime.observability.plots import plot_run
@@ -43,8 +44,9 @@ def train(args: Namespace) -> dict[str, float]:
     run_dir.mkdir(parents=True, exist_ok=True)
     save_args(args, run_dir / (f"args.{args.stage}.json" if args.stage else "args.json"))
     print(f"[slime] run directory: {run_dir.resolve()}", flush=True)
-    for note in startup_notes(args):
-        print(f"[slime] {note}", flush=True)
+    for note in [*startup_notes(args), custom_config_note(args)]:
+        if note:
+            print(f"[slime] {note}", flush=True)
     metrics_log = MetricsLogger.from_args(args, console=False)  # metrics.jsonl, TensorBoard, wandb
 
     init_ray(args)
@@ -53,9 +55,11 @@ def train(args: Namespace) -> dict[str, float]:
     actor_model = RayTrainGroup(args, placement)
     try:
         rollout_ready = rollout_manager.init.remote()  # engines start while the trainer loads its model
-        start_rollout_id = actor_model.init()
+        resumed_at = actor_model.init()  # the --load checkpoint's rollout + 1, else 0
         ray.get(rollout_ready)
-        return _loop(args, rollout_manager, actor_model, metrics_log, start_rollout_id)
+        if args.start_rollout_id is None:  # slime's rule: unset, the loop starts where the checkpoint left off
+            args.start_rollout_id = resumed_at
+        return _loop(args, rollout_manager, actor_model, metrics_log)
     finally:
         metrics_log.close()
         _release(rollout_manager, actor_model, placement)
@@ -72,8 +76,8 @@ def _release(rollout_manager, actor_model: RayTrainGroup, placement) -> None:
     remove_placement_group(placement.pg)
 
 
-def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_log: MetricsLogger,
-          start_rollout_id: int) -> dict[str, float]:
+def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_log: MetricsLogger) -> dict[str, float]:
+    start_rollout_id = args.start_rollout_id
     actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
     # The engines start from the checkpoint on disk; push the trainer's (possibly resumed) weights.
     actor_model.update_weights(weight_version=str(start_rollout_id))

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from slime.arguments.checks import require_positive
+from slime.arguments.checks import need, require_positive
+from slime.arguments.rollout import DEFAULT_ROLLOUT_FUNCTION
+from slime.errors import SlimeError
 
 DEFAULT_DATA_SOURCE = "slime.rollout.data_source.RolloutDataSourceWithBuffer"  # slime's path
+SFT_ROLLOUT_FUNCTION = "slime.rollout.sft_rollout.generate_rollout"
+# slime.utils.mask_utils.MultiTurnLossMaskGenerator's chat-template strategies (slime's choices)
+LOSS_MASK_TYPES = ("qwen", "qwen3", "qwen3_5", "distill_qwen")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +40,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--buffer-filter-path", type=str, default=None,
                    help="fn(args, rollout_id, buffer, num_samples) -> groups taken from the Data Buffer "
                         "before new prompts (default: oldest first).")
+    g.add_argument("--disable-rollout-global-dataset", action="store_false", dest="rollout_global_dataset",
+                   help="Do not load --prompt-data into the data source (slime's): the rollout function brings "
+                        "its own prompts; get_samples(n) hands out the Data Buffer's groups, then groups of empty "
+                        "Samples, and the data position is neither saved nor resumed. --prompt-data, if given, "
+                        "is only passed on in args. The built-in and SFT rollout functions need the dataset.")
+    g.add_argument("--loss-mask-type", type=str, choices=LOSS_MASK_TYPES, default="qwen",
+                   help="Chat-template strategy of the SFT rollout's loss mask "
+                        "(slime.utils.mask_utils.MultiTurnLossMaskGenerator's tokenizer_type).")
 
 
 def finalize(args: argparse.Namespace) -> None:
     require_positive(args, "num_epoch", "rollout_max_prompt_len")
+    if not args.rollout_global_dataset:
+        _check_without_global_dataset(args)
+
+
+def _check_without_global_dataset(args: argparse.Namespace) -> None:
+    """--disable-rollout-global-dataset: nothing may count on prompts the data source no longer has."""
+    need(args.num_epoch is None or args.num_rollout is not None,
+         "--num-epoch counts passes over --prompt-data, which --disable-rollout-global-dataset does not "
+         "load; set --num-rollout instead")
+    # slime's own rollout functions assert rollout_global_dataset; here they would get empty prompts
+    if args.rollout_function_path in (DEFAULT_ROLLOUT_FUNCTION, SFT_ROLLOUT_FUNCTION):
+        raise SlimeError(
+            f"--rollout-function-path {args.rollout_function_path} takes its prompts from --prompt-data, which "
+            "--disable-rollout-global-dataset does not load; give a rollout function that brings its own "
+            "prompts, or drop --disable-rollout-global-dataset"
+        )

@@ -21,9 +21,16 @@ the keys and global step of metrics.jsonl. What each option does here:
 * `--tb-project-name` / `--tb-experiment-name`: with `--use-tensorboard`, events go to
   `tensorboard_log/<project>/<experiment>` (experiment default: a timestamp) or to
   $TENSORBOARD_DIR, as slime's; without either, to `<run-dir>/tensorboard`.
+* slime's extra rollout statistics, added to the rollout's metrics row with slime's keys
+  (slime.rollout.train_data): `--log-passrate` (`passrate/pass@k` over each prompt's
+  `--n-samples-per-prompt` samples, a sample correct when its raw reward is 1, and
+  `eval/<name>-pass@k`), `--log-reward-category KEY` (`rollout/error_cat/<value>`: the fraction of
+  samples whose reward dict holds that value under KEY; `eval/<name>/error_cat/<value>` too),
+  `--log-multi-turn` (`multi_turn/raw_response_length/...`, `multi_turn/wo_obs_response_length/...`
+  and, when samples carry `metadata["round_number"]`, `multi_turn/multi_turn_metric/round_number_*`),
+  `--log-correct-samples` (`rollout/correct_length/p25..p100`, `rollout/correct_entropy`).
 * Not used here, named in one start-up line when set (`unused_note`): `--wandb-always-use-train-step`
-  (every sink's step is the global rollout step of metrics.jsonl) and slime's extra rollout
-  statistics `--log-multi-turn`, `--log-passrate`, `--log-reward-category`, `--log-correct-samples`.
+  (every sink's step is the global rollout step of metrics.jsonl).
 """
 
 from __future__ import annotations
@@ -38,11 +45,6 @@ TB_EXPERIMENT_TIME_FORMAT = "%Y%m%d_%H%M%S"  # slime's default --tb-experiment-n
 NOT_USED = {
     "wandb_always_use_train_step": ("--wandb-always-use-train-step",
                                     "every sink (metrics.jsonl, TensorBoard, wandb) uses the global rollout step"),
-    "log_multi_turn": ("--log-multi-turn", "slime's multi-turn rollout statistics are not computed here"),
-    "log_passrate": ("--log-passrate", "slime's pass@n rollout statistics are not computed here "
-                     "(evaluation logs eval/<name>/pass@k always)"),
-    "log_reward_category": ("--log-reward-category", "reward-category statistics are not computed here"),
-    "log_correct_samples": ("--log-correct-samples", "slime's correct-sample length statistics are not computed here"),
 }
 WANDB_DESTS = ("wandb_project", "wandb_team", "wandb_group", "wandb_host", "wandb_key", "wandb_mode", "wandb_dir",
                "wandb_run_id")
@@ -81,11 +83,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Name the group and run exactly --wandb-group (default: add a random suffix, as slime).")
     g.add_argument("--wandb-always-use-train-step", action="store_true", default=False,
                    help="Accepted for slime scripts; not used (every sink uses the global rollout step).")
-    g.add_argument("--log-multi-turn", action="store_true", default=False, help="Accepted for slime scripts; not used.")
-    g.add_argument("--log-passrate", action="store_true", default=False, help="Accepted for slime scripts; not used.")
-    g.add_argument("--log-reward-category", type=str, default=None, help="Accepted for slime scripts; not used.")
+    g.add_argument("--log-multi-turn", action="store_true", default=False,
+                   help="Log multi_turn/* response-length (with and without observation tokens) and round statistics.")
+    g.add_argument("--log-passrate", action="store_true", default=False,
+                   help="Log passrate/pass@k of the rollout (and eval/<name>-pass@k); correct = raw reward 1.")
+    g.add_argument("--log-reward-category", type=str, default=None,
+                   help="Key of the reward dict holding a category (e.g. why a reward failed); logs "
+                        "rollout/error_cat/<category> as a fraction of the samples.")
     g.add_argument("--log-correct-samples", action="store_true", default=False,
-                   help="Accepted for slime scripts; not used.")
+                   help="Log rollout/correct_length/p25..p100 and rollout/correct_entropy of the samples "
+                        "whose raw reward is 1.")
     g.add_argument("--wandb-run-id", type=str, default=None,
                    help="Resume (or create) the wandb run with this id; set to the run's id once it starts.")
 

@@ -144,6 +144,7 @@ def _config_to_argv(path: str, parser: SlimeArgumentParser, known_options: set[s
     if not isinstance(data, dict):
         raise SlimeError(f"--config {path}: expected a mapping of argument names to values")
     store_true = {a.option_strings[0] for a in parser._actions if isinstance(a, argparse._StoreTrueAction)}
+    append = {a.option_strings[0] for a in parser._actions if isinstance(a, argparse._AppendAction)}
     argv: list[str] = []
     for key, value in data.items():
         opt = "--" + str(key).replace("_", "-")
@@ -154,6 +155,9 @@ def _config_to_argv(path: str, parser: SlimeArgumentParser, known_options: set[s
                 raise SlimeError(f"--config {path}: {key!r} is a flag; use true or false, got {value!r}")
             if value:
                 argv.append(opt)
+        elif isinstance(value, list) and opt in append:  # slime's action="append": the flag once per item
+            for item in value:
+                argv += [opt, str(item)]
         elif isinstance(value, list):
             argv += [opt, *map(str, value)]
         elif isinstance(value, dict):

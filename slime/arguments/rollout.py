@@ -19,6 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-max-response-len", type=int, default=None,
                    help="max_new_tokens of each generate call (default, as slime's: none; the engine stops at "
                         "the context length).")
+    g.add_argument("--rollout-max-context-len", type=int, default=None,
+                   help="The engine's context during rollout: each default generate call asks for at most this "
+                        "minus the tokens it sends (prompt and response so far); --rollout-max-prompt-len "
+                        "defaults to this - 1, as slime's.")
     g.add_argument("--rollout-temperature", type=float, default=1.0)
     g.add_argument("--rollout-top-p", type=float, default=1.0)
     g.add_argument("--rollout-top-k", type=int, default=-1)
@@ -47,6 +51,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "replacing the conversion, rewards included (slime's contract).")
     g.add_argument("--rollout-data-postprocess-path", type=str, default=None,
                    help="fn(args, rollout_id, rollout_data), on each trainer rank after advantages.")
+    # slime's hooks around the default rollout and its logging
+    g.add_argument("--rollout-sample-hook-path", action="append", default=[],
+                   help="hook(args, sample, *, rollout_id=None, evaluation=False) -> Sample | None, sync or async, "
+                        "on each generated sample before its reward; may be repeated (applied in order). None keeps "
+                        "the sample (changed in place or not), a Sample replaces it; an exception fails that sample.")
+    g.add_argument("--rollout-all-samples-process-path", type=str, default=None,
+                   help="fn(args, all_samples, data_source) at the end of the default rollout: every finished group, "
+                        "the ones the dynamic-sampling filter dropped included.")
+    g.add_argument("--custom-rollout-log-function-path", type=str, default=None,
+                   help="fn(rollout_id, args, samples, rollout_extra_metrics, rollout_time) -> bool; True skips the "
+                        "default rollout metrics.")
+    g.add_argument("--custom-eval-rollout-log-function-path", type=str, default=None,
+                   help="fn(rollout_id, args, data, extra_metrics) -> bool; True skips the default eval metrics.")
     g.add_argument("--max-turns", type=int, default=8,
                    help="Multi-turn trajectories (slime.rollout.multi_turn): most model turns per sample.")
     g.add_argument("--max-total-tokens", type=int, default=None,
@@ -84,6 +101,7 @@ def finalize(args: argparse.Namespace) -> None:
         raise SlimeError("--num-rollout (or --num-epoch) is required")
     require_positive(args, "rollout_batch_size", "n_samples_per_prompt", "num_rollout", "rollout_max_response_len",
                      "max_turns", "max_total_tokens", "over_sampling_batch_size")
+    _finalize_context(args)
     if not 0.0 <= args.max_failed_sample_ratio <= 1.0:
         raise SlimeError(f"--max-failed-sample-ratio must be in [0, 1], got {args.max_failed_sample_ratio}")
     if args.over_sampling_batch_size is not None and not (args.dynamic_sampling_filter_path or args.partial_rollout):
@@ -92,6 +110,21 @@ def finalize(args: argparse.Namespace) -> None:
     if args.mask_offpolicy_in_partial_rollout and not args.partial_rollout:
         raise SlimeError("--mask-offpolicy-in-partial-rollout needs --partial-rollout")
     _check_rewards(args)
+
+
+def _finalize_context(args: argparse.Namespace) -> None:
+    """slime's rule: with a context limit, prompts get at most context - 1 tokens, so at least one
+    token is generated (and trained on)."""
+    context = args.rollout_max_context_len
+    if context is None:
+        return
+    if context < 2:
+        raise SlimeError(f"--rollout-max-context-len must be >= 2 (a prompt token and a generated one), got {context}")
+    if args.rollout_max_prompt_len is None:
+        args.rollout_max_prompt_len = context - 1
+    elif args.rollout_max_prompt_len > context - 1:
+        raise SlimeError(f"--rollout-max-prompt-len {args.rollout_max_prompt_len} must be < --rollout-max-context-len "
+                         f"{context}, so that at least one token is generated")
 
 
 def _check_rewards(args: argparse.Namespace) -> None:

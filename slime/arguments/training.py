@@ -1,5 +1,6 @@
-"""Training: checkpoints, slime's batching (rollout -> global batch -> micro-batches), optimizer
-and learning-rate schedule, which parameters train, the training actors' environment."""
+"""Training: checkpoints and where a run starts, slime's batching (rollout -> global batch ->
+micro-batches), optimizer and learning-rate schedule, which parameters train, the training actors'
+environment, and slime's YAML of custom function arguments (`--custom-config-path`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import argparse
 import json
 import os
 import re
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from slime.arguments.checks import need, require_positive
 from slime.errors import SlimeError
@@ -25,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # Megatron-LM's option too (megatron_lm.json, default None); this definition wins, with slime's default.
     g.add_argument("--no-save-optim", action="store_true", default=False,
                    help="Checkpoints without optimizer state; --load of one starts a fresh optimizer.")
+    g.add_argument("--start-rollout-id", type=int, default=None,
+                   help="The first rollout id of the loop (slime's). Default: the --load checkpoint's rollout + 1, "
+                        "else 0. Resuming, the data position is the one saved with rollout id - 1; the LR "
+                        "schedule continues from the checkpoint's step count whatever this is (slime's).")
 
     g = p.add_argument_group("batching")
     g.add_argument("--global-batch-size", type=int, default=None, help="Samples per optimizer step.")
@@ -65,6 +73,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--train-env-vars", type=_json_object, default="{}",
                    help='JSON object of environment variables for the training actors, e.g. \'{"NCCL_DEBUG": "INFO"}\'.')
 
+    g = p.add_argument_group("custom functions")
+    g.add_argument("--custom-config-path", type=str, default=None,
+                   help="YAML mapping whose every key becomes an attribute of args (slime's), for custom functions "
+                        "to read. A key that is already an attribute replaces its value, as under slime, after "
+                        "every other check (named at start-up; the value must keep the argument's type).")
+
 
 def _json_object(value: str) -> Any:
     """slime's ``type=json.loads``, with argparse's error naming the option on bad JSON."""
@@ -97,6 +111,9 @@ def finalize(args: argparse.Namespace) -> None:
         finalize_schedule(args)
     _check_param_patterns(args)
     args.train_env_vars = _env_vars(args.train_env_vars)
+    need(args.start_rollout_id is None or args.start_rollout_id >= 0,
+         f"--start-rollout-id must be >= 0, got {args.start_rollout_id}")
+    apply_custom_config(args)
 
 
 def _check_param_patterns(args: argparse.Namespace) -> None:
@@ -156,7 +173,77 @@ def _finalize_batching(args: argparse.Namespace) -> None:
 
 def finalize_schedule(args: argparse.Namespace) -> None:
     """The LR schedule's length, once the run's number of rollouts is known."""
+    need(args.start_rollout_id is None or args.start_rollout_id < args.num_rollout,
+         f"--start-rollout-id {args.start_rollout_id} leaves nothing to train: --num-rollout is {args.num_rollout}")
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.num_rollout * args.num_steps_per_rollout
     need(args.lr_decay_iters > args.lr_warmup_iters or args.lr_decay_style == "constant",
          f"--lr-decay-iters ({args.lr_decay_iters}) must exceed --lr-warmup-iters ({args.lr_warmup_iters})")
+
+
+def apply_custom_config(args: argparse.Namespace) -> None:
+    """slime's --custom-config-path: every key of the YAML mapping is set on `args` as written (slime's
+    rule, applied where slime applies it: after the argument checks, so nothing derived from a
+    replaced value is recomputed; only the algorithm group's checks run after this). A key that is
+    already an attribute is replaced, as slime does; the replaced values are kept in
+    `args.custom_config_overrides` and named at start-up (`custom_config_note`). Two cases stop
+    here where slime would carry on silently wrong: a value of another type than the argument's
+    (YAML reads `1e-5` as a string), and a dashed key naming an argument (`rollout-batch-size`,
+    which slime sets beside `rollout_batch_size` without replacing it)."""
+    args.custom_config_overrides = {}
+    path = args.custom_config_path
+    if not path:
+        return
+    p = Path(path)
+    if not p.is_file():
+        raise SlimeError(f"--custom-config-path: file not found: {path}")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise SlimeError(f"--custom-config-path {path}: invalid YAML: {e}") from e
+    if data is None:
+        return
+    if not isinstance(data, dict):
+        raise SlimeError(f"--custom-config-path {path}: expected a mapping of names to values, "
+                         f"got a {type(data).__name__}")
+    overrides: dict[str, Any] = {}
+    for key, value in data.items():
+        if not isinstance(key, str):
+            raise SlimeError(f"--custom-config-path {path}: key {key!r} is not a string")
+        if not hasattr(args, key) and hasattr(args, key.replace("-", "_")):
+            # slime would set args.<key> as written and leave the argument as it was
+            raise SlimeError(f"--custom-config-path {path}: key {key!r} is set as written, so it would not replace "
+                             f"args.{key.replace('-', '_')}; write {key.replace('-', '_')!r} to replace it")
+        if hasattr(args, key):
+            old = getattr(args, key)
+            _check_same_type(path, key, old, value)
+            overrides[key] = old
+        setattr(args, key, value)
+    args.custom_config_overrides = overrides
+
+
+def _check_same_type(path: str, key: str, old: Any, new: Any) -> None:
+    """An argument replaced by the custom config keeps its kind of value (None: any)."""
+    if old is None or new is None:
+        return
+    if isinstance(old, bool) or isinstance(new, bool):
+        ok = isinstance(old, bool) and isinstance(new, bool)
+    elif isinstance(old, float):
+        ok = isinstance(new, (int, float))
+    else:
+        ok = isinstance(new, type(old)) or isinstance(old, type(new))
+    if not ok:
+        raise SlimeError(
+            f"--custom-config-path {path}: {key!r} replaces args.{key} ({old!r}, a {type(old).__name__}) with "
+            f"{new!r}, a {type(new).__name__}" + (" (YAML reads a number like 1e-5 as a string: write 1.0e-5)"
+                                                   if isinstance(new, str) and isinstance(old, (int, float)) else "")
+        )
+
+
+def custom_config_note(args: argparse.Namespace) -> str | None:
+    """One start-up line naming the arguments --custom-config-path replaced (None when none)."""
+    overrides = getattr(args, "custom_config_overrides", None)
+    if not overrides:
+        return None
+    changes = "; ".join(f"{key}: {old!r} -> {getattr(args, key)!r}" for key, old in overrides.items())
+    return f"--custom-config-path {args.custom_config_path} replaced arguments (slime's rule): {changes}"

@@ -34,7 +34,6 @@ from slime.errors import SlimeError
 DATA = Path(__file__).with_name("slime_upstream.json")
 MODES_ISSUE = "'Every way slime places and overlaps training and rollout'"
 RUNS_ISSUE = "'Runs that survive and explain themselves'"
-THIS_ISSUE = "'Bring a slime run over unchanged'"
 
 _MEGATRON = "a Megatron-LM training feature; the fsdp backend trains without it"
 _GPU = "GPU-only; nothing to do on this backend"
@@ -89,13 +88,6 @@ NOT_BUILT: dict[str, str] = {
         "--get-mismatch-metrics", "--use-fault-tolerance", "--rollout-health-check-first-wait",
         "--rollout-health-check-interval", "--rollout-health-check-timeout", "--profile-target",
     ), RUNS_ISSUE),
-    **dict.fromkeys((
-        "--rollout-max-context-len", "--loss-mask-type", "--rollout-sample-hook-path",
-        "--rollout-all-samples-process-path", "--custom-rollout-log-function-path",
-        "--custom-eval-rollout-log-function-path", "--custom-config-path", "--disable-rollout-global-dataset",
-        "--start-rollout-id", "--eval-config", "--eval-top-k", "--eval-max-prompt-len", "--eval-min-new-tokens",
-        "--eval-max-context-len", "--eval-tool-key",
-    ), THIS_ISSUE),
 }
 
 NOT_SUPPORTED: dict[str, str] = {

@@ -12,7 +12,12 @@ starts; with `rollout_shuffle` every epoch has its own order, a deterministic fu
 `rollout_seed` and the epoch number. `state_dict()` / `load_state_dict()` (and `save` / `load`
 as JSON, buffer included) let a resumed run continue exactly where it stopped. `save(rollout_id)`
 and `load(rollout_id)` are slime's DataSource contract: the state lives in the checkpoint
-directory of that rollout (`<save>/iter_XXXXXXX/rollout_state.json`).
+directory of that rollout (`<save>/iter_XXXXXXX/rollout_state.json`); `resume` says which one a
+run starts from (slime's rule, `--start-rollout-id`).
+
+With `--disable-rollout-global-dataset` (slime's) `--prompt-data` is not loaded: the rollout
+function brings its own prompts, `get_samples(n)` hands out the Data Buffer's groups and then
+groups of empty `Sample`s (numbered as usual), and `save` / `load` do nothing, as slime's.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import abc
 import copy
 import json
+import logging
 import random
 import threading
 from pathlib import Path
@@ -29,11 +35,12 @@ from transformers import AutoTokenizer
 
 from slime.data.dataset import PromptSamples, load_prompt_samples
 from slime.errors import SlimeError
-from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, iter_dir, latest_dir
+from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, iter_dir, latest_dir, rollout_id_of
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 _STATE_VERSION = 2
+logger = logging.getLogger(__name__)
 
 
 def load_tokenizer(path: str | None, *, arg_name: str = "--hf-checkpoint"):
@@ -90,7 +97,7 @@ class RolloutDataSource(DataSource):
 
         prompt_data = args.prompt_data
         self.dataset: PromptSamples | None = None
-        if prompt_data:
+        if prompt_data and args.rollout_global_dataset:
             tokenizer = self.tokenizer if (args.apply_chat_template or args.rollout_max_prompt_len) else None
             self.dataset = load_prompt_samples(
                 prompt_data,
@@ -138,28 +145,39 @@ class RolloutDataSource(DataSource):
             return self._new_groups(num_groups)
 
     def _new_groups(self, num_groups: int) -> list[list[Sample]]:
-        if self.dataset is None:
-            raise SlimeError("no prompt data: set --prompt-data (or use a custom data source)")
+        if self.dataset is None and self.args.rollout_global_dataset:
+            raise SlimeError("no prompt data: set --prompt-data (or --disable-rollout-global-dataset when the "
+                             "rollout function brings its own prompts, or use a custom data source)")
         if num_groups < 0:
             raise SlimeError(f"get_samples: num_groups must be >= 0, got {num_groups}")
         groups: list[list[Sample]] = []
         for _ in range(num_groups):
-            if self.offset >= len(self._order):
-                self.epoch += 1
-                self.offset = 0
-                self._order = self._epoch_order(self.epoch)
-            prompt_sample = self.dataset[self._order[self.offset]]
-            self.offset += 1
-            group = []
-            for _ in range(self.n_samples_per_prompt):
-                s = copy.deepcopy(prompt_sample)
-                s.group_index = self.group_counter
-                s.index = self.sample_counter
-                self.sample_counter += 1
-                group.append(s)
-            self.group_counter += 1
-            groups.append(group)
+            groups.append(self._group(self._next_prompt()))
         return groups
+
+    def _next_prompt(self) -> Sample:
+        """The next prompt of the epoch order; an empty Sample without the global dataset (slime's)."""
+        if self.dataset is None:
+            return Sample()
+        if self.offset >= len(self._order):
+            self.epoch += 1
+            self.offset = 0
+            self._order = self._epoch_order(self.epoch)
+        prompt_sample = self.dataset[self._order[self.offset]]
+        self.offset += 1
+        return prompt_sample
+
+    def _group(self, prompt_sample: Sample) -> list[Sample]:
+        """`n_samples_per_prompt` independent copies, numbered by the running counters."""
+        group = []
+        for _ in range(self.n_samples_per_prompt):
+            s = copy.deepcopy(prompt_sample)
+            s.group_index = self.group_counter
+            s.index = self.sample_counter
+            self.sample_counter += 1
+            group.append(s)
+        self.group_counter += 1
+        return group
 
     def add_samples(self, samples: list[list[Sample]]) -> None:
         raise SlimeError(f"{type(self).__name__} is a read-only data source and cannot take groups back "
@@ -213,8 +231,11 @@ class RolloutDataSource(DataSource):
         directory = latest_dir(root) if where is None else iter_dir(root, int(where))
         return directory / ROLLOUT_STATE_FILE
 
-    def save(self, rollout_id_or_path: int | str | Path) -> Path:
-        """Write `state_dict()` as JSON (atomically: a crash never leaves half a file)."""
+    def save(self, rollout_id_or_path: int | str | Path) -> Path | None:
+        """Write `state_dict()` as JSON (atomically: a crash never leaves half a file). Nothing
+        without the global dataset (slime's)."""
+        if not self.args.rollout_global_dataset:
+            return None
         p = self._state_path(rollout_id_or_path, "save")
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.name + ".tmp")
@@ -223,7 +244,10 @@ class RolloutDataSource(DataSource):
         return p
 
     def load(self, rollout_id_or_path: int | str | Path | None = None) -> None:
-        """Restore from a state file; a rollout id (or None: the latest) reads it under --load."""
+        """Restore from a state file; a rollout id (or None: the latest) reads it under --load.
+        Nothing without the global dataset (slime's)."""
+        if not self.args.rollout_global_dataset:
+            return
         p = self._state_path(rollout_id_or_path, "load")
         try:
             state = json.loads(p.read_text())
@@ -234,6 +258,44 @@ class RolloutDataSource(DataSource):
         if not isinstance(state, dict):
             raise SlimeError(f"data source state {str(p)!r} is not a JSON object")
         self.load_state_dict(state)
+
+
+def resume_rollout_id(args: Any) -> int | None:
+    """The rollout whose saved data state a run resumes from, by slime's rule (train.py /
+    placement_group.py: `data_source.load(start_rollout_id - 1)` with the global dataset only):
+    `--start-rollout-id N` -> N - 1; unset, the --load checkpoint's rollout (the trainer resumes
+    at the one after it). None: no --load, no global dataset, N = 0, or (unset) a --load that is
+    one checkpoint directory not named iter_XXXXXXX (`resume` then reads that directory)."""
+    if not args.rollout_global_dataset or not args.load:
+        return None
+    if args.start_rollout_id is not None:
+        return args.start_rollout_id - 1 if args.start_rollout_id > 0 else None
+    return rollout_id_of(latest_dir(args.load))
+
+
+def resume(data_source: DataSource, args: Any) -> Path | int | None:
+    """Restore the data position (and Data Buffer) a run starts from (`resume_rollout_id`); returns
+    what was loaded (the state file, or the rollout id given to a custom source's `load`), None
+    when nothing. A checkpoint without data state leaves the position fresh, as under slime."""
+    if not args.rollout_global_dataset or not args.load:
+        return None
+    if args.start_rollout_id is None:
+        directory = latest_dir(args.load)  # also a --load that is one iteration directory itself
+        rollout_id = rollout_id_of(directory)
+    else:
+        rollout_id = resume_rollout_id(args)
+        directory = iter_dir(args.load, rollout_id) if rollout_id is not None else None
+    if not isinstance(data_source, RolloutDataSource):  # a --data-source-path class: slime's load(rollout_id)
+        if directory is None:  # --start-rollout-id 0: from the beginning
+            return None
+        data_source.load(rollout_id)  # None: "the latest under --load" (the contract's default)
+        return rollout_id
+    if directory is None or not (directory / ROLLOUT_STATE_FILE).exists():
+        logger.info("no data source state to resume%s; starting the data from its beginning",
+                    f" in {directory}" if directory is not None else "")
+        return None
+    data_source.load(directory / ROLLOUT_STATE_FILE)
+    return directory / ROLLOUT_STATE_FILE
 
 
 def pop_first(args: Any, rollout_id: int | None, buffer: list[list[Sample]], num_samples: int) -> list[list[Sample]]:

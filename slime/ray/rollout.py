@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from argparse import Namespace
@@ -16,16 +17,25 @@ from typing import Any
 
 import ray
 
-from slime.data.data_source import RolloutDataSource
+from slime.data.data_source import resume as resume_data
 from slime.engine.client import client_for
 from slime.errors import SlimeError
-from slime.ray.engine_launch import BUILTIN_LAUNCH_TIMEOUT_S, SGLANG_LAUNCH_TIMEOUT_S, start_engine
+from slime.ray.engine_launch import (
+    BUILTIN_LAUNCH_TIMEOUT_S,
+    SGLANG_LAUNCH_TIMEOUT_S,
+    start_engine,
+)
 from slime.ray.engine_watcher import EngineWatcher
 from slime.ray.placement_group import Placement, thread_budget
 from slime.ray.router import start_router
 from slime.rollout.base_types import unwrap_eval_output, unwrap_train_output
-from slime.rollout.train_data import eval_metrics, rollout_metrics, samples_to_train_data
-from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, latest_dir, rollout_id_of
+from slime.rollout.sample_hooks import set_current_rollout_id
+from slime.rollout.train_data import (
+    eval_metrics,
+    rollout_metrics,
+    samples_to_train_data,
+)
+from slime.utils.async_utils import run
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -77,6 +87,27 @@ def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: fl
                    failed[0].metadata.get("error"))
 
 
+def optional_hook(args: Namespace, name: str) -> Any:
+    """The function at `args.<name>` (a dotted path), or None when it is not set."""
+    path = getattr(args, name)
+    return load_function(path, arg_name="--" + name.replace("_", "-")) if path else None
+
+
+def skips_default_log(args: Namespace, name: str, fn: Any, rollout_id: int, *call: Any) -> bool:
+    """Call a --custom-(eval-)rollout-log-function-path hook; its truthy answer means "skip the
+    default metrics" (slime's contract). An error in it stops the run, naming the hook."""
+    if fn is None:
+        return False
+    try:
+        answer = fn(*call)
+        if inspect.isawaitable(answer):  # an async hook, on the process's event loop
+            answer = run(answer)
+    except Exception as e:
+        raise SlimeError(f"rollout {rollout_id}: --{name.replace('_', '-')} {getattr(args, name)} raised "
+                         f"{type(e).__name__}: {e}") from e
+    return bool(answer)
+
+
 @ray.remote
 class RolloutManager:
     def __init__(self, args: Namespace, placement: Placement) -> None:
@@ -112,20 +143,21 @@ class RolloutManager:
             self.engines, self.router = [], None
             self.engine_urls = [f"http://{args.sglang_router_ip}:{args.sglang_router_port}"]
         args.rollout_engine_urls = list(self.engine_urls)  # where a partial rollout sends its aborts
+        self.load_hooks()
+        # the data position (and Data Buffer) of rollout --start-rollout-id - 1, or of the --load checkpoint
+        resume_data(self.data_source, args)
+
+    def load_hooks(self) -> None:
+        """The data source and every hook the manager calls itself (no engine needed)."""
+        args = self.args
         self.data_source = load_function(args.data_source_path, arg_name="--data-source-path")(args)
         self.generate_rollout = load_function(args.rollout_function_path, arg_name="--rollout-function-path")
         self.eval_rollout = load_function(
             args.eval_function_path or args.rollout_function_path, arg_name="--eval-function-path"
         )
-        self.sample_filter = (load_function(args.rollout_sample_filter_path, arg_name="--rollout-sample-filter-path")
-                              if args.rollout_sample_filter_path else None)
-        if args.load:  # resume the data position (and Data Buffer) saved with the checkpoint
-            latest = latest_dir(args.load)
-            if isinstance(self.data_source, RolloutDataSource):
-                if (latest / ROLLOUT_STATE_FILE).exists():
-                    self.data_source.load(latest / ROLLOUT_STATE_FILE)
-            else:  # a --data-source-path class: slime's load(rollout_id)
-                self.data_source.load(rollout_id_of(latest))
+        self.sample_filter = optional_hook(args, "rollout_sample_filter_path")
+        self.rollout_log = optional_hook(args, "custom_rollout_log_function_path")
+        self.eval_log = optional_hook(args, "custom_eval_rollout_log_function_path")
 
     def get_engine_urls(self) -> list[str]:
         """The live engines (one removed by the engine watcher is gone from here too)."""
@@ -139,6 +171,7 @@ class RolloutManager:
 
     def generate(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
         t0 = time.perf_counter()
+        set_current_rollout_id(rollout_id)  # what --rollout-sample-hook-path hooks are told
         if hasattr(self.data_source, "rollout_id"):
             self.data_source.rollout_id = rollout_id  # what the --buffer-filter-path hook is told
         groups, extra_metrics = unwrap_train_output(
@@ -150,7 +183,13 @@ class RolloutManager:
             except Exception as e:
                 raise SlimeError(f"rollout {rollout_id}: --rollout-sample-filter-path "
                                  f"{self.args.rollout_sample_filter_path} raised {type(e).__name__}: {e}") from e
+        samples = [s for g in groups for s in g]
+        # slime's call, before the conversion; a hook may add to extra_metrics and return False
+        skip = skips_default_log(self.args, "custom_rollout_log_function_path", self.rollout_log, rollout_id,
+                                 rollout_id, self.args, samples, extra_metrics, time.perf_counter() - t0)
         data = samples_to_train_data(self.args, groups)
+        if skip:  # the hook logs instead; failures are still counted (never dropped silently)
+            return data, {"rollout/status/failed": float(sum(s.status == Sample.Status.FAILED for s in samples))}
         metrics = rollout_metrics(self.args, groups, data)
         metrics.update(extra_metrics)
         if getattr(self.data_source, "num_dropped", 0):
@@ -162,8 +201,14 @@ class RolloutManager:
 
     def eval(self, rollout_id: int) -> dict[str, float]:
         t0 = time.perf_counter()
+        set_current_rollout_id(rollout_id)
         results, extra_metrics = unwrap_eval_output(
             self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True))
+        if skips_default_log(self.args, "custom_eval_rollout_log_function_path", self.eval_log, rollout_id,
+                             rollout_id, self.args, results, extra_metrics):
+            # the hook logs instead; failed samples are still counted
+            return {f"eval/{name}/failed": float(sum(s.status == Sample.Status.FAILED for s in res["samples"]))
+                    for name, res in results.items() if res.get("samples")}
         metrics = eval_metrics(self.args, results)
         metrics.update(extra_metrics)
         metrics["perf/eval_time"] = time.perf_counter() - t0

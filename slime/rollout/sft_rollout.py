@@ -1,24 +1,36 @@
 """SFT as a rollout function (slime's `slime.rollout.sft_rollout.generate_rollout`).
 
 Nothing is generated: each prompt sample holds a chat conversation (a messages list, loaded
-without `--apply-chat-template`), which is tokenized with the model's chat template. The
-"response" is everything from the first assistant turn's content onward; the loss mask is 1 on
-assistant content (and the tokens that close it, e.g. `<|end|>`) and 0 on the assistant markers
-and on any other turn (user, tool, ...) inside the response.
+without `--apply-chat-template`), turned into tokens and a loss mask as slime does it:
+`slime.utils.mask_utils.MultiTurnLossMaskGenerator` with the strategy `--loss-mask-type` names
+(qwen, the default, qwen3, qwen3_5, distill_qwen), the row's tools (`--tool-key`) passed to the
+template. The mask is 1 on what the assistant said (its content and the tokens closing its turn,
+unless the message has `"step_loss_mask": 0`) and 0 elsewhere; the "response" runs from the first
+trained token to the end.
 
 Use it with `--rollout-function-path slime.rollout.sft_rollout.generate_rollout`,
 `--input-key messages`, `--n-samples-per-prompt 1` and the `sft` loss.
+
+`tokenize_messages` is another derivation of the same mask (rendering prefixes of the whole
+conversation, so any prefix-consistent template works); it is not slime's and the rollout does not
+use it: on templates that render a message differently alone and in a conversation (Qwen3's
+`<think>` handling, default system prompts) the two give different tokens.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from slime.data.data_source import load_tokenizer
 from slime.errors import SlimeError
+from slime.utils.mask_utils import MultiTurnLossMaskGenerator
 from slime.utils.types import Sample
 
+logger = logging.getLogger(__name__)
 _TOKENIZERS: dict[str, Any] = {}
+_GENERATORS: dict[tuple[int, str], MultiTurnLossMaskGenerator] = {}  # (id(tokenizer), --loss-mask-type)
+_warned_kwargs = False
 
 
 def _render(tokenizer: Any, messages: list[dict], add_generation_prompt: bool, kwargs: dict) -> str:
@@ -139,18 +151,57 @@ def _get_tokenizer(args: Any, data_source: Any) -> Any:
     return _TOKENIZERS[path]
 
 
+def mask_generator(tokenizer: Any, loss_mask_type: str) -> MultiTurnLossMaskGenerator:
+    """slime's generator for this tokenizer and `--loss-mask-type`, built once (it measures the template)."""
+    key = (id(tokenizer), loss_mask_type)
+    if key not in _GENERATORS:  # the generator holds the tokenizer, so its id is not reused meanwhile
+        try:
+            _GENERATORS[key] = MultiTurnLossMaskGenerator(tokenizer, tokenizer_type=loss_mask_type)
+        except Exception as e:
+            raise SlimeError(f"--loss-mask-type {loss_mask_type}: the chat template of the tokenizer cannot be "
+                             f"measured ({type(e).__name__}: {e}); try another --loss-mask-type") from e
+    return _GENERATORS[key]
+
+
+def sft_tokens(generator: MultiTurnLossMaskGenerator, messages: list[dict], tools: list | None,
+               where: str) -> tuple[list[int], list[int], int]:
+    """(tokens, the response's loss mask, response length) of one conversation, as slime's SFT rollout
+    makes them: the response starts at the first trained token."""
+    try:
+        token_ids, loss_mask = generator.get_loss_mask(messages, tools=tools)
+    except Exception as e:
+        raise SlimeError(f"{where}: --loss-mask-type {generator.tokenizer_type} failed on this conversation "
+                         f"({type(e).__name__}: {e})") from e
+    if len(token_ids) != len(loss_mask):
+        raise SlimeError(f"{where}: --loss-mask-type {generator.tokenizer_type} gave {len(token_ids)} tokens "
+                         f"but {len(loss_mask)} loss-mask entries")
+    response_length = generator.get_response_lengths([loss_mask])[0]
+    if response_length == 0:
+        roles = [m.get("role") for m in messages]
+        raise SlimeError(f"{where}: nothing to train on (no assistant turn with step_loss_mask 1; roles: {roles})")
+    return list(token_ids), list(loss_mask[-response_length:]), response_length
+
+
 def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[list[Sample]]:
     """Take `--rollout-batch-size` conversations and turn them into trainable samples."""
+    global _warned_kwargs
     if evaluation:
         raise SlimeError(
             "the SFT rollout (slime.rollout.sft_rollout.generate_rollout) has no evaluation mode: "
             "unset --eval-interval or set --eval-function-path"
         )
-    batch_size = args.rollout_batch_size
+    if not args.rollout_global_dataset:  # slime asserts it: the conversations are --prompt-data's
+        raise SlimeError("the SFT rollout takes its conversations from --prompt-data, which "
+                         "--disable-rollout-global-dataset does not load")
     tokenizer = _get_tokenizer(args, data_source)
-    template_kwargs = args.apply_chat_template_kwargs or {}
+    generator = mask_generator(tokenizer, args.loss_mask_type)
+    if args.apply_chat_template_kwargs and not _warned_kwargs:
+        _warned_kwargs = True  # slime's SFT rollout renders with the template's defaults too
+        logger.warning("--apply-chat-template-kwargs %s is not used by the SFT rollout (as in slime): "
+                       "conversations are rendered by --loss-mask-type %s with the template's defaults",
+                       args.apply_chat_template_kwargs, args.loss_mask_type)
 
-    groups = data_source.get_samples(batch_size)
+    groups = data_source.get_samples(args.rollout_batch_size)
     for group in groups:
         for sample in group:
             messages = sample.prompt
@@ -159,9 +210,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
                     f"SFT sample {sample.index} has a {type(messages).__name__} prompt; SFT needs a list of chat "
                     "messages: point --input-key at the messages column and do not set --apply-chat-template"
                 )
-            tokens, loss_mask, response_length = tokenize_messages(
-                tokenizer, messages, chat_template_kwargs=template_kwargs
-            )
+            tools = (sample.metadata or {}).get("tools")
+            tokens, loss_mask, response_length = sft_tokens(generator, messages, tools, f"SFT sample {sample.index}")
             sample.tokens = tokens
             sample.response_length = response_length
             sample.loss_mask = loss_mask

@@ -150,7 +150,107 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
     if args.n_samples_per_prompt > 1:
         flat = [len({round(s.get_reward_value(args), 9) for s in g}) == 1 for g in groups if g]
         metrics["rollout/zero_std_group_ratio"] = sum(flat) / max(1, len(flat))
+    metrics.update(optional_rollout_metrics(args, groups, data))
     return metrics
+
+
+def optional_rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str, Any]) -> dict[str, float]:
+    """slime's --log-passrate, --log-reward-category, --log-multi-turn and --log-correct-samples, with
+    slime's keys. slime computes some of them on each trainer rank and averages over ranks; here they
+    are computed once over the whole rollout (what slime reports with one data-parallel rank)."""
+    samples = [s for g in groups for s in g]
+    out: dict[str, float] = {}
+    if not samples:
+        return out
+    if args.log_passrate:
+        sizes = [len(g) for g in groups]
+        flat = [float(r) for r in data["raw_reward"]]
+        per_prompt = [flat[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
+        out.update({f"passrate/{k}": v for k, v in pass_rate(per_prompt).items()})
+    if args.log_reward_category:
+        out.update(reward_category_metrics(args.log_reward_category, samples, "rollout/"))
+    if args.log_multi_turn:
+        out.update(multi_turn_metrics(args, samples, data["loss_masks"]))
+    if args.log_correct_samples:
+        out.update(correct_sample_metrics(args, data))
+    return out
+
+
+def pass_rate(rewards_by_prompt: list[list[float]]) -> dict[str, float]:
+    """slime's compute_pass_rate: `pass@k` for k = 1, 2, 4, ... up to the samples per prompt, averaged
+    over prompts; a sample is correct when its reward is exactly 1. Nothing with one sample per prompt."""
+    n = min((len(g) for g in rewards_by_prompt), default=0)
+    out: dict[str, float] = {}
+    k = 1
+    while n > 1 and k <= n:
+        out[f"pass@{k}"] = sum(pass_at_k(len(g), sum(r == 1 for r in g), k) for g in rewards_by_prompt) / len(
+            rewards_by_prompt)
+        k *= 2
+    return out
+
+
+def reward_category_metrics(key: str, samples: list[Sample], prefix: str) -> dict[str, float]:
+    """`<prefix>error_cat/<value>`: the fraction of all samples whose reward dict holds that value
+    under `key` (slime's --log-reward-category). A sample without it (FAILED: no reward) is in no
+    category, so the fractions then sum to less than 1."""
+    counts: dict[str, int] = {}
+    for s in samples:
+        if isinstance(s.reward, dict) and key in s.reward:
+            cat = str(s.reward[key])
+            counts[cat] = counts.get(cat, 0) + 1
+    return {f"{prefix}error_cat/{cat}": c / len(samples) for cat, c in counts.items()}
+
+
+def _spread(prefix: str, values: list[float]) -> dict[str, float]:
+    return {f"{prefix}_mean": sum(values) / len(values), f"{prefix}_max": float(max(values)),
+            f"{prefix}_min": float(min(values))}
+
+
+def multi_turn_metrics(args: Namespace, samples: list[Sample], loss_masks: list[list[int]]) -> dict[str, float]:
+    """slime's --log-multi-turn: response lengths with observation (tool) tokens (`raw_response_length`,
+    the loss mask's length) and without them (`wo_obs_response_length`, its sum), and the rounds a
+    sample took when its generate function records `metadata["round_number"]`. `clip_ratio` (responses
+    at --rollout-max-response-len) needs that option set."""
+    raw = [float(len(m)) for m in loss_masks]
+    out = _spread("multi_turn/raw_response_length/response_length", raw)
+    if args.rollout_max_response_len is not None:
+        out["multi_turn/raw_response_length/response_length_clip_ratio"] = sum(
+            r >= args.rollout_max_response_len for r in raw) / len(raw)
+    out.update(_spread("multi_turn/wo_obs_response_length/response_length", [float(sum(m)) for m in loss_masks]))
+    rounds = [float(s.metadata["round_number"]) for s in samples if "round_number" in (s.metadata or {})]
+    if rounds:
+        out.update(_spread("multi_turn/multi_turn_metric/round_number", rounds))
+    return out
+
+
+def correct_sample_metrics(args: Namespace, data: dict[str, Any]) -> dict[str, float]:
+    """slime's --log-correct-samples over the samples whose raw reward is 1:
+    `rollout/correct_length/p25..p100`, the fraction of them whose response length falls in each
+    quarter of --rollout-max-response-len (needs that option), and `rollout/correct_entropy`, the mean
+    over them of each response's mean -log p of its trained tokens (the engine's log-probs here)."""
+    correct = [i for i, r in enumerate(data["raw_reward"]) if r == 1]
+    out: dict[str, float] = {}
+    if not correct:
+        return out
+    limit = args.rollout_max_response_len
+    if limit is not None:
+        cuts = [limit * q / 4 for q in (1, 2, 3)] + [limit]
+        counts = [0] * 4
+        for i in correct:
+            bucket = next((b for b, cut in enumerate(cuts) if data["response_lengths"][i] <= cut), None)
+            if bucket is not None:  # longer than the limit: in no quarter (as slime's)
+                counts[bucket] += 1
+        total = sum(counts)
+        out.update({f"rollout/correct_length/p{25 * (b + 1)}": c / total if total else 0.0
+                    for b, c in enumerate(counts)})
+    log_probs = data.get("rollout_log_probs")
+    if log_probs is not None:
+        per_sample = []
+        for i in correct:
+            mask = data["loss_masks"][i]
+            per_sample.append(-sum(lp * m for lp, m in zip(log_probs[i], mask)) / max(1, sum(mask)))
+        out["rollout/correct_entropy"] = sum(per_sample) / len(per_sample)
+    return out
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -178,6 +278,18 @@ def pass_at_k_metrics(name: str, samples: list[Sample], rewards: list[float]) ->
     return out
 
 
+def _rewards_per_prompt(samples: list[Sample], rewards: list[float], n: int) -> list[list[float]]:
+    """Each prompt's rewards: by the samples' group_index (an --eval-config data set may have its own
+    n_samples_per_eval_prompt), else slime's consecutive runs of n."""
+    if samples and len(samples) == len(rewards) and all(s.group_index is not None for s in samples):
+        groups: dict[int, list[float]] = {}
+        for s, r in zip(samples, rewards):
+            groups.setdefault(s.group_index, []).append(r)
+        sizes = {len(g) for g in groups.values()}
+        return list(groups.values()) if len(sizes) == 1 else []
+    return [list(rewards[i:i + n]) for i in range(0, len(rewards), n)] if len(rewards) % n == 0 else []
+
+
 def eval_metrics(args: Namespace, results: dict[str, dict[str, Any]]) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for name, res in results.items():
@@ -189,4 +301,12 @@ def eval_metrics(args: Namespace, results: dict[str, dict[str, Any]]) -> dict[st
         if samples:
             metrics[f"eval/{name}/response_len/mean"] = sum(s.response_length for s in samples) / len(samples)
             metrics[f"eval/{name}/failed"] = float(sum(s.status == Sample.Status.FAILED for s in samples))
+            if args.log_reward_category:
+                metrics.update(reward_category_metrics(args.log_reward_category, samples, f"eval/{name}/"))
+        if "dropped_long_prompts" in res:  # prompts over --eval-max-prompt-len, counted, never silently lost
+            metrics[f"eval/{name}/dropped_long_prompts"] = float(res["dropped_long_prompts"])
+        if args.log_passrate and rewards:
+            per_prompt = _rewards_per_prompt(samples, rewards, args.n_samples_per_eval_prompt)
+            if per_prompt:
+                metrics.update({f"eval/{name}-{k}": v for k, v in pass_rate(per_prompt).items()})
     return metrics

@@ -177,3 +177,72 @@ def custom_tis(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks,
 def pg_loss_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss):
     """slime's --custom-pg-loss-reducer-function-path: returns the reducer of the per-token loss."""
     return lambda x: x.sum()
+
+
+# ------------------------------------------------------------------ slime's rollout sample and log hooks
+
+def sample_hook(args, sample, *, rollout_id=None, evaluation=False):
+    """A --rollout-sample-hook-path (slime's signature): records its call, changes the sample in place, None."""
+    CALLS.setdefault("sample_hook", []).append((sample.index, rollout_id, evaluation, sample.reward))
+    sample.metadata.setdefault("hooks", []).append("first")
+    return None
+
+
+async def sample_hook_replaces(args, sample, **kwargs):
+    """Async, takes **kwargs (gets both keywords), returns a new Sample that replaces the old one."""
+    CALLS.setdefault("sample_hook_kwargs", []).append(sorted(kwargs))
+    new = Sample(group_index=sample.group_index, index=sample.index, prompt=sample.prompt, tokens=list(sample.tokens),
+                 response=sample.response + "!", response_length=sample.response_length,
+                 loss_mask=list(sample.loss_mask or []), status=sample.status,
+                 metadata={**sample.metadata, "hooks": [*sample.metadata.get("hooks", []), "second"]})
+    return new
+
+
+def sample_hook_two_args(args, sample):
+    """No keyword parameters: slime passes it neither rollout_id nor evaluation."""
+    sample.metadata["plain"] = True
+
+
+def sample_hook_raises_on_odd(args, sample, *, evaluation=False):
+    if sample.index % 2:
+        raise RuntimeError(f"hook refused sample {sample.index}")
+
+
+def sample_hook_wrong_type(args, sample):
+    return {"not": "a sample"}
+
+
+def sample_hook_missing_sample(args):
+    return None
+
+
+def all_samples_process(args, all_samples, data_source):
+    """A --rollout-all-samples-process-path: every finished group, the filter's drops included."""
+    CALLS["all_samples"] = ([[(s.group_index, s.index, s.reward) for s in g] for g in all_samples], data_source)
+
+
+def all_samples_process_raises(args, all_samples, data_source):
+    raise ValueError("bookkeeping failed")
+
+
+def log_rollout(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+    """A --custom-rollout-log-function-path that logs instead of the default (returns True)."""
+    CALLS.setdefault("rollout_log", []).append((rollout_id, [s.index for s in samples], dict(rollout_extra_metrics),
+                                                rollout_time))
+    return True
+
+
+def log_rollout_and_keep_default(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
+    """Adds a metric to the extra metrics and returns False: the default metrics are still logged."""
+    rollout_extra_metrics["custom/num_samples"] = float(len(samples))
+    return False
+
+
+def log_eval_rollout(rollout_id, args, data, extra_metrics):
+    """A --custom-eval-rollout-log-function-path that logs instead of the default (returns True)."""
+    CALLS.setdefault("eval_log", []).append((rollout_id, sorted(data), dict(extra_metrics or {})))
+    return True
+
+
+def log_missing_time(rollout_id, args, samples, rollout_extra_metrics):
+    return True

@@ -262,6 +262,8 @@ GOOD = {
     "buffer_filter_path": "buffer_filter_newest", "rollout_sample_filter_path": "remove_odd_samples",
     "data_source_path": "ListDataSource",
     "custom_tis_function_path": "custom_tis", "custom_pg_loss_reducer_function_path": "pg_loss_reducer",
+    "rollout_sample_hook_path": "sample_hook", "rollout_all_samples_process_path": "all_samples_process",
+    "custom_rollout_log_function_path": "log_rollout", "custom_eval_rollout_log_function_path": "log_eval_rollout",
 }
 
 
@@ -279,6 +281,10 @@ def test_preflight_accepts_documented_signatures(arg):
     ("rollout_sample_filter_path", "rollout_data_postprocess"),
     ("custom_tis_function_path", "rollout_data_postprocess"),
     ("custom_pg_loss_reducer_function_path", "custom_rm"),
+    ("rollout_sample_hook_path", "sample_hook_missing_sample"),
+    ("rollout_all_samples_process_path", "custom_rm"),
+    ("custom_rollout_log_function_path", "log_missing_time"),
+    ("custom_eval_rollout_log_function_path", "custom_rm"),
 ])
 def test_preflight_rejects_wrong_signature(arg, name):
     flag = "--" + arg.replace("_", "-")
@@ -358,3 +364,130 @@ def test_custom_data_source_feeds_the_default_rollout(state):
     assert [g[0].prompt for g in out.samples] == ["p0", "p1"]
     # no add_samples-capable buffer is needed when nothing is left over
     assert out.metrics["rollout/partial/discarded_groups"] == 0.0
+
+
+# ------------------------------------------------------------------ --rollout-sample-hook-path (slime's append option)
+
+def _fresh_calls(*keys):
+    for key in keys:
+        hooks.CALLS.pop(key, None)
+
+
+def _hook_args(*paths, **kw):
+    argv = [a for p in paths for a in ("--rollout-sample-hook-path", H + p)]
+    return full_args(*argv, **{"rm_type": "math", "rollout_batch_size": 2, "n_samples_per_prompt": 2,
+                               "custom_generate_function_path": H + "custom_generate", "custom_rm_path": H + "custom_rm",
+                               **kw})
+
+
+@pytest.mark.parametrize("evaluation", [False, True])
+def test_sample_hooks_run_in_order_on_each_sample_before_its_reward(state, evaluation):
+    _fresh_calls("sample_hook", "sample_hook_kwargs")
+    args = _hook_args("sample_hook", "sample_hook_replaces")
+    assert args.rollout_sample_hook_path == [H + "sample_hook", H + "sample_hook_replaces"]
+    state(args)
+    sglang_rollout.set_current_rollout_id(5)
+    out = run_group(args, group(3), evaluation=evaluation)
+    assert [s.response for s in out] == ["gen-0!", "gen-1!", "gen-2!"]  # the second hook's replacement is kept
+    assert all(s.metadata["hooks"] == ["first", "second"] for s in out)  # in the order given
+    # slime's keywords; the reward is computed after the hooks (custom_rm: len of the hooked response)
+    assert hooks.CALLS["sample_hook"] == [(i, 5, evaluation, None) for i in range(3)]
+    assert [s.reward for s in out] == [6.0, 6.0, 6.0]
+    assert hooks.CALLS["sample_hook_kwargs"] == [["evaluation", "rollout_id"]] * 3  # **kwargs gets both
+
+
+def test_sample_hooks_in_generate_and_rm_and_on_every_sample_a_generate_function_returns(state):
+    _fresh_calls("sample_hook")
+    # slime scores the samples of one generate call in one batched reward call (group_rm: 0.0, 1.0, ...)
+    args = _hook_args("sample_hook", custom_generate_function_path=H + "custom_generate_list",
+                      custom_rm_path=H + "group_rm")
+    state(args)
+    sglang_rollout.set_current_rollout_id(2)
+    out = asyncio.run(sglang_rollout.generate_and_rm(args, group(1)[0], {"max_new_tokens": 4}))
+    assert [s.metadata["hooks"] for s in out] == [["first"], ["first"]]
+    assert [(c[0], c[1], c[3]) for c in hooks.CALLS["sample_hook"]] == [(0, 2, None), (100, 2, 0.25)]
+    assert [s.reward for s in out] == [0.0, 0.25] and hooks.CALLS["group_rm"] == [1]
+
+
+def test_a_sample_hook_without_keywords_gets_none(state):
+    args = _hook_args("sample_hook_two_args")
+    state(args)
+    assert all(s.metadata["plain"] for s in run_group(args, group()))
+
+
+def test_a_sample_hook_that_raises_fails_only_that_sample(state, caplog):
+    _fresh_calls("sample_hook")
+    args = _hook_args("sample_hook_raises_on_odd", "sample_hook")
+    state(args)
+    with caplog.at_level(logging.ERROR):
+        out = run_group(args, group(4))
+    ok, bad = [s for s in out if s.index % 2 == 0], [s for s in out if s.index % 2]
+    assert all(s.status == Sample.Status.COMPLETED and s.reward == 5.0 for s in ok)
+    assert all(s.status == Sample.Status.FAILED and s.reward is None for s in bad)  # not scored
+    assert "--rollout-sample-hook-path tests.contracts.hooks.sample_hook_raises_on_odd" in bad[0].metadata["error"]
+    assert "hook refused sample 1" in bad[0].metadata["error"] and "Traceback" in caplog.text
+    assert [c[0] for c in hooks.CALLS["sample_hook"]] == [0, 2]  # later hooks skip a failed sample
+    assert len(bad[0].loss_mask) == bad[0].response_length  # well-formed, never trained on
+
+
+def test_a_sample_hook_returning_something_else_fails_the_sample(state):
+    args = _hook_args("sample_hook_wrong_type")
+    state(args)
+    out = run_group(args, group())
+    assert all(s.status == Sample.Status.FAILED and "not a Sample or None" in s.metadata["error"] for s in out)
+
+
+def test_the_default_rollout_tells_sample_hooks_its_rollout_id(state):
+    _fresh_calls("sample_hook")
+    args = _hook_args("sample_hook")
+    state(args)
+    asyncio.run(sglang_rollout.generate_rollout_async(args, 7, Source()))
+    assert {c[1] for c in hooks.CALLS["sample_hook"]} == {7} and len(hooks.CALLS["sample_hook"]) == 4
+
+
+# ------------------------------------------------------------------ --rollout-all-samples-process-path
+
+def test_all_samples_process_sees_every_finished_group_dropped_ones_included(state, monkeypatch):
+    _fresh_calls("all_samples")
+    rewards = iter([0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0] + [1.0] * 100)
+    examined = []
+
+    async def rm(args, sample):
+        return next(rewards)
+
+    def recording_filter(args, samples):  # the filter sees each finished group once: the reference
+        examined.append([(s.group_index, s.index, s.reward) for s in samples])
+        return hooks.keep_if_first_reward_positive(args, samples)
+
+    monkeypatch.setattr(hooks, "custom_rm", rm)
+    monkeypatch.setattr(hooks, "recording_filter", recording_filter, raising=False)
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm",
+                     dynamic_sampling_filter_path=H + "recording_filter", over_sampling_batch_size=1,
+                     rollout_all_samples_process_path=H + "all_samples_process")
+    state(args)
+    source = Source()
+    out = asyncio.run(sglang_rollout.generate_rollout_async(args, 0, source))
+    seen, passed_source = hooks.CALLS["all_samples"]
+    assert passed_source is source
+    assert seen == sorted(examined, key=lambda g: g[0][1])  # every examined group, by first sample index
+    dropped = [g for g in examined if g[0][2] <= 0]
+    assert len(dropped) == out.metrics["rollout/dynamic_filter/drop_bad_first"] == 2
+    assert all(g in seen for g in dropped)
+    assert [[(s.group_index, s.index, s.reward) for s in g] for g in out.samples] == [g for g in seen if g[0][2] > 0]
+
+
+def test_all_samples_process_error_stops_the_rollout_naming_it(state):
+    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm",
+                     rollout_all_samples_process_path=H + "all_samples_process_raises")
+    state(args)
+    with pytest.raises(SlimeError, match=r"rollout 3: --rollout-all-samples-process-path "
+                                         r"tests.contracts.hooks.all_samples_process_raises raised ValueError: "
+                                         r"bookkeeping failed"):
+        asyncio.run(sglang_rollout.generate_rollout_async(args, 3, Source()))
+
+
+def test_preflight_checks_each_sample_hook_of_the_list():
+    args = _hook_args("sample_hook", "sample_hook_missing_sample")
+    with pytest.raises(SlimeError, match=r"--rollout-sample-hook-path tests\.contracts\.hooks\.sample_hook_missing_sample"):
+        check_hooks(args)
+    check_hooks(_hook_args("sample_hook", "sample_hook_replaces"))

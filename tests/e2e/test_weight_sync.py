@@ -26,6 +26,7 @@ def _actor(tiny_model_dir, tmp_path, *extra):
     args = parse_args([
         "--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
         "--num-rollout", "1", "--micro-batch-size", "4", "--lr", "1e-2", "--run-dir", str(tmp_path), *extra,
+        "--lr-decay-style", "constant",  # several train() calls on a one-rollout schedule: no decay to 0
     ])
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     assert actor.init() == 0

@@ -167,7 +167,7 @@ def test_sglang_router_python_api_takes_consistent_hashing():
 
 
 def test_default_generate_sends_the_session_routing_key(tiny_model_dir, monkeypatch):
-    from slime.rollout import sglang_rollout
+    from slime.rollout import generation, sglang_rollout
     from slime.utils.types import Sample
 
     seen = []
@@ -179,7 +179,7 @@ def test_default_generate_sends_the_session_routing_key(tiny_model_dir, monkeypa
                                                             "output_token_logprobs": [[-0.1, 5, None]]}}
         return [one] * n if n else one
 
-    monkeypatch.setattr(sglang_rollout, "post", fake_post)
+    monkeypatch.setattr(generation, "post", fake_post)  # where the default generate posts
     args = parse_args(BASE + ["--hf-checkpoint", str(tiny_model_dir), "--sglang-router-ip", "127.0.0.1",
                               "--sglang-router-port", "1"])
     sglang_rollout.GenerateState.reset()
@@ -189,7 +189,7 @@ def test_default_generate_sends_the_session_routing_key(tiny_model_dir, monkeypa
         asyncio.run(sglang_rollout.generate(args, s, params))
         asyncio.run(sglang_rollout.generate(args, Sample(tokens=[1, 2]), params))
         group = [Sample(tokens=[1, 2], session_id="traj-9"), Sample(tokens=[1, 2], session_id="traj-9")]
-        asyncio.run(sglang_rollout._generate_group_batched(args, group, params))
+        asyncio.run(generation._generate_group_batched(args, group, params))
     finally:
         sglang_rollout.GenerateState.reset()
     assert seen == [{"X-SMG-Routing-Key": "traj-7"}, None, {"X-SMG-Routing-Key": "traj-9"}]

@@ -165,3 +165,13 @@ def test_single_eval_prompt_data_path_keeps_slimes_legacy_meaning():
     assert parse_args(BASE + ["--eval-prompt-data", "m", "m.jsonl"]).eval_prompt_data == ["m", "m.jsonl"]
     with pytest.raises(SlimeError, match="pairs"):
         parse_args(BASE + ["--eval-prompt-data", "a", "a.jsonl", "b"])
+
+
+def test_config_lists_of_an_append_option(tmp_path):
+    """--config: a YAML list for slime's action="append" options (--rollout-sample-hook-path) gives
+    one item per flag, as the command line does."""
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text("rollout_sample_hook_path: [a.b.one, a.b.two]\neval_prompt_data: [x, x.jsonl]\n")
+    args = parse_args(BASE + ["--config", str(cfg)])
+    assert args.rollout_sample_hook_path == ["a.b.one", "a.b.two"]
+    assert args.eval_prompt_data == ["x", "x.jsonl"]

@@ -716,3 +716,35 @@ def test_http_post_and_get_with_slimes_positional_arguments():
     positional, keywords, empty, got = asyncio.run(main())
     assert positional == {"body": {"a": 1}, "key": "k"} and keywords == {"body": {"a": 2}, "key": "kw"}
     assert empty == {"body": {}, "key": None} and got == {"body": None, "key": None}
+
+
+def test_sample_hooks_module_applies_hooks_in_order_keeping_the_shape():
+    """slime.rollout.sample_hooks: hooks in order, only the keywords they take, None keeps the sample,
+    a Sample replaces it, nested lists keep their shape, a bad return raises (slime's contract)."""
+    from slime.rollout import sample_hooks
+
+    args = full_args("--rollout-sample-hook-path", HERE + "_hook_tag", "--rollout-sample-hook-path",
+                     HERE + "_hook_replace_odd")
+    sample_hooks.set_current_rollout_id(7)
+    groups = [[Sample(index=0), Sample(index=1)], [Sample(index=2)]]
+    out = asyncio.run(sample_hooks.apply_rollout_sample_hooks(args, groups, evaluation=True))
+    assert [[s.index for s in g] for g in out] == [[0, 101], [2]]
+    assert [s.metadata["tag"] for g in out for s in g] == [(7, True), (7, True), (7, True)]
+    with pytest.raises(TypeError, match="returned int"):
+        asyncio.run(sample_hooks.apply_rollout_sample_hooks(full_args("--rollout-sample-hook-path", HERE + "_hook_bad"),
+                                                            Sample(index=0)))
+    sample_hooks.set_current_rollout_id(None)
+
+
+def _hook_tag(args, sample, *, rollout_id=None, evaluation=False):
+    sample.metadata["tag"] = (rollout_id, evaluation)
+
+
+async def _hook_replace_odd(args, sample):  # takes no keywords: none are passed
+    if sample.index % 2:
+        return Sample(index=sample.index + 100, metadata=dict(sample.metadata))
+    return None
+
+
+def _hook_bad(args, sample):
+    return 3

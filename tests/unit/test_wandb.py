@@ -243,10 +243,10 @@ def test_options_not_used_here_are_named_once_at_start_up(tmp_path, capsys):
     from slime.arguments.logs import unused_note
 
     assert unused_note(parse_args(BASE)) is None
-    args = parse_args(BASE + ["--run-dir", str(tmp_path), "--wandb-always-use-train-step", "--log-passrate",
-                              "--log-reward-category", "why", "--wandb-project", "p", "--tb-project-name", "t"])
+    args = parse_args(BASE + ["--run-dir", str(tmp_path), "--wandb-always-use-train-step",
+                              "--wandb-project", "p", "--tb-project-name", "t"])
     note = unused_note(args)
-    for opt in ("--wandb-always-use-train-step", "--log-passrate", "--log-reward-category",
+    for opt in ("--wandb-always-use-train-step",
                 "--wandb-project (without --use-wandb)", "--tb-project-name (without --use-tensorboard)"):
         assert note.count(opt) == 1, opt
     notes = startup_notes(args)  # what train() prints once at start-up
