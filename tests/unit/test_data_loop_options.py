@@ -276,14 +276,7 @@ def test_lr_schedule_counts_steps_taken_not_the_start_rollout_id(tiny_model_dir,
 
 # ---------------------------------------------------------------- --loss-mask-type in the SFT rollout
 
-CONVERSATION = [
-    {"role": "system", "content": "Add."},
-    {"role": "user", "content": "1+2="},
-    {"role": "assistant", "content": "\\boxed{3}"},
-    {"role": "user", "content": "and 20+2?"},
-    {"role": "tool", "content": "calc: 22"},
-    {"role": "assistant", "content": "The answer is \\boxed{22}"},
-]
+from tests.unit.test_sft_rollout import CONVERSATION  # noqa: E402 (one multi-turn conversation for both)
 
 
 @pytest.fixture(scope="module")
