@@ -170,6 +170,8 @@ MAPPED = {
     "--recompute-method": "with --recompute-granularity: every layer is recomputed",
     "--recompute-num-layers": "with --recompute-granularity: every layer is recomputed",
     "--optimizer-cpu-offload": "the optimizer state already lives in host memory here",
+    "--bf16": "mixed precision: the training forward/backward in bfloat16 (torch autocast), fp32 master weights",
+    "--fp16": "mixed precision: the training forward/backward in float16 (torch autocast), fp32 master weights",
 }
 
 

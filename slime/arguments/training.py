@@ -89,6 +89,7 @@ def _json_object(value: str) -> Any:
 
 
 def finalize(args: argparse.Namespace) -> None:
+    need(not (args.bf16 and args.fp16), "--bf16 and --fp16 are two mixed-precision choices; give one")
     if args.ref_load is None:
         args.ref_load = args.hf_checkpoint
     if args.save is None:

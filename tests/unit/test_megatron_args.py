@@ -4,8 +4,10 @@ model-shape block checked against the checkpoint's config, everything else named
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
 import yaml
 
 from slime.arguments import parse_args
@@ -149,3 +151,31 @@ def test_the_option_data_is_megatrons_parser():
     assert opts["--disable-bias-linear"] == {**opts["--disable-bias-linear"], "dest": "add_bias_linear",
                                              "action": "_StoreFalseAction", "default": True}
     assert opts["--recompute-granularity"]["choices"] == ["full", "selective"]
+
+
+@pytest.mark.parametrize("flag, dtype", [(None, torch.float32), ("--bf16", torch.bfloat16), ("--fp16", torch.float16)])
+def test_bf16_fp16_are_mixed_precision_training(tiny_model_dir, tmp_path, flag, dtype):
+    """Megatron's --bf16 / --fp16 on this backend: the train step's forward computes in that dtype
+    (seen at the output head) while the parameters stay fp32 master weights that the step updates."""
+    from slime.backends.torch.actor import TrainActor
+
+    argv = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
+            "--num-rollout", "1", "--micro-batch-size", "4", "--lr", "1e-2", "--run-dir", str(tmp_path)]
+    args = parse_args(argv + ([flag] if flag else []))
+    assert flag is None or flag in args.megatron_options_given and unused_note(args) is None  # mapped, not "unused"
+    actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
+    actor.init()
+    seen = []
+    actor.model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    before = actor.model.lm_head.weight.detach().clone()
+    data = {"tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11], [12, 13, 14, 15], [12, 13, 16, 17]],
+            "response_lengths": [2, 2, 2, 2], "loss_masks": [[1, 1]] * 4, "rewards": [1.0, -1.0, 0.5, -0.5]}
+    metrics = actor.train(0, data)
+    assert seen and set(seen) == {dtype}
+    assert all(p.dtype == torch.float32 for p in actor.model.parameters())
+    assert math.isfinite(metrics["train/pg_loss"]) and not torch.equal(before, actor.model.lm_head.weight)
+
+
+def test_bf16_and_fp16_together_stop():
+    with pytest.raises(SlimeError, match="--bf16 and --fp16"):
+        parse_args(BASE + ["--bf16", "--fp16"])

@@ -29,7 +29,7 @@ from transformers import AutoModelForCausalLM
 from slime.algorithms.losses import reduce_loss, sft_loss
 from slime.backends.torch import checkpoint
 from slime.backends.torch.batching import (
-    build_micro_batch, make_micro_batch, plan_micro_batches, response_log_probs,
+    build_micro_batch, make_micro_batch, plan_micro_batches, response_log_probs, training_precision,
 )
 from slime.backends.torch.critic import Critic
 from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
@@ -256,6 +256,10 @@ class TrainActor:
 
     def train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         """One rollout's worth of optimizer steps. Returns rank-averaged metrics."""
+        with training_precision(self.args):  # Megatron's --bf16 / --fp16
+            return self._train(rollout_id, data)
+
+    def _train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         args = self.args
         t0 = time.perf_counter()
         n = len(data["tokens"])

@@ -14,6 +14,8 @@ rollout temperature exactly as the engine does when it reports sampling log-prob
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -57,6 +59,15 @@ class MicroBatch:
         kw = {"position_ids": self.position_ids} if self.position_ids is not None else {}
         out = model(input_ids=self.input_ids, attention_mask=self.attention_mask, use_cache=False, **kw)
         return out.logits if hasattr(out, "logits") else out
+
+
+def training_precision(args: Any) -> contextlib.AbstractContextManager:
+    """Megatron's `--bf16` / `--fp16` (mixed precision): the training forward and backward compute
+    in that dtype (torch autocast on CPU) while parameters, gradients and the optimizer state stay
+    fp32 (the master weights). Neither: fp32 throughout."""
+    if args.bf16 or args.fp16:
+        return torch.autocast("cpu", dtype=torch.bfloat16 if args.bf16 else torch.float16)
+    return contextlib.nullcontext()
 
 
 def make_micro_batch(data: dict[str, Any], indices: Sequence[int], pad_id: int = 0) -> MicroBatch:
