@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 
 from slime.arguments.checks import flag, require_positive
 from slime.errors import SlimeError
@@ -88,6 +89,10 @@ def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rm-max-retries", type=int, default=10, help="remote_rm attempts per sample, in all.")
     g.add_argument("--rm-retry-interval", type=float, default=1.0,
                    help="remote_rm back-off: this many seconds x 2^attempt (at most 30).")
+    g.add_argument("--math-grader-timeout", type=float, default=5.0,
+                   help="--rm-type math / deepscaler / math_verify: seconds a grade's sympy or math-verify work "
+                        "may take in its worker process; past it the worker is killed and the answer scores 0, "
+                        "the reason in metadata['reward_error'].")
     g.add_argument("--sandbox-timeout", type=float, default=10.0, help="--rm-type code: wall seconds per run.")
     g.add_argument("--sandbox-cpu-time", type=float, default=5.0, help="--rm-type code: CPU seconds per run.")
     g.add_argument("--sandbox-memory-mb", type=int, default=1024, help="--rm-type code: address-space limit.")
@@ -132,6 +137,8 @@ def _check_rewards(args: argparse.Namespace) -> None:
                  "sandbox_concurrency"):
         if getattr(args, name) <= 0:
             raise SlimeError(f"{flag(name)} must be > 0, got {getattr(args, name)}")
+    if not 0 < args.math_grader_timeout < math.inf:  # nan and inf too: a grade must end
+        raise SlimeError(f"--math-grader-timeout must be a finite number of seconds > 0, got {args.math_grader_timeout}")
     rm_type = (args.rm_type or "").removeprefix("boxed_")
     if rm_type == "remote_rm" and not args.custom_rm_path:
         url = args.rm_url

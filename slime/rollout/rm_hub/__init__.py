@@ -7,6 +7,11 @@ Types (each gives slime's reward on the same input): `math` (last boxed answer, 
 `math_verify` (math-verify), `remote_rm` (`--rm-url`), `code` (tests run in a sandbox), `random`
 (0 or 1 at random: a baseline for plumbing tests); a `boxed_` prefix grades the last `\\boxed{}`
 content instead of the whole response.
+The math family (`math`, `deepscaler`, `math_verify`) is bounded: answers are screened before any
+parsing, sympy / math-verify run in worker processes (`grader_pool`) for at most
+`--math-grader-timeout` seconds, on grader threads the event loop awaits. A refused or timed-out
+grade scores 0 and its reason goes to `sample.metadata["reward_error"]` (`dapo` reads 300
+characters with string rules only: nothing to bound).
 With `--custom-rm-path` set, that function is used instead (slime's convention: called with one
 sample by `async_rm`, with the whole list by `batched_async_rm`); a sample's own `custom_rm_path`
 (an eval data set's) comes first in `async_rm`. A sample's `metadata["rm_type"]` overrides
@@ -27,31 +32,56 @@ import random
 from typing import Any, Callable
 
 from slime.errors import SlimeError
+from slime.rollout.rm_hub import grader_pool
 from slime.rollout.rm_hub.code import code_reward
-from slime.rollout.rm_hub.deepscaler import deepscaler_reward, get_deepscaler_rule_based_reward
+from slime.rollout.rm_hub.deepscaler import deepscaler_reward_checked, get_deepscaler_rule_based_reward
 from slime.rollout.rm_hub.f1 import f1_score
 from slime.rollout.rm_hub.gpqa import compute_gpqa_reward, gpqa_reward
 from slime.rollout.rm_hub.math_dapo import compute_score
 from slime.rollout.rm_hub.math_dapo import compute_score as compute_score_dapo
-from slime.rollout.rm_hub.math_grader import extract_answer, grade_answer_verl
+from slime.rollout.rm_hub.math_grader import extract_answer, grade_answer_verl, grade_answer_verl_checked
 from slime.rollout.rm_hub.math_grader import extract_answer as extract_boxed_answer  # slime's (strict) meaning
 from slime.rollout.rm_hub.math_utils import grade_math, is_equiv, normalize_answer
-from slime.rollout.rm_hub.math_verify_rm import math_verify_reward
+from slime.rollout.rm_hub.math_verify_rm import math_verify_reward_checked
 from slime.rollout.rm_hub.remote import remote_rm
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 
-def _math_rm(args, sample, response, label, metadata):
-    return grade_math(response, label)
+REWARD_ERROR_KEY = "reward_error"  # why a bounded grade scored 0 without a verdict
+_INLINE_CHARS = 4096  # string checks on a response this short take well under a millisecond
+
+
+async def _bounded(args, metadata, fn, response, label):
+    """`fn(response, label, timeout=...)` -> (reward, reason): inline when string checks settle a
+    short response, else on a grader thread (sympy / math-verify in a worker). The reason of a
+    refused grade is recorded in the sample's metadata (and cleared by a later verdict)."""
+    timeout = args.math_grader_timeout
+    try:
+        if not isinstance(response, str) or len(response) > _INLINE_CHARS:
+            raise grader_pool.NeedsWorker
+        with grader_pool.no_workers():
+            reward, reason = fn(response, label, timeout=timeout)
+    except grader_pool.NeedsWorker:
+        reward, reason = await grader_pool.run_in_thread(fn, response, label, timeout=timeout)
+    if reason is None:
+        metadata.pop(REWARD_ERROR_KEY, None)
+    else:
+        metadata[REWARD_ERROR_KEY] = reason
+    return reward
+
+
+async def _math_rm(args, sample, response, label, metadata):
+    ok = await _bounded(args, metadata, grade_answer_verl_checked, response, label)
+    return 1.0 if ok else 0.0  # grade_math's values
 
 
 def _dapo_rm(args, sample, response, label, metadata):
     return compute_score(response, label)
 
 
-def _deepscaler_rm(args, sample, response, label, metadata):
-    return deepscaler_reward(response, label)
+async def _deepscaler_rm(args, sample, response, label, metadata):
+    return await _bounded(args, metadata, deepscaler_reward_checked, response, label)
 
 
 def _f1_rm(args, sample, response, label, metadata):
@@ -62,8 +92,8 @@ def _gpqa_rm(args, sample, response, label, metadata):
     return gpqa_reward(response, label, metadata=metadata)
 
 
-def _math_verify_rm(args, sample, response, label, metadata):
-    return math_verify_reward(response, label)
+async def _math_verify_rm(args, sample, response, label, metadata):
+    return await _bounded(args, metadata, math_verify_reward_checked, response, label)
 
 
 def _random_rm(args, sample, response, label, metadata):

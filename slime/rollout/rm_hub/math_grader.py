@@ -11,6 +11,12 @@ and `sympy` are used, as slime does.
 
 Quirks kept on purpose, so a slime user's numbers do not move: a falsy label (`""`, `0`, None)
 scores 0; `\\boxed 5` (no braces) and `\\fbox{}` are not answers; `0.5` becomes `\\frac{1}{2}`.
+
+Bounded (the policy is an adversary: `\\boxed{9**9**9}` hung slime's grader for good): the string
+checks run in the caller, on answers of at most `MAX_ANSWER_CHARS`; the sympy part runs in a
+`grader_pool` worker with a time limit, after `answer_screen` has refused answers whose
+evaluation would not end (huge powers, factorials, towers). A grade that is refused or runs over
+scores 0; the `*_checked` functions also return the reason (`async_rm` records it).
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from pylatexenc import latex2text
+
+from slime.rollout.rm_hub import grader_pool
+from slime.rollout.rm_hub.answer_screen import MAX_ANSWER_CHARS, screen_answer
+from slime.rollout.rm_hub.grader_pool import GradeRefused
 
 _SYMPY_PARSE = None
 
@@ -268,10 +278,15 @@ def _sympy_equal(truth: str, given: str) -> bool:
     expr = f"({truth})-({given})"
     if not _may_evaluate(expr):
         return False
+    reason = screen_answer(expr)  # again on the normalised text that sympy will read
+    if reason is not None:
+        raise GradeRefused(reason)
     try:
         sympy, parser, transformations = _sympy()
         diff = parser.parse_expr(expr.replace("^", "**"), transformations=transformations)
         return sympy.simplify(diff) == 0
+    except MemoryError:  # the worker's limit: a refused grade (with its reason), not a verdict
+        raise
     except Exception:  # unparsable text is simply "not equal", as in slime
         return False
 
@@ -286,7 +301,8 @@ def _split_tuple(expr: str) -> list[str]:
     return [expr]
 
 
-def grade_sympy(given: str | None, truth: str | None) -> bool:
+def _grade_sympy_unbounded(given: str | None, truth: str | None) -> bool:
+    """slime's sympy check. Unbounded in time: runs in a grader worker (`grade_sympy_checked`)."""
     t, g = sympy_normalize(truth), sympy_normalize(given)
     if t is None or g is None:
         return False
@@ -313,19 +329,57 @@ def grade_sympy(given: str | None, truth: str | None) -> bool:
     return True
 
 
+_PLAIN_INT = re.compile(r"-?[0-9]{1,30}")
+
+
+def grade_sympy_checked(given: str | None, truth: str | None, timeout: float | None = None) -> tuple[bool, str | None]:
+    """(the sympy check, None), or (False, why it was refused): screened, timed out, worker died."""
+    if given is None or truth is None:
+        return False, None
+    if _PLAIN_INT.fullmatch(given) and _PLAIN_INT.fullmatch(truth):
+        return _grade_sympy_unbounded(given, truth), None  # integers compare as Decimals: no sympy, no worker
+    try:
+        reason = screen_answer(given)
+        if reason is not None:
+            raise GradeRefused(reason)
+        return grader_pool.run(_grade_sympy_unbounded, given, truth, timeout=timeout), None
+    except GradeRefused as e:
+        return False, grader_pool.refused(e)
+
+
+def grade_sympy(given: str | None, truth: str | None) -> bool:
+    """slime's grade_answer_sympy, bounded (a refused grade is False)."""
+    return grade_sympy_checked(given, truth)[0]
+
+
+def grade_answer_checked(given: str | None, truth: str | None, timeout: float | None = None) -> tuple[bool, str | None]:
+    """(grade_answer's result, None), or (False, the reason it was refused)."""
+    if given is not None and len(given) > MAX_ANSWER_CHARS and given != truth:
+        return False, grader_pool.refused(GradeRefused(screen_answer(given) or "answer too long"))
+    if grade_mathd(given, truth):
+        return True, None
+    return grade_sympy_checked(given, truth, timeout)
+
+
 def grade_answer(given: str | None, truth: str | None) -> bool:
     """MATH-normalised equality, else the sympy check (slime's grade_answer_mathd or _sympy)."""
-    return grade_mathd(given, truth) or grade_sympy(given, truth)
+    return grade_answer_checked(given, truth)[0]
 
 
-def grade_answer_verl(solution: str | None, label) -> bool:
-    """slime's `math` reward: the last boxed answer of `solution` against `label`."""
+def grade_answer_verl_checked(solution: str | None, label, timeout: float | None = None) -> tuple[bool, str | None]:
+    """(grade_answer_verl's result, None), or (False, the reason the grade was refused)."""
     if not label:
-        return False
+        return False, None
     truth = str(label)
     if "\\boxed" in truth:
         truth = extract_answer(truth)
     given = extract_answer(solution or "")
     if given is None:
-        return False
-    return grade_answer(given, truth)
+        return False, None
+    return grade_answer_checked(given, truth, timeout)
+
+
+def grade_answer_verl(solution: str | None, label) -> bool:
+    """slime's `math` reward: the last boxed answer of `solution` against `label` (bounded: an
+    answer refused or graded past `grader_pool.DEFAULT_TIMEOUT_S` is False)."""
+    return grade_answer_verl_checked(solution, label)[0]

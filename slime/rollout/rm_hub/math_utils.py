@@ -163,7 +163,7 @@ def is_equiv(answer: str | None, label: str | None) -> bool:
 
 def grade_math(response: str | None, label) -> float:
     """slime's `math` reward: 1.0 if the last `\\boxed{}` of `response` matches `label` (MATH
-    normalisation, then sympy; see `math_grader`), else 0.0."""
+    normalisation, then sympy in a bounded worker; see `math_grader`), else 0.0."""
     return 1.0 if grade_answer_verl(response, label) else 0.0
 
 
