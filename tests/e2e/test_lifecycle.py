@@ -126,9 +126,12 @@ def _alive(pid: int) -> bool:
 def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
     run_dir = tmp_path / "run"
     stderr_path = tmp_path / "stderr.txt"  # a file, not a pipe: the child can never block on a full pipe
+    # SIGINT back to its default in the child: a suite launched in the background (`cmd &`, nohup)
+    # runs with SIGINT ignored, and an ignored signal stays ignored across exec
     proc = subprocess.Popen([sys.executable, "-m", "slime", "train",
                              *_base(tiny_model_dir, task_dir, run_dir), "--num-rollout", "1000"],
-                            stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), text=True)
+                            stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
     def stderr_tail() -> str:
         return stderr_path.read_text(errors="replace")[-4000:]
