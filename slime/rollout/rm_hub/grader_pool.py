@@ -36,6 +36,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from slime.rollout.rm_hub.answer_screen import screen_answer
+
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 5.0  # --math-grader-timeout
@@ -358,3 +360,15 @@ async def run_in_thread(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     the event loop keeps running while a grade waits for its worker."""
     loop = asyncio.get_running_loop()
     return await loop.run_in_executor(_get_pool().threads, functools.partial(fn, *args, **kwargs))
+
+
+def run_screened(fn: Callable[..., Any], given: str, *args: Any, timeout: float, refused_value: Any) -> tuple[Any, str | None]:
+    """`(fn(given, *args), None)` in a worker, once `given` passed the answer screen; a refused grade
+    (the screen, the time or memory limit, a dead worker) is `(refused_value, its reason)`."""
+    try:
+        reason = screen_answer(given)
+        if reason is not None:
+            raise GradeRefused(reason)
+        return run(fn, given, *args, timeout=timeout), None
+    except GradeRefused as e:
+        return refused_value, refused(e)

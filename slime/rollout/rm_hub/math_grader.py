@@ -338,13 +338,7 @@ def grade_sympy_checked(given: str | None, truth: str | None, timeout: float | N
         return False, None
     if _PLAIN_INT.fullmatch(given) and _PLAIN_INT.fullmatch(truth):
         return _grade_sympy_unbounded(given, truth), None  # integers compare as Decimals: no sympy, no worker
-    try:
-        reason = screen_answer(given)
-        if reason is not None:
-            raise GradeRefused(reason)
-        return grader_pool.run(_grade_sympy_unbounded, given, truth, timeout=timeout), None
-    except GradeRefused as e:
-        return False, grader_pool.refused(e)
+    return grader_pool.run_screened(_grade_sympy_unbounded, given, truth, timeout=timeout, refused_value=False)
 
 
 def grade_sympy(given: str | None, truth: str | None) -> bool:

@@ -16,8 +16,6 @@ import logging
 import re
 
 from slime.rollout.rm_hub import grader_pool
-from slime.rollout.rm_hub.answer_screen import screen_answer
-from slime.rollout.rm_hub.grader_pool import GradeRefused
 from slime.rollout.rm_hub.math_grader import extract_answer
 
 # math-verify warns "timeout is disabled" on every call made without its signal-based timeout.
@@ -66,13 +64,7 @@ def math_verify_reward_checked(response: str, label, timeout: float | None = Non
     if given is None:
         return 0.0, None
     gold = str(label).strip()
-    try:
-        reason = screen_answer(given)
-        if reason is not None:
-            raise GradeRefused(reason)
-        return grader_pool.run(_verify_unbounded, given, gold, timeout=timeout), None
-    except GradeRefused as e:
-        return 0.0, grader_pool.refused(e)
+    return grader_pool.run_screened(_verify_unbounded, given, gold, timeout=timeout, refused_value=0.0)
 
 
 def math_verify_reward(response: str, label) -> float:
