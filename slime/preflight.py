@@ -22,6 +22,7 @@ from slime.errors import SlimeError
 from slime.ray.engine_launch import validate_sglang_args
 from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
+from slime.rollout.rm_hub.sandbox import check_sandbox
 from slime.rollout.sglang_rollout import load_eval_prompts
 from slime.utils.checkpoint_layout import latest_dir
 from slime.utils.eval_config import eval_dataset_configs
@@ -115,6 +116,8 @@ def check_reward(args: Namespace) -> None:
         raise SlimeError("--rm-type (or --custom-rm-path) is required for RL training")
     if args.rm_type is not None:
         validate_rm_type(args.rm_type)
+    if (args.rm_type or "").removeprefix("boxed_") == "code":
+        check_sandbox(args.sandbox_allow_unisolated)  # no isolation: stop now, naming what is missing
 
 
 def check_data(args: Namespace) -> int | None:
@@ -150,6 +153,8 @@ def check_eval_data(args: Namespace) -> None:
         try:
             if cfg.rm_type is not None:
                 validate_rm_type(cfg.rm_type)
+                if cfg.rm_type.removeprefix("boxed_") == "code":
+                    check_sandbox(args.sandbox_allow_unisolated)
             for arg in ("custom_generate_function_path", "custom_rm_path"):
                 if getattr(cfg, arg):
                     check_hook(arg, getattr(cfg, arg))

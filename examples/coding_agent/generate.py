@@ -3,13 +3,14 @@
 Used as `--custom-generate-function-path examples.coding_agent.generate.generate`. Each model
 turn stops at `</code>` (a stop string, kept in the output tokens). A turn that ends in
 `<code>PROGRAM</code>` has PROGRAM run in the framework's sandbox (`slime.rollout.rm_hub.sandbox`:
-a throw-away directory, no network, CPU / memory / wall-time limits) and its output appended as
+bubblewrap namespaces, only /usr and Python visible, a throw-away scratch directory, no network,
+CPU / memory / process / output / wall-time limits) and its output appended as
 `<output>...</output>`; those tokens are the tool's, so they are masked out of the loss
 (loss_mask 0, log-prob 0.0). Any other turn (the model ends with EOS, or runs out of tokens) is
 its final answer. `examples/coding_agent/reward.py` grades that answer against the task's tests.
 
-Settings: `--sandbox-timeout`, `--sandbox-cpu-time`, `--sandbox-memory-mb` and
-`--sandbox-concurrency` (the `--rm-type code` limits) apply to the tool runs too; the
+Settings: the `--sandbox-*` options (the `--rm-type code` limits, `--sandbox-allow-unisolated`
+included) apply to the tool runs too; the
 environment variable CODING_AGENT_MAX_TURNS (default 3) bounds the model turns.
 """
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.rollout.multi_turn import Trajectory, run_multi_turn
-from slime.rollout.rm_hub.sandbox import SandboxResult, run_python
+from slime.rollout.rm_hub.sandbox import SandboxLimits, SandboxResult, run_python
 from slime.utils.types import Sample
 
 STOP_STRINGS = ("</code>",)
@@ -53,8 +54,8 @@ def tool_call(text: str) -> str | None:
     return fenced.group(1) if fenced else blocks[-1]
 
 
-def sandbox_limits(args: Namespace) -> dict[str, Any]:
-    return dict(timeout_s=args.sandbox_timeout, cpu_s=args.sandbox_cpu_time, memory_mb=args.sandbox_memory_mb)
+def sandbox_limits(args: Namespace) -> SandboxLimits:
+    return SandboxLimits.from_args(args)
 
 
 def sandbox_slot(args: Namespace) -> threading.BoundedSemaphore:
@@ -69,7 +70,7 @@ async def run_sandboxed(args: Namespace, code: str) -> SandboxResult:
 
     def job() -> SandboxResult:
         with sandbox_slot(args):
-            return run_python(code, **sandbox_limits(args))
+            return run_python(code, limits=sandbox_limits(args))
 
     return await asyncio.to_thread(job)
 

@@ -5,7 +5,8 @@ ran in `<code>...</code>`. Only the model's own tokens are read (the spans in
 `metadata["turns"]`), never the tool output: a program that prints a fenced block cannot hand
 the grader code the model did not write. Grading is the framework's `grade_code` (the
 `--rm-type code` grader): the tests are `metadata["tests"]` or the label, either Python test code
-run after the program, or a list of {"input", "output"} stdin/stdout cases; 1.0 when all pass.
+run against the program by the token driver, or a list of {"input", "output"} stdin/stdout cases;
+1.0 when all pass.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ async def reward(args: Namespace, sample: Sample) -> float:
 
     def job() -> tuple[float, str]:
         with sandbox_slot(args):
-            return grade_code(program, tests, **sandbox_limits(args))
+            return grade_code(program, tests, sandbox_limits(args))
 
     score, reason = await asyncio.to_thread(job)
     sample.metadata["code_result"] = reason

@@ -97,6 +97,17 @@ def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sandbox-cpu-time", type=float, default=5.0, help="--rm-type code: CPU seconds per run.")
     g.add_argument("--sandbox-memory-mb", type=int, default=1024, help="--rm-type code: address-space limit.")
     g.add_argument("--sandbox-concurrency", type=int, default=2, help="--rm-type code: programs run at once.")
+    g.add_argument("--sandbox-file-mb", type=int, default=16, help="--rm-type code: largest file a program may write.")
+    g.add_argument("--sandbox-scratch-mb", type=int, default=64,
+                   help="--rm-type code: size of the program's only writable directory (a tmpfs).")
+    g.add_argument("--sandbox-processes", type=int, default=32,
+                   help="--rm-type code: processes (and threads) a program may have at once.")
+    g.add_argument("--sandbox-open-files", type=int, default=64, help="--rm-type code: open files per process.")
+    g.add_argument("--sandbox-max-output-kb", type=int, default=1024,
+                   help="--rm-type code: a program writing more than this to stdout or stderr is killed.")
+    g.add_argument("--sandbox-allow-unisolated", action="store_true",
+                   help="--rm-type code: where bubblewrap cannot isolate programs, run them as plain child processes "
+                        "(rlimits and an audit hook only; NOT a sandbox) instead of refusing to start.")
 
 
 def finalize(args: argparse.Namespace) -> None:
@@ -134,9 +145,10 @@ def _finalize_context(args: argparse.Namespace) -> None:
 
 def _check_rewards(args: argparse.Namespace) -> None:
     for name in ("rm_timeout", "rm_max_retries", "sandbox_timeout", "sandbox_cpu_time", "sandbox_memory_mb",
-                 "sandbox_concurrency"):
-        if getattr(args, name) <= 0:
-            raise SlimeError(f"{flag(name)} must be > 0, got {getattr(args, name)}")
+                 "sandbox_concurrency", "sandbox_file_mb", "sandbox_scratch_mb", "sandbox_processes",
+                 "sandbox_open_files", "sandbox_max_output_kb"):
+        if not 0 < getattr(args, name) < math.inf:  # nan fails too
+            raise SlimeError(f"{flag(name)} must be a finite number > 0, got {getattr(args, name)}")
     if not 0 < args.math_grader_timeout < math.inf:  # nan and inf too: a grade must end
         raise SlimeError(f"--math-grader-timeout must be a finite number of seconds > 0, got {args.math_grader_timeout}")
     rm_type = (args.rm_type or "").removeprefix("boxed_")

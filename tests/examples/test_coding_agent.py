@@ -133,17 +133,17 @@ def test_run_then_answer_trajectory_is_exact(hook_env):
 
 
 def test_tool_runs_in_the_sandbox_without_network(hook_env):
-    """The program runs in a throw-away directory and cannot reach a server listening on loopback."""
+    """The program runs in the sandbox's scratch directory and cannot reach a server listening on loopback."""
     args, tok = hook_env
     with socket.socket() as listener:  # reachable from here, not from inside the sandbox
         listener.bind(("127.0.0.1", 0))
         listener.listen()
-        program = ("import os,socket\nprint(os.getcwd().split('/')[-1][:14])\n"  # short: the context is 256
+        program = ("import os,socket\nprint(os.getcwd())\n"  # short: the context is 256
                    f"try:socket.create_connection(('127.0.0.1',{listener.getsockname()[1]}));print('connected')\n"
                    "except OSError:print('refused')")
         out, _ = _run(args, tok, [f"<code>{program}</code>", "done" + tok.eos_token], _sample(tok, "t", ADD_TESTS))
     output = out.response.split("<output>")[1].split("</output>")[0].split()
-    assert output[0] == "slime-sandbox-" and output[1] == "refused", output
+    assert output[0] == "/sandbox" and output[1] == "refused", output
 
 
 def test_runaway_program_is_killed_and_the_model_is_told(hook_env):

@@ -12,6 +12,17 @@ parsing, sympy / math-verify run in worker processes (`grader_pool`) for at most
 `--math-grader-timeout` seconds, on grader threads the event loop awaits. A refused or timed-out
 grade scores 0 and its reason goes to `sample.metadata["reward_error"]` (`dapo` reads 300
 characters with string rules only: nothing to bound).
+`code` runs in the bubblewrap sandbox (`sandbox`, `sandbox_isolation`, `sandbox_seccomp`) and
+test code reports success only by a per-run token (`sandbox_test_driver`).
+
+Adversarial list: what a policy was tried with, through this API, and scores 0 or is refused
+(tests/unit/test_sandbox.py, tests/unit/test_bounded_graders.py): exits before the tests
+(os._exit, sys.exit, atexit, exception hook, killing itself), objects equal to everything, patched
+or shadowed builtins, a forged success line, closed or redirected output, rebinding the driver's
+helpers, looking for the token (frames, tracebacks, inspect, the heap, /proc, ctypes, stdin, code
+compiled under a library file name), host files read or written (also after umount/remount),
+loopback network, signals to host processes, fork storms, output floods, disk fill, outliving a
+killed parent; math answers that would hang sympy or exhaust memory.
 With `--custom-rm-path` set, that function is used instead (slime's convention: called with one
 sample by `async_rm`, with the whole list by `batched_async_rm`); a sample's own `custom_rm_path`
 (an eval data set's) comes first in `async_rm`. A sample's `metadata["rm_type"]` overrides

@@ -1,32 +1,33 @@
-"""Run untrusted Python in a throw-away process: no network, CPU / memory / wall-time limits.
+"""Run untrusted Python (a policy's program, a tool call) in a sandbox, under limits.
 
-`run_python(code, stdin=...)` writes `code` into a fresh temporary directory, runs it there with
-the interpreter in isolated mode (`-I`: no user site, no PYTHON* variables) and a minimal
-environment, and deletes the directory afterwards whatever happened. Limits:
+    result = run_python(code, stdin="...", limits=SandboxLimits(timeout_s=5))
 
-* CPU time: `RLIMIT_CPU` (the kernel sends SIGXCPU, then SIGKILL);
-* memory: `RLIMIT_AS` (allocations beyond it fail with MemoryError);
-* wall time: the whole process group is killed (SIGKILL) when it runs past `timeout_s`;
-* output: `RLIMIT_FSIZE` caps any file it writes, stdout/stderr are truncated when read;
-* no core dumps; its own session, so every child it forks dies with it.
+The isolation is bubblewrap's (see `sandbox_isolation`): new user/mount/PID/network namespaces,
+user `nobody` without capabilities, a seccomp filter, a read-only root showing only `/usr` and the
+Python installation, one scratch tmpfs (`/sandbox`, also `/tmp`) of `scratch_mb`, no network.
+Limits, all in `SandboxLimits`:
 
-Isolation (`isolation()` says which level is in use):
+* wall time `timeout_s`: past it the whole process tree is killed (`timed_out`);
+* CPU time `cpu_s` (RLIMIT_CPU: SIGXCPU, then SIGKILL), address space `memory_mb` (RLIMIT_AS:
+  allocations fail with MemoryError), file size `file_mb` (RLIMIT_FSIZE), open files
+  `open_files` (RLIMIT_NOFILE), processes `processes` (RLIMIT_NPROC inside the user namespace,
+  plus a pids cgroup when slime runs as root), scratch space `scratch_mb`; no core dumps;
+* output: stdout and stderr are read while they stream, and a program that writes more than
+  `max_output_kb` to either is killed (`output_limit`), so a flood never sits in memory whole.
 
-* "namespaces" (root, or user namespaces allowed): new network, mount and PID namespaces.
-  No network interfaces at all, not even loopback: it cannot reach the engine, the router or the
-  internet. The whole file system is read-only except its working directory; /tmp, /var/tmp,
-  /dev/shm, /home and /root are empty private tmpfs (only the interpreter's own directory is
-  mounted back, read-only), so it can neither change nor leave anything outside its directory,
-  nor read what other runs keep there. It sees only its own processes, so it cannot signal the
-  trainer or the engines.
-* "netns": only the network namespace could be made (the file system is as for the caller).
-* "audit-hook": no namespaces; a guard installed before the user's code (a `sys.addaudithook`
-  hook, which Python code cannot remove) refuses every socket connect/bind/send and `ctypes`/
-  `_posixsubprocess` use, so it cannot open a socket or start a program that would.
+The sandbox dies with its caller (bwrap's --die-with-parent), and nothing it wrote survives it.
+
+Where bubblewrap cannot run (not installed, no user namespaces, root without a pids cgroup),
+`run_python` raises `SandboxUnavailable` naming what is missing and how to install it, unless
+`allow_unisolated` (`--sandbox-allow-unisolated`): then the program runs as a plain child process
+in a temporary directory under the same rlimits, with an audit hook refusing sockets, ctypes and
+new processes. That is not isolation (it can read and write what the caller can); it is for
+trusted code on a machine without bubblewrap.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import resource
 import shutil
@@ -34,195 +35,274 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
 
-_GUARD = r'''
-import sys as _sys
-def _slime_sandbox_guard(event, args, _blocked=("socket.connect", "socket.bind", "socket.sendto",
-        "socket.sendmsg", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr",
-        "ctypes.dlopen", "ctypes.dlsym", "ctypes.cdata", "_posixsubprocess.fork_exec", "os.system",
-        "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn")):
-    if event in _blocked:
-        raise PermissionError("sandbox: " + event + " is not allowed")
-_sys.addaudithook(_slime_sandbox_guard)
-del _sys
-'''
+from slime.errors import SlimeError
+from slime.rollout.rm_hub.sandbox_isolation import (
+    SCRATCH,
+    PidsCgroup,
+    bwrap_command,
+    isolation_problem,
+    memfd,
+    needs_pids_cgroup,
+    python_paths,
+)
+from slime.rollout.rm_hub.sandbox_seccomp import seccomp_program
 
-_RUNNER = r'''
-import runpy, sys
-sys.argv = ["main.py"]
-runpy.run_path("main.py", run_name="__main__")
-'''
+
+class SandboxUnavailable(SlimeError):
+    """The isolated sandbox cannot run here (and unisolated runs were not allowed)."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    timeout_s: float = 10.0
+    cpu_s: float = 5.0
+    memory_mb: int = 1024
+    file_mb: int = 16
+    scratch_mb: int = 64
+    processes: int = 32
+    open_files: int = 64
+    max_output_kb: int = 1024
+    allow_unisolated: bool = False
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name != "allow_unisolated" and not (isinstance(value, (int, float)) and 0 < value < float("inf")):
+                raise ValueError(f"sandbox limit {f.name} must be a finite number > 0, got {value!r}")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> "SandboxLimits":
+        """The `--sandbox-*` options of a slime command line."""
+        return cls(timeout_s=args.sandbox_timeout, cpu_s=args.sandbox_cpu_time, memory_mb=args.sandbox_memory_mb,
+                   file_mb=args.sandbox_file_mb, scratch_mb=args.sandbox_scratch_mb, processes=args.sandbox_processes,
+                   open_files=args.sandbox_open_files, max_output_kb=args.sandbox_max_output_kb,
+                   allow_unisolated=args.sandbox_allow_unisolated)
 
 
 @dataclass
 class SandboxResult:
-    returncode: int | None  # None when killed for the wall-time limit
+    returncode: int | None  # None when killed for the wall-time or output limit
     stdout: str
     stderr: str
     timed_out: bool
     wall_s: float
+    output_limit: bool = False
 
     @property
     def ok(self) -> bool:
-        return self.returncode == 0 and not self.timed_out
+        return self.returncode == 0 and not self.timed_out and not self.output_limit
 
     @property
     def reason(self) -> str:
         """One line: why the run did not succeed ("" when it did)."""
         if self.timed_out:
             return "wall-time limit"
+        if self.output_limit:
+            return "output limit"
         if self.returncode == 0:
             return ""
-        if self.returncode is not None and self.returncode < 0:
-            sig = -self.returncode
+        sig = _signal_of(self.returncode)
+        if sig is not None:
             name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
             return f"killed by {name}" + (" (CPU-time limit)" if sig in (signal.SIGXCPU, signal.SIGKILL) else "")
         last = self.stderr.strip().splitlines()[-1:] or [f"exit status {self.returncode}"]
         return last[0][:300]
 
 
-# Run inside the new mount namespace, before the user's code: $1 is the working directory, the
-# other arguments directories to keep visible (the interpreter's), then "--" and the command.
-_MOUNT_SCRIPT = r"""
-set -e
-work="$1"; shift
-mount --make-rprivate /
-mount --bind / / && mount -o remount,bind,ro /
-mount --bind / /mnt
-for d in /root /home /tmp /var/tmp /dev/shm; do
-  if [ -d "$d" ]; then mount -t tmpfs -o size=64m,mode=1777 tmpfs "$d"; fi
-done
-while [ "$1" != "--" ]; do
-  mkdir -p "$1" && mount --bind "/mnt$1" "$1" && mount -o remount,bind,ro "$1"
-  shift
-done
-shift
-mkdir -p "$work" && mount --bind "/mnt$work" "$work" && mount -o remount,bind,rw "$work"
-umount -l /mnt
-cd "$work"
-set +e
-# Not exec: the shell stays PID 1 of the namespace (PID 1 is immune to default signal actions,
-# so the program must not be it, or the CPU-time limit's SIGXCPU would be ignored); it reports
-# how the program died on a marker line.
-"$@"
-status=$?
-if [ $status -gt 128 ]; then echo "@@slime-sandbox-signal $((status - 128))" >&2; fi
-exit $status
-"""
-_SIGNAL_MARKER = "@@slime-sandbox-signal "
-_HIDDEN = ("/root", "/home", "/tmp", "/var/tmp", "/dev/shm")
+def _signal_of(returncode: int | None) -> int | None:
+    """The signal that ended the program: negative for a direct child, 128+N as bwrap reports it."""
+    if returncode is None:
+        return None
+    if returncode < 0:
+        return -returncode
+    if 128 < returncode < 128 + 65:
+        return returncode - 128
+    return None
 
 
-def _kept_dirs() -> list[str]:
-    """The interpreter's directories that lie under a directory the sandbox hides."""
-    kept = []
-    for d in dict.fromkeys(os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, os.path.dirname(sys.executable))):
-        if any(d == h or d.startswith(h + "/") for h in _HIDDEN):
-            kept.append(d)
-    return kept
-
-
-def _namespace_command(workdir: str, cmd: list[str]) -> list[str]:
-    unshare = shutil.which("unshare") or "unshare"
-    return [unshare, "-n", "-m", "-p", "--fork", "--mount-proc", "--", "/bin/sh", "-c", _MOUNT_SCRIPT, "sandbox",
-            workdir, *_kept_dirs(), "--", *cmd]
-
-
-@lru_cache(maxsize=1)
 def isolation() -> str:
-    """'namespaces', 'netns' or 'audit-hook' (see the module docstring), probed once."""
-    exe = shutil.which("unshare")
-    if exe is None:
-        return "audit-hook"
-    probe = tempfile.mkdtemp(prefix="slime-sandbox-probe-")
-    try:
-        cmd = _namespace_command(probe, [sys.executable, "-I", "-c", "open('ok', 'w')"])
-        r = subprocess.run(cmd, capture_output=True, timeout=20)
-        if r.returncode == 0 and os.path.exists(os.path.join(probe, "ok")):
-            return "namespaces"
-        r = subprocess.run([exe, "-n", "--", "true"], capture_output=True, timeout=10)
-        return "netns" if r.returncode == 0 else "audit-hook"
-    except (OSError, subprocess.SubprocessError):
-        return "audit-hook"
-    finally:
-        shutil.rmtree(probe, ignore_errors=True)
+    """'bwrap' when the isolated sandbox works here, else 'unisolated'."""
+    return "unisolated" if isolation_problem() else "bwrap"
 
 
-def network_isolation() -> str:
-    """'netns' (a network namespace: no interfaces) or 'audit-hook' (sockets refused in Python)."""
-    return "audit-hook" if isolation() == "audit-hook" else "netns"
+def check_sandbox(allow_unisolated: bool) -> None:
+    """Stop before any work when the sandbox cannot be isolated and that was not explicitly allowed."""
+    problem = isolation_problem()
+    if problem and not allow_unisolated:
+        raise SandboxUnavailable(
+            f"the code sandbox cannot be isolated here: {problem}. Programs a policy writes must not run "
+            f"unisolated; pass --sandbox-allow-unisolated only for trusted code on a machine without bubblewrap")
 
 
-def _limits(cpu_s: float, memory_mb: int, file_mb: int):
-    def apply() -> None:
-        cpu = max(1, int(round(cpu_s)))
+# The first code that runs in the sandbox: the process limit (inside the user namespace it counts
+# only the sandbox's processes), then the program as `__main__`, its directory importable.
+_RUNNER = r'''
+import resource, runpy, sys
+n = int(sys.argv[1])
+if n:
+    resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
+sys.argv = ["main.py"]
+sys.path.insert(0, ".")
+runpy.run_path("main.py", run_name="__main__")
+'''
+
+# Unisolated runs only: refuse sockets, ctypes and new processes in Python (an audit hook cannot be
+# removed by Python code). It is not a sandbox; see the module docstring.
+_GUARD = r'''
+import sys as _sys
+def _slime_guard(event, args, _blocked=frozenset(("socket.connect", "socket.bind", "socket.sendto",
+        "socket.sendmsg", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr",
+        "_posixsubprocess.fork_exec", "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+        "os.fork", "os.forkpty", "pty.spawn")), _denied=PermissionError):
+    if event in _blocked or event.startswith("ctypes."):
+        raise _denied("sandbox: " + event + " is not allowed")
+_sys.addaudithook(_slime_guard)
+del _sys
+'''
+
+
+def _rlimits(limits: SandboxLimits, cgroup: PidsCgroup | None):
+    def apply() -> None:  # in the child, before exec
+        if cgroup is not None:
+            cgroup.join()
+        cpu = max(1, int(round(limits.cpu_s)))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
-        mem = int(memory_mb) * 1024 * 1024
+        mem = int(limits.memory_mb) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
-        size = int(file_mb) * 1024 * 1024
+        size = int(limits.file_mb) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+        resource.setrlimit(resource.RLIMIT_NOFILE, (int(limits.open_files), int(limits.open_files)))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
     return apply
 
 
+class _Capture:
+    """Reads a pipe while it streams, keeping at most `cap` bytes; past that calls `overflow`."""
+
+    def __init__(self, stream, cap: int, overflow):
+        self.data = bytearray()
+        self.exceeded = False
+        self._thread = threading.Thread(target=self._read, args=(stream, cap, overflow), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream, cap: int, overflow) -> None:
+        fd = stream.fileno()
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            room = cap - len(self.data)
+            self.data += chunk[:max(room, 0)]
+            if len(chunk) > room and not self.exceeded:
+                self.exceeded = True
+                overflow()
+        stream.close()
+
+    def text(self, timeout: float) -> str:
+        self._thread.join(timeout)
+        return self.data.decode("utf-8", "replace")
+
+
+def _feed(stream, data: bytes) -> None:
+    try:
+        stream.write(data)
+    except (BrokenPipeError, OSError):
+        pass  # the program did not read all of it
+    finally:
+        try:
+            stream.close()
+        except OSError:
+            pass
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+    except (ProcessLookupError, PermissionError):
         pass
 
 
-def run_python(code: str, *, stdin: str = "", timeout_s: float = 10.0, cpu_s: float = 5.0,
-               memory_mb: int = 1024, file_mb: int = 16, max_output: int = 1 << 20,
-               files: dict[str, str] | None = None, python: str | None = None) -> SandboxResult:
-    """Run `code` as `main.py` in a fresh temporary directory under the limits above."""
+def _run(cmd: list[str], *, cwd: str | None, stdin: bytes, limits: SandboxLimits, pass_fds: tuple[int, ...],
+         cgroup: PidsCgroup | None) -> SandboxResult:
+    env = {"PATH": "/usr/bin:/bin", "HOME": cwd or SCRATCH, "TMPDIR": cwd or SCRATCH, "LANG": "C.UTF-8",
+           "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, pass_fds=pass_fds,
+                            preexec_fn=_rlimits(limits, cgroup))
+    cap = int(limits.max_output_kb) * 1024
+    out = _Capture(proc.stdout, cap, lambda: _kill_group(proc))
+    err = _Capture(proc.stderr, cap, lambda: _kill_group(proc))
+    threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+    timed_out = False
+    try:
+        proc.wait(timeout=limits.timeout_s)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+    finally:
+        _kill_group(proc)  # bwrap goes, and with it (--die-with-parent) everything in the sandbox
+        if cgroup is not None:
+            cgroup.close()  # kills anything left in the cgroup
+        proc.wait()
+    output_limit = out.exceeded or err.exceeded
+    return SandboxResult(returncode=None if timed_out or output_limit else proc.returncode,
+                         stdout=out.text(5), stderr=err.text(5), timed_out=timed_out,
+                         wall_s=time.monotonic() - t0, output_limit=output_limit and not timed_out)
+
+
+def _check_names(files: dict[str, str]) -> None:
+    for name in files:
+        if not name or "/" in name or name in (".", "..") or name.startswith("."):
+            raise ValueError(f"sandbox file name {name!r} must be a plain file name")
+
+
+def _run_isolated(files: dict[str, str], stdin: bytes, limits: SandboxLimits, proc_fs: bool) -> SandboxResult:
+    exe, _ = python_paths()
+    fds: dict[str, int] = {name: memfd(name, text.encode("utf-8")) for name, text in files.items()}
+    program = seccomp_program()
+    seccomp_fd = memfd("seccomp", program) if program is not None else None
+    cgroup = PidsCgroup(limits.processes + 2) if needs_pids_cgroup() else None  # + bwrap and its init
+    try:
+        argv = [exe, "-I", "-B", "_sandbox_runner.py", str(int(limits.processes))]
+        cmd = bwrap_command(argv, files=fds, scratch_mb=int(limits.scratch_mb), seccomp_fd=seccomp_fd,
+                            proc_fs=proc_fs)
+        pass_fds = tuple(fds.values()) + (() if seccomp_fd is None else (seccomp_fd,))
+        return _run(cmd, cwd=None, stdin=stdin, limits=limits, pass_fds=pass_fds, cgroup=cgroup)
+    finally:
+        for fd in [*fds.values(), *([] if seccomp_fd is None else [seccomp_fd])]:
+            os.close(fd)
+
+
+def _run_unisolated(files: dict[str, str], stdin: bytes, limits: SandboxLimits) -> SandboxResult:
     workdir = tempfile.mkdtemp(prefix="slime-sandbox-")
     try:
-        for name, text in {"main.py": code, **(files or {})}.items():
-            path = os.path.join(workdir, name)
-            if os.path.dirname(os.path.abspath(path)) != workdir:
-                raise ValueError(f"sandbox file name {name!r} must be a plain file name")
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(text)
-        level = isolation()
-        runner = _GUARD + _RUNNER if level == "audit-hook" else _RUNNER
-        with open(os.path.join(workdir, "_sandbox_runner.py"), "w", encoding="utf-8") as f:
-            f.write(runner)
-        cmd = [python or sys.executable, "-I", "-B", "_sandbox_runner.py"]
-        if level == "namespaces":
-            cmd = _namespace_command(workdir, cmd)
-        elif level == "netns":
-            cmd = [shutil.which("unshare") or "unshare", "-n", "--", *cmd]
-        env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
-               "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-        t0 = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True,
-                                preexec_fn=_limits(cpu_s, memory_mb, file_mb))
-        timed_out = False
-        try:
-            out, err = proc.communicate(stdin.encode(), timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
-            out, err = proc.communicate()
-        finally:
-            _kill_group(proc)  # anything it left running in its session goes too
-        returncode = proc.returncode
-        stderr = err[:max_output].decode("utf-8", "replace")
-        head, marker, sig = stderr.rpartition(_SIGNAL_MARKER)
-        if marker and sig.strip().isdigit():  # killed by a signal inside the namespace
-            returncode, stderr = -int(sig.strip()), head
-        return SandboxResult(
-            returncode=None if timed_out else returncode,
-            stdout=out[:max_output].decode("utf-8", "replace"),
-            stderr=stderr,
-            timed_out=timed_out,
-            wall_s=time.monotonic() - t0,
-        )
+        files = {**files, "_sandbox_runner.py": _GUARD + files["_sandbox_runner.py"]}
+        for name, text in files.items():
+            Path(workdir, name).write_text(text, encoding="utf-8")
+        # 0: no RLIMIT_NPROC, which outside a user namespace would count every process of this user
+        cmd = [sys.executable, "-I", "-B", "_sandbox_runner.py", "0"]
+        return _run(cmd, cwd=workdir, stdin=stdin, limits=limits, pass_fds=(), cgroup=None)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def run_python(code: str, *, stdin: str | bytes = "", files: dict[str, str] | None = None,
+               limits: SandboxLimits | None = None, proc_fs: bool = True, **overrides: Any) -> SandboxResult:
+    """Run `code` as `main.py` in the sandbox (with `files` next to it); `overrides` replace single
+    limits (`timeout_s=`, `cpu_s=`, `memory_mb=`, ...). `proc_fs=False` mounts no /proc."""
+    limits = replace(limits or SandboxLimits(), **overrides)
+    files = {**(files or {}), "main.py": code}
+    _check_names(files)
+    files["_sandbox_runner.py"] = _RUNNER
+    data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
+    check_sandbox(limits.allow_unisolated)
+    if isolation_problem():
+        return _run_unisolated(files, data, limits)
+    return _run_isolated(files, data, limits, proc_fs)
