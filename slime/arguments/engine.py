@@ -14,7 +14,9 @@ from pathlib import Path
 import torch
 
 from slime.engine.args import build_arg_parser as builtin_engine_parser
+from slime.engine.args import passthrough_value
 from slime.errors import SlimeError
+from slime.utils.api_keys import new_key
 
 # SGLang's server options (scripts/extract_sglang_args.py): what `--sglang-<name>` may name
 SGLANG_OPTIONS = Path(__file__).with_name("sglang_server_args.json")
@@ -77,8 +79,20 @@ def finalize(args: argparse.Namespace) -> None:
     _finalize_weight_sync(args)
     if hasattr(args, "sglang_args"):  # set by parse_args from the command line's --sglang-* tokens
         args.sglang_args, args.sglang_options_not_used = sort_passthrough(args.sglang_args, args.rollout_backend)
+    args.engine_api_key, args.engine_admin_api_key = run_keys(args)
     if args.update_weight_buffer_size < 1:
         raise SlimeError(f"--update-weight-buffer-size must be >= 1 byte, got {args.update_weight_buffer_size}")
+
+
+def run_keys(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(API key, admin key) of the run's engines and router: the user's `--sglang-api-key` /
+    `--sglang-admin-api-key` (SGLang's flags), else one fresh key as both for engines this run
+    starts; None for a user's own router/engine without a key (nothing to send it)."""
+    tokens = args.sglang_args if hasattr(args, "sglang_args") else []
+    api_key, admin = passthrough_value(tokens, "--api-key"), passthrough_value(tokens, "--admin-api-key")
+    if api_key is None and admin is None and args.sglang_router_ip is None:
+        api_key = admin = new_key()
+    return api_key, admin
 
 
 def _finalize_weight_sync(args: argparse.Namespace) -> None:

@@ -168,7 +168,7 @@ def _config_to_argv(path: str, parser: SlimeArgumentParser, known_options: set[s
 
 
 # never written to the run directory
-SECRETS = ("wandb_key",)
+SECRETS = ("wandb_key", "engine_api_key", "engine_admin_api_key")
 
 
 def save_args(args: argparse.Namespace, path: str | Path) -> None:

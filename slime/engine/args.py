@@ -14,10 +14,12 @@ import contextlib
 import difflib
 import io
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
 from slime.errors import SlimeError
+from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
 
 MODEL_IMPLS = ("auto", "native", "sglang", "transformers")
 
@@ -62,7 +64,30 @@ def build_arg_parser() -> argparse.ArgumentParser:
                         "'sglang' is an alias), transformers (the model's HF forward), auto (native where it covers "
                         "the model)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    _add_guard_args(p)
     return p
+
+
+def _add_guard_args(p: argparse.ArgumentParser) -> None:
+    """Who may call the server and how much they may send (`slime.engine.guard`)."""
+    p.add_argument("--api-key", default=os.environ.get(ENV_API_KEY),
+                   help="every endpoint but /health and /health_generate needs 'Authorization: Bearer <key>' "
+                        f"(SGLang's flag; default: ${ENV_API_KEY}, which keeps it off the command line)")
+    p.add_argument("--admin-api-key", default=os.environ.get(ENV_ADMIN_API_KEY),
+                   help="weight and control endpoints (weight updates, pause/continue, memory, abort, flush_cache) "
+                        f"need this key, and the API key no longer opens them (SGLang's flag; default: "
+                        f"${ENV_ADMIN_API_KEY})")
+    p.add_argument("--max-queued-requests", type=int, default=8192,
+                   help="waiting requests at most; more answer HTTP 503 (SGLang's flag; the rollout client retries)")
+    p.add_argument("--max-batch-request-size", type=int, default=1024,
+                   help="prompts in one batch /generate request at most (more: HTTP 400)")
+    p.add_argument("--max-request-body-mb", type=float, default=64.0,
+                   help="request bodies larger than this answer HTTP 413 (weight updates: --max-weight-update-mb)")
+    p.add_argument("--max-weight-update-mb", type=float, default=None,
+                   help="body cap of /update_weights_from_tensor (default: room for the model's weights in "
+                        "float32, base64-encoded)")
+    p.add_argument("--weight-load-dirs", nargs="*", default=[],
+                   help="/update_weights_from_disk loads only from these directories (and --model-path itself)")
 
 
 def check_model_dir(path: str | None, arg: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 from safetensors.torch import save
 
+from slime.utils.api_keys import is_admin_path, key_for
 from slime.utils.http_utils import HTTPRequestError, _error_message
 
 
@@ -22,9 +23,22 @@ def serialize_named_tensors(named_tensors: dict) -> str:
 
 
 class EngineClient:
-    def __init__(self, url: str, timeout: float | None = None):
+    """Calls carry `api_key` (`admin_api_key` on weight and control endpoints when given); without
+    either, the keys registered for this server's address (`slime.utils.api_keys.register`)."""
+
+    def __init__(self, url: str, timeout: float | None = None, *, api_key: str | None = None,
+                 admin_api_key: str | None = None):
         self.url = url.rstrip("/")
         self._client = httpx.Client(timeout=timeout, trust_env=False)
+        self._keys = (api_key, admin_api_key)
+
+    def _auth(self, path: str) -> dict[str, str] | None:
+        api_key, admin = self._keys
+        if api_key is None and admin is None:
+            key = key_for(self.url, path)
+        else:
+            key = admin if admin is not None and is_admin_path(path) else api_key
+        return {"Authorization": f"Bearer {key}"} if key else None
 
     def close(self) -> None:
         self._client.close()
@@ -40,10 +54,10 @@ class EngineClient:
         url = self.url + path
         try:
             if method == "GET":
-                resp = self._client.get(url, timeout=timeout or self._client.timeout)
+                resp = self._client.get(url, timeout=timeout or self._client.timeout, headers=self._auth(path))
             else:
                 resp = self._client.post(url, json=payload if payload is not None else {},
-                                         timeout=timeout or self._client.timeout)
+                                         timeout=timeout or self._client.timeout, headers=self._auth(path))
         except httpx.HTTPError as e:
             raise HTTPRequestError(f"{method} {url} failed: {type(e).__name__}: {e}", None, url) from e
         if resp.status_code >= 400:

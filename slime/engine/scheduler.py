@@ -125,11 +125,16 @@ class Scheduler:
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def submit(self, reqs: list[Req]) -> None:
+    def submit(self, reqs: list[Req], max_waiting: int | None = None) -> bool:
+        """Queue `reqs`; False (nothing queued) when that would leave more than `max_waiting` waiting
+        (an empty queue takes any batch: it could never fit otherwise)."""
         with self._cv:
+            if max_waiting is not None and self._waiting and len(self._waiting) + len(reqs) > max_waiting:
+                return False
             self._waiting.extend(reqs)
             self._last_submit = time.perf_counter()
             self._cv.notify_all()
+        return True
 
     def stats(self) -> dict:
         return {"batches_run": self.batches_run, "rows_run": self.rows_run,

@@ -22,6 +22,14 @@ Endpoints (SGLang names and shapes):
   POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", ...}
   POST /destroy_weights_update_group {"group_name"}
 
+Who may call (`slime.engine.guard`): with --api-key (or $SLIME_API_KEY) every endpoint but
+/health and /health_generate needs `Authorization: Bearer <key>` (401 otherwise); with
+--admin-api-key the weight and control endpoints need that key instead (SGLang's rules). Host
+must be loopback or the bound host, a present Origin the server's own (403 otherwise); POST
+bodies must be application/json (415) and under --max-request-body-mb (413); more than
+--max-queued-requests waiting answer 503; /update_weights_from_disk reads only --model-path and
+--weight-load-dirs (403 otherwise); a client that disconnects has its /generate aborted.
+
 Errors a client causes answer HTTP 400 with {"error": {"message": ...}, "success": false}.
 The log-prob semantics are documented in `slime.engine.sampling`.
 """
@@ -37,6 +45,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from slime.engine.args import build_arg_parser, check_model_dir
+from slime.engine.guard import Policy, guarded
 from slime.engine.http import generate_ahead_of
 from slime.engine.routes.control import add_control_routes
 from slime.engine.routes.generation import add_generation_routes, generate_handler
@@ -63,7 +72,20 @@ def create_app(state: EngineState):
     add_generation_routes(app, state)
     add_control_routes(app, state)
     add_weight_routes(app, state)
-    return generate_ahead_of(app, generate_handler(state))
+    return guarded(generate_ahead_of(app, generate_handler(state)), guard_policy(state))
+
+
+def guard_policy(state: EngineState) -> Policy:
+    """Keys, hosts and body caps of this server (`slime.engine.guard`)."""
+    args = state.args
+    mib = 1024 ** 2
+    if args.max_weight_update_mb is not None:
+        weight_cap = int(args.max_weight_update_mb * mib)
+    else:  # a full state dict in float32, base64 (4/3), and room for the JSON around it
+        numel = sum(p.numel() for p in state.runner.model.parameters())
+        weight_cap = int(numel * 4 * 4 / 3 * 1.1) + 64 * mib
+    return Policy.for_server(args.host, api_key=args.api_key, admin_api_key=args.admin_api_key,
+                             max_body=int(args.max_request_body_mb * mib), max_weight_body=weight_cap)
 
 
 class _Server(uvicorn.Server):

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from slime import __version__
 from slime.engine.model_runner import ModelRunner
 from slime.engine.request import Req, parse_generate, result_of
+from slime.engine.sampling import BadRequest
 from slime.engine.scheduler import Scheduler
 
 
@@ -43,6 +44,20 @@ def kv_token_budget(args: argparse.Namespace, runner: ModelRunner) -> int | None
     return tokens
 
 
+class QueueFull(Exception):
+    """The waiting queue is at its cap (HTTP 503)."""
+
+
+def batch_size(body: Any) -> int:
+    """How many prompts a /generate body holds (1 for a single request), before parsing it."""
+    if isinstance(body, dict):
+        for key in ("input_ids", "text"):
+            v = body.get(key)
+            if isinstance(v, list) and v and (key == "text" or isinstance(v[0], list)):
+                return len(v)
+    return 1
+
+
 class EngineState:
     def __init__(self, args: argparse.Namespace):
         self.args = args
@@ -70,15 +85,27 @@ class EngineState:
 
     # ---------------------------------------------------------------- requests
     def parse_generate(self, body: Any) -> tuple[list[Req], bool]:
+        n = batch_size(body)
+        if n > self.args.max_batch_request_size:
+            raise BadRequest(f"a batch of {n} prompts is over --max-batch-request-size "
+                             f"{self.args.max_batch_request_size}; split it")
         return parse_generate(body, self.runner, self.max_total_tokens)
 
     async def run(self, reqs: list[Req]) -> list[dict]:
-        """Submit `reqs` to the worker and wait for their answers (on this event loop)."""
+        """Submit `reqs` to the worker and wait for their answers (on this event loop).
+        QueueFull when the waiting queue is at --max-queued-requests; cancelled (the client
+        left), the requests are aborted."""
         loop = asyncio.get_running_loop()
         for r in reqs:
             r.loop, r.future = loop, loop.create_future()
-        self.scheduler.submit(reqs)
-        return list(await asyncio.gather(*(r.future for r in reqs)))
+        if not self.scheduler.submit(reqs, self.args.max_queued_requests):
+            raise QueueFull(f"the engine's queue is full (--max-queued-requests {self.args.max_queued_requests}); "
+                            "retry later")
+        try:
+            return list(await asyncio.gather(*(r.future for r in reqs)))
+        except asyncio.CancelledError:
+            self.scheduler.abort(rids=[r.rid for r in reqs])
+            raise
 
     def _deliver(self, reqs: list[Req]) -> None:
         """Called on the worker thread: hand each answer to the event loop that waits for it."""
@@ -122,7 +149,7 @@ class EngineState:
 
     def server_info(self) -> dict:
         sch = self.scheduler
-        info = dict(vars(self.args))
+        info = {k: v for k, v in vars(self.args).items() if k not in ("api_key", "admin_api_key")}
         info.update(
             version=__version__,
             engine="slime-builtin",

@@ -10,6 +10,11 @@
 * `/flush_cache` goes to every worker; `/health` answers for the dispatcher itself.
 * Membership as sglang-router: `GET /workers`, `POST /workers {"url"}`, `DELETE /workers/{id}`.
 * It exits when `--parent-pid` dies.
+* Keys as sglang-router's (`$SLIME_API_KEY`, `$SLIME_ADMIN_API_KEY`, never on the command line):
+  every endpoint but `/health` needs `Authorization: Bearer <key>` (the admin key, when set, for
+  membership and the engines' control endpoints), 401 otherwise; requests go on to the workers
+  with the dispatcher's own key. Host/Origin/content-type checks and the body cap are the engine's
+  (`slime.engine.guard`): 403, 415, 413.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ import uuid
 import aiohttp
 from aiohttp import web
 
+from slime.engine.guard import Policy, Refused, check_headers
+from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY, is_admin_path
 from slime.utils.http_utils import ROUTING_KEY_HEADER
 from slime.utils.process import pid_alive
 
 logger = logging.getLogger("slime.dispatcher")
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
+MAX_BODY = 256 * 1024 ** 2  # rollout traffic; weight updates go to the engines directly
 
 
 class Worker:
@@ -42,7 +50,10 @@ class Worker:
 
 
 class Dispatcher:
-    def __init__(self, worker_urls: list[str], health_interval: float = 1.0):
+    def __init__(self, worker_urls: list[str], health_interval: float = 1.0, *, host: str = "127.0.0.1",
+                 api_key: str | None = None, admin_api_key: str | None = None):
+        self.policy = Policy.for_server(host, api_key=api_key, admin_api_key=admin_api_key, max_body=MAX_BODY,
+                                        max_weight_body=MAX_BODY)
         self.workers: dict[str, Worker] = {}
         for url in worker_urls:
             self.add(url)
@@ -66,11 +77,27 @@ class Dispatcher:
             return max(live, key=lambda w: hashlib.sha256(f"{routing_key}|{w.url}".encode()).digest())
         return live[next(self._rr) % len(live)]
 
+    def _worker_auth(self, path: str) -> dict[str, str]:
+        """The dispatcher's own key for a worker (a client's header is never passed on)."""
+        p = self.policy
+        key = p.admin_api_key if p.admin_api_key and is_admin_path(path) else p.api_key
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    @web.middleware
+    async def guard(self, request: web.Request, handler):
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        try:
+            check_headers(self.policy, request.method, request.path, headers)
+        except Refused as e:
+            return web.json_response({"error": {"message": str(e)}}, status=e.status)
+        return await handler(request)
+
     # ---- handlers
     async def forward(self, request: web.Request) -> web.Response:
         body = await request.read()
         key = request.headers.get(ROUTING_KEY_HEADER)
-        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json"),
+                   **self._worker_auth(request.path)}
         tried: set[str] = set()
         while True:
             worker = self.pick(key, tried)
@@ -81,8 +108,11 @@ class Dispatcher:
                 async with self.session.request(request.method, worker.url + request.path_qs, data=body,
                                                 headers=headers) as resp:
                     data = await resp.read()
-                    return web.Response(body=data, status=resp.status,
-                                        content_type=resp.content_type or "application/json")
+                    out = web.Response(body=data, status=resp.status,
+                                       content_type=resp.content_type or "application/json")
+                    if "Retry-After" in resp.headers:  # a full engine queue: the client waits, not fails
+                        out.headers["Retry-After"] = resp.headers["Retry-After"]
+                    return out
             except _CONNECT_ERRORS as e:  # the worker is gone or going: try another one
                 logger.warning("worker %s failed (%s); marked unhealthy, retrying elsewhere", worker.url, e)
                 worker.healthy = False
@@ -90,7 +120,7 @@ class Dispatcher:
     async def flush_cache(self, request: web.Request) -> web.Response:
         async def one(w: Worker):
             try:
-                async with self.session.post(w.url + "/flush_cache") as resp:
+                async with self.session.post(w.url + "/flush_cache", headers=self._worker_auth("/flush_cache")) as resp:
                     return w.url, resp.status
             except _CONNECT_ERRORS as e:
                 return w.url, f"error: {e}"
@@ -139,7 +169,7 @@ class Dispatcher:
                     pass
 
     def app(self, parent_pid: int | None = None) -> web.Application:
-        app = web.Application(client_max_size=1 << 30)
+        app = web.Application(client_max_size=MAX_BODY, middlewares=[self.guard])
         app.router.add_get("/health", self.health)
         app.router.add_get("/workers", self.list_workers)
         app.router.add_post("/workers", self.add_worker)
@@ -180,9 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--parent-pid", type=int, default=None)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    d = Dispatcher(args.worker_urls)
+    d = Dispatcher(args.worker_urls, host=args.host, api_key=os.environ.get(ENV_API_KEY),
+                   admin_api_key=os.environ.get(ENV_ADMIN_API_KEY))
     logger.info("dispatcher on http://%s:%d over %d workers", args.host, args.port, len(d.workers))
-    web.run_app(d.app(args.parent_pid), host=args.host, port=args.port, print=None, access_log=None)
+    # handler_cancellation: a client that disconnects cancels its forward, which closes the
+    # connection to the engine, which then aborts the request
+    web.run_app(d.app(args.parent_pid), host=args.host, port=args.port, print=None, access_log=None,
+                handler_cancellation=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from slime.arguments.engine import sglang_installed
 from slime.engine.args import check_passthrough_args, passthrough_value, passthrough_without
 from slime.errors import SlimeError
 from slime.ray.engine_process import EngineProcess
+from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
 from slime.utils.net import free_port
 
 # Set by the framework from slime's own arguments; a --sglang-<one of these> is an error.
@@ -58,7 +59,8 @@ class LaunchSpec:
 def launch_spec(args: Namespace, rank: int) -> LaunchSpec:
     tokens = list(args.sglang_args)
     port = passthrough_value(tokens, "--port")
-    extra = passthrough_without(tokens, {"--host", "--port"})  # the launcher passes these
+    # the launcher passes these (the keys: args.engine_api_key / engine_admin_api_key)
+    extra = passthrough_without(tokens, {"--host", "--port", "--api-key", "--admin-api-key"})
     if passthrough_value(extra, "--random-seed") is None:
         extra += ["--random-seed", str(args.seed + rank)]
     return LaunchSpec(host=passthrough_value(tokens, "--host") or "127.0.0.1",
@@ -74,7 +76,19 @@ def start_engine(args: Namespace, rank: int, *, num_threads: int, base_gpu_id: i
     threads = passthrough_value(spec.extra, "--num-threads")  # the user's thread count wins
     return EngineProcess.start(args.hf_checkpoint, host=spec.host, port=spec.port,
                                num_threads=int(threads or num_threads),
-                               extra_args=passthrough_without(spec.extra, {"--num-threads"}), log_path=log_path)
+                               extra_args=passthrough_without(spec.extra, {"--num-threads"}), log_path=log_path,
+                               env=key_env(args))
+
+
+def key_env(args: Namespace) -> dict[str, str]:
+    """The run's keys for a built-in engine or dispatcher: in its environment, which (unlike a
+    command line) other local users cannot read."""
+    env = {}
+    if args.engine_api_key is not None:
+        env[ENV_API_KEY] = args.engine_api_key
+    if args.engine_admin_api_key is not None:
+        env[ENV_ADMIN_API_KEY] = args.engine_admin_api_key
+    return env
 
 
 # ------------------------------------------------------------------------------------ SGLang
@@ -96,6 +110,11 @@ def sglang_server_command(args: Namespace, rank: int, base_gpu_id: int, port: in
            "--tp-size", str(args.rollout_num_gpus_per_engine),
            "--base-gpu-id", str(base_gpu_id),
            *spec.extra]
+    # SGLang reads its keys from the command line only (visible to local users; see README)
+    if args.engine_api_key is not None:
+        cmd += ["--api-key", args.engine_api_key]
+    if args.engine_admin_api_key is not None:
+        cmd += ["--admin-api-key", args.engine_admin_api_key]
     return spec.host, cmd
 
 

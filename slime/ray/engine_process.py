@@ -56,6 +56,11 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def redacted(cmd: list[str]) -> list[str]:
+    """`cmd` with the values of key flags hidden (for logs)."""
+    return ["***" if i and cmd[i - 1] in ("--api-key", "--admin-api-key") else tok for i, tok in enumerate(cmd)]
+
+
 _live: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
 
 
@@ -90,7 +95,7 @@ class EngineProcess:
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(log_path, "ab")
-        log_file.write(("$ " + " ".join(cmd) + "\n").encode())
+        log_file.write(("$ " + " ".join(redacted(cmd)) + "\n").encode())
         log_file.flush()
         try:
             proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -35,6 +35,7 @@ from slime.rollout.train_data import (
     rollout_metrics,
     samples_to_train_data,
 )
+from slime.utils.api_keys import register as register_keys
 from slime.utils.async_utils import run
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
@@ -134,7 +135,8 @@ class RolloutManager:
                 host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
             else:
                 self.router = start_router(self.engine_urls, policy=args.router_policy, model_path=args.hf_checkpoint,
-                                           log_dir=Path(args.run_dir) / "logs", extra_args=args.router_args)
+                                           log_dir=Path(args.run_dir) / "logs", extra_args=args.router_args,
+                                           api_key=args.engine_api_key, admin_api_key=args.engine_admin_api_key)
                 host, port = self.router.host, self.router.port
                 # An engine that dies is removed from the router; retried requests go to live ones.
                 self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
@@ -143,6 +145,10 @@ class RolloutManager:
             self.engines, self.router = [], None
             self.engine_urls = [f"http://{args.sglang_router_ip}:{args.sglang_router_port}"]
         args.rollout_engine_urls = list(self.engine_urls)  # where a partial rollout sends its aborts
+        # every request from this process (hooks' post(url, payload) included) to these servers
+        # carries the run's key, and to no other address
+        register_keys([*self.engine_urls, f"http://{args.sglang_router_ip}:{args.sglang_router_port}"],
+                      args.engine_api_key, args.engine_admin_api_key)
         self.load_hooks()
         # the data position (and Data Buffer) of rollout --start-rollout-id - 1, or of the --load checkpoint
         resume_data(self.data_source, args)

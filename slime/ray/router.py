@@ -33,6 +33,7 @@ from slime.arguments.engine import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from slime.engine.args import check_passthrough_args
 from slime.errors import SlimeError
 from slime.ray.engine_process import child_env
+from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
 from slime.utils.http_utils import ROUTING_KEY_HEADER
 from slime.utils.net import free_port
 from slime.utils.process import pid_alive
@@ -51,10 +52,12 @@ class RouterProcess:
     """A running router (sglang-router or the built-in dispatcher) and its membership API."""
 
     def __init__(self, kind: str, host: str, port: int, proc: subprocess.Popen, log_path: Path | None,
-                 metrics_port: int | None = None):
+                 metrics_port: int | None = None, admin_api_key: str | None = None):
         self.kind, self.host, self.port, self.proc = kind, host, port, proc
         self.log_path, self.metrics_port = log_path, metrics_port
-        self._client = httpx.Client(timeout=10.0, trust_env=False)
+        # membership is the router's control plane: the admin key (the run's key when one)
+        auth = {"Authorization": f"Bearer {admin_api_key}"} if admin_api_key else {}
+        self._client = httpx.Client(timeout=10.0, trust_env=False, headers=auth)
 
     @property
     def url(self) -> str:
@@ -123,7 +126,9 @@ class RouterProcess:
 
 
 # set from slime-rl's own options (--router-policy) and the engines it starts
-ROUTER_OWNED = {"--worker-urls": "the engines this run starts", "--policy": "--router-policy"}
+ROUTER_OWNED = {"--worker-urls": "the engines this run starts", "--policy": "--router-policy",
+                "--api-key": "the run's key (--sglang-api-key)",
+                "--control-plane-api-keys": "the run's key (--sglang-admin-api-key, else --sglang-api-key)"}
 
 
 def router_option_parser() -> argparse.ArgumentParser:
@@ -176,9 +181,11 @@ def dispatcher_command(host: str, port: int, worker_urls: Iterable[str]) -> list
 
 
 def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: str = DEFAULT_ROUTER_POLICY,
-                 model_path: str | None = None, extra_args: Iterable[str] = ()) -> RouterProcess:
+                 model_path: str | None = None, extra_args: Iterable[str] = (), api_key: str | None = None,
+                 admin_api_key: str | None = None) -> RouterProcess:
     """Start the router for `worker_urls` (sglang-router, or the built-in dispatcher without it);
-    `extra_args`: sglang-router's own options (`--router-*` as `--<arg>`)."""
+    `extra_args`: sglang-router's own options (`--router-*` as `--<arg>`). With `api_key`, clients
+    need it (the admin key, when given, for membership) and the router sends it to the engines."""
     host = "127.0.0.1"
     port = free_port(host)
     log_dir = Path(log_dir)
@@ -198,8 +205,10 @@ def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: 
     with open(log_path, "ab") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env())
-    router = RouterProcess(kind, host, port, proc, log_path, metrics_port).wait_until_healthy()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=child_env(_key_env(api_key, admin_api_key)))
+    router = RouterProcess(kind, host, port, proc, log_path, metrics_port,
+                           admin_api_key=admin_api_key or api_key).wait_until_healthy()
     # Registration is asynchronous in sglang-router: wait until every worker is listed.
     deadline = time.monotonic() + 60
     while set(worker_urls) - set(router.worker_urls()):
@@ -209,6 +218,24 @@ def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: 
         time.sleep(0.05)
     logger.info("%s (policy %s) at %s fronts %d engines", kind, policy, router.url, len(worker_urls))
     return router
+
+
+def _key_env(api_key: str | None, admin_api_key: str | None) -> dict[str, str]:
+    """Keys travel in the environment: a command line is readable by every local user."""
+    env = {ENV_API_KEY: api_key} if api_key else {}
+    if admin_api_key:
+        env[ENV_ADMIN_API_KEY] = admin_api_key
+    return env
+
+
+def apply_keys(router_args, api_key: str | None, admin_api_key: str | None) -> None:
+    """sglang-router's keys: `api_key` is required from clients on the data plane and sent to the
+    workers; the control plane (/workers) takes the admin key as an admin-role API key."""
+    if api_key:
+        router_args.api_key = api_key
+    control = admin_api_key or api_key
+    if control:  # (id, name, key, role), as sglang_router parses --control-plane-api-keys
+        router_args.control_plane_api_keys = [("slime-run", "slime run", control, "admin")]
 
 
 # --------------------------------------------------------------------------------- router process
@@ -252,6 +279,7 @@ def main(argv: list[str] | None = None) -> None:
 
     router_args = parse_router_args(rest)
     router_args.policy = policy  # consistent_hashing exists only here, not in the CLI's choices
+    apply_keys(router_args, os.environ.get(ENV_API_KEY), os.environ.get(ENV_ADMIN_API_KEY))
     if parent_pid:
         _watch_parent(parent_pid)
     launch_router(router_args)

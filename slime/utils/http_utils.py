@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 
 from slime.errors import SlimeError
+from slime.utils.api_keys import auth_headers
 
 logger = logging.getLogger(__name__)
 
@@ -82,15 +83,31 @@ def _error_message(status: int, text: str) -> str:
     return text.strip()[:2000] or f"HTTP {status}"
 
 
+QUEUE_FULL_WAIT_S = 600.0  # how long a request waits out full engine queues in all
+_BACKOFF_MAX_S = 5.0
+
+
+def _queue_full(status: int, headers: Any, text: str) -> bool:
+    """A 503 that says "come back later" (the engine's full queue), not a broken server."""
+    return status == 503 and ("Retry-After" in headers or "queue is full" in text)
+
+
 async def _request(method: str, url: str, payload: Any, max_retries: int, retry_interval: float,
                    headers: dict[str, str] | None = None) -> Any:
+    headers = auth_headers(url, headers)  # the run's key, to the run's own servers only
     last: BaseException | None = None
     attempts = max(1, int(max_retries))
-    for attempt in range(attempts):
+    attempt, waited, backoff = 0, 0.0, 0.05
+    while attempt < attempts:
         try:
             session = await _session()
             async with session.request(method, url, json=payload, headers=headers) as resp:
                 text = await resp.text()
+                if _queue_full(resp.status, resp.headers, text) and waited < QUEUE_FULL_WAIT_S:
+                    # not a failure: wait (backing off) without using up an attempt
+                    await asyncio.sleep(backoff)
+                    waited, backoff = waited + backoff, min(backoff * 2, _BACKOFF_MAX_S)
+                    continue
                 if resp.status >= 500:
                     last = HTTPRequestError(f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}",
                                             resp.status, url)
@@ -108,8 +125,9 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
             last = e
-        if attempt + 1 < attempts:
-            logger.debug("%s %s failed (%s); retry %d/%d", method, url, last, attempt + 1, attempts - 1)
+        attempt += 1
+        if attempt < attempts:
+            logger.debug("%s %s failed (%s); retry %d/%d", method, url, last, attempt, attempts - 1)
             await asyncio.sleep(retry_interval)
     raise HTTPRequestError(f"{method} {url} failed after {attempts} attempts: {last}", getattr(last, "status", None),
                            url)
@@ -121,8 +139,11 @@ async def post(url: str, payload: Any = None, max_retries: int = 60, headers: di
 
     Positional arguments are slime's, in slime's order: `post(url, payload, max_retries, headers)`.
     Connection errors and 5xx answers are retried (`max_retries` attempts in all, `retry_interval`
-    seconds apart); a 4xx raises `HTTPRequestError` at once with the server's message. `headers`
-    are sent with every attempt (e.g. `session_headers(session_id)` for router session affinity).
+    seconds apart); a 503 for a full engine queue is waited out with backoff (up to
+    `QUEUE_FULL_WAIT_S`) without using up an attempt; a 4xx raises `HTTPRequestError` at once with
+    the server's message. `headers` are sent with every attempt (e.g. `session_headers(session_id)`
+    for router session affinity); requests to the run's own servers also carry its key
+    (`slime.utils.api_keys`).
     """
     return await _request("POST", url, {} if payload is None else payload, max_retries, retry_interval, headers)
 

@@ -26,7 +26,9 @@ TEXTS = ["12+34=", "7+5=", "The answer is", "What is 99+9?"]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
-    eng = start_engine(tiny_model_dir, "--step-delay-ms", "10", log_dir=tmp_path_factory.mktemp("ctl_log"))
+    # disk loads come from the tests' own temporary directories only
+    eng = start_engine(tiny_model_dir, "--step-delay-ms", "10", "--weight-load-dirs", str(tmp_path_factory.getbasetemp()),
+                       log_dir=tmp_path_factory.mktemp("ctl_log"))
     yield eng
     eng.stop()
 
@@ -200,6 +202,9 @@ def test_bad_weight_update_changes_nothing(engine, client, ref_model, prompts):
                       json={"serialized_named_tensors": [base64.b64encode(b"garbage").decode()]})
         assert resp.status_code == 400 and "decode" in resp.json()["error"]["message"]
         resp = h.post(engine.url + "/update_weights_from_disk", json={"model_path": "/nonexistent/dir"})
+        assert resp.status_code == 403  # not under --weight-load-dirs
+        missing = str(engine.log_path.parent.parent / "nonexistent")
+        resp = h.post(engine.url + "/update_weights_from_disk", json={"model_path": missing})
         assert resp.status_code == 400
     assert greedy(client, prompts)[0] == before
     assert client.get_model_info()["weight_version"] == version

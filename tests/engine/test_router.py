@@ -230,3 +230,54 @@ def test_router_options_reach_sglang_router(two_engines, tiny_model_dir, tmp_pat
         assert "--max-payload-size 300" in router.log_path.read_text().splitlines()[0]
     finally:
         router.stop()
+
+
+@pytest.mark.parametrize("fallback", [False, True], ids=["sglang-router", "dispatcher"])
+def test_router_and_engines_need_the_runs_key(tiny_model_dir, tmp_path, monkeypatch, fallback):
+    """The run's key: clients need it at the router (401 without, membership included), the router
+    passes its own key on to the engines, and the rollout client sends it once registered."""
+    from slime.utils import api_keys
+
+    if fallback:
+        monkeypatch.setitem(sys.modules, "sglang_router", None)
+    key = api_keys.new_key()
+    monkeypatch.setenv(api_keys.ENV_API_KEY, key)  # the engine reads it from its environment
+    engine = start_engine(tiny_model_dir, "--step-delay-ms", "30", log_dir=tmp_path)
+    monkeypatch.delenv(api_keys.ENV_API_KEY)
+    router = start_router([engine.url], policy="round_robin", model_path=str(tiny_model_dir),
+                          log_dir=tmp_path / "logs", api_key=key, admin_api_key=key)
+    auth = {"Authorization": f"Bearer {key}"}
+    try:
+        with httpx.Client(timeout=30, trust_env=False) as h:
+            assert h.post(engine.url + "/generate", json=_gen([1, 2])).status_code == 401
+            assert h.post(router.url + "/generate", json=_gen([1, 2])).status_code == 401
+            wrong = {"Authorization": "Bearer nope"}
+            assert h.post(router.url + "/generate", json=_gen([1, 2]), headers=wrong).status_code == 401
+            assert h.post(router.url + "/workers", json={"url": "http://10.1.2.3:80"}).status_code == 401
+            assert h.get(router.url + "/workers").status_code == 401
+            assert h.post(router.url + "/flush_cache").status_code == 401
+            out = h.post(router.url + "/generate", json=_gen([1, 2]), headers=auth)
+            assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 4
+            assert router.worker_urls() == [engine.url]  # the framework's own membership calls carry the key
+            if fallback:  # the dispatcher's own checks, as the engine's
+                assert h.post(router.url + "/generate", content=b"{}", headers={"content-type": "text/plain",
+                                                                               **auth}).status_code == 415
+                evil = {"Origin": "http://evil.example", **auth}
+                assert h.post(router.url + "/generate", json=_gen([1]), headers=evil).status_code == 403
+                big = b'{"x": "' + b"a" * (257 * 1024 ** 2) + b'"}'
+                assert h.post(router.url + "/generate", content=big, headers={"content-type": "application/json",
+                                                                              **auth}).status_code == 413
+        impatient = httpx.Client(timeout=httpx.Timeout(1.0, connect=5.0), trust_env=False)
+        with impatient, pytest.raises(httpx.ReadTimeout):  # 200 steps x 30 ms
+            impatient.post(router.url + "/generate", json=_gen([1], max_new_tokens=200), headers=auth)
+        deadline = time.monotonic() + 4  # the client left: the engine stops generating for it
+        while httpx.get(engine.url + "/get_load", headers=auth).json()["num_reqs"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert httpx.get(engine.url + "/get_load", headers=auth).json()["num_reqs"] == 0
+        with pytest.raises(Exception, match="401"):  # not registered: post() sends no key
+            _run(post(router.url + "/generate", _gen([3]), max_retries=1))
+        api_keys.register([router.url], key, key)
+        assert _run(post(router.url + "/generate", _gen([3])))["meta_info"]["completion_tokens"] == 4
+    finally:
+        router.stop()
+        engine.stop()

@@ -76,7 +76,25 @@ def test_sglang_server_command_forwards_every_sglang_arg_verbatim():
     assert cmd[3:] == ["--model-path", "/models/qwen", "--host", "127.0.0.1", "--port", "31234",
                        "--tp-size", "2", "--base-gpu-id", "2",
                        "--mem-fraction-static", "0.7", "--enable-dp-attention", "--dtype=bfloat16",
-                       "--cuda-graph-bs", "1", "2", "4", "--random-seed", str(a.seed + 1)]
+                       "--cuda-graph-bs", "1", "2", "4", "--random-seed", str(a.seed + 1),
+                       "--api-key", a.engine_api_key, "--admin-api-key", a.engine_admin_api_key]
+    assert len(a.engine_api_key) >= 40  # the run's own key (one per run), as both keys
+
+
+def test_run_key_is_the_users_own_and_never_saved(tmp_path):
+    from slime.arguments.parser import save_args
+    from slime.ray.engine_launch import key_env, launch_spec
+
+    a = parse_args(BASE + ["--hf-checkpoint", "m", "--rollout-backend", "builtin", "--sglang-api-key", "mine"])
+    assert (a.engine_api_key, a.engine_admin_api_key) == ("mine", None)
+    assert "--api-key" not in launch_spec(a, 0).extra and key_env(a) == {"SLIME_API_KEY": "mine"}
+    b = parse_args(BASE + ["--hf-checkpoint", "m", "--rollout-backend", "builtin"])
+    assert b.engine_api_key == b.engine_admin_api_key and b.engine_api_key != parse_args(
+        BASE + ["--hf-checkpoint", "m", "--rollout-backend", "builtin"]).engine_api_key
+    save_args(b, tmp_path / "args.json")
+    assert b.engine_api_key not in (tmp_path / "args.json").read_text()
+    external = parse_args(BASE + ["--hf-checkpoint", "m", "--sglang-router-ip", "10.0.0.1", "--sglang-router-port", "1"])
+    assert external.engine_api_key is None  # nothing to send to a user's server without a key
 
 
 def test_sglang_server_command_host_port_and_owned_args():

@@ -36,6 +36,7 @@ from slime.backends.torch.loss import compute_advantages_and_returns, policy_los
 from slime.backends.torch.optim import build_optimizer, reset_adam_state, select_trainable
 from slime.sync.distributed import DistributedWeightSync
 from slime.sync.tensor import engine_sequence_log_probs, push_weights
+from slime.utils.api_keys import register as register_keys
 from slime.utils.misc import load_function
 from slime.utils.seqlen_balancing import balanced_order
 from slime.utils.threads import configure_torch_threads
@@ -390,6 +391,7 @@ class TrainActor:
     def update_weights(self, engine_urls: list[str], weight_version: str) -> float:
         """Push the current weights into every engine (rank 0 sends; all ranks gather)."""
         t0 = time.perf_counter()
+        register_keys(engine_urls, self.args.engine_api_key, self.args.engine_admin_api_key)
         state = self.full_state_dict()
         if self.is_rank0():
             if self.args.update_weight_transport == "nccl":
@@ -403,6 +405,7 @@ class TrainActor:
 
     def check_weight_parity(self, engine_url: str, token_ids: list[int]) -> float:
         """Mean |engine - trainer| log-prob of a fixed sequence (call right after a sync)."""
+        register_keys([engine_url], self.args.engine_api_key, self.args.engine_admin_api_key)
         engine_lp = torch.as_tensor(engine_sequence_log_probs(engine_url, token_ids))
         self.model.eval()
         with torch.no_grad():

@@ -10,7 +10,7 @@ from fastapi import FastAPI
 
 from slime.engine.http import error_body, error_response, parse_json, route
 from slime.engine.sampling import BadRequest
-from slime.engine.state import EngineState
+from slime.engine.state import EngineState, QueueFull
 
 
 def generate_handler(state: EngineState):
@@ -23,6 +23,8 @@ def generate_handler(state: EngineState):
             return 400, error_body(str(e))
         try:
             results = await state.run(reqs)
+        except QueueFull as e:
+            return 503, error_body(str(e))
         except Exception as e:  # noqa: BLE001 - an engine failure; answered as 500
             return 500, error_body(f"generation failed: {type(e).__name__}: {e}")
         return 200, results if is_batch else results[0]

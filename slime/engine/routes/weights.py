@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
+import os
 
 import torch
 from fastapi import FastAPI
@@ -50,6 +52,9 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
         path = body.get("model_path")
         if not isinstance(path, str) or not path:
             raise BadRequest("model_path must be a directory path")
+        if not disk_load_allowed(state, path):
+            return error_response(f"update_weights_from_disk: {path!r} is not under --model-path or a "
+                                  "--weight-load-dirs directory of this server", 403)
         try:
             named = await asyncio.to_thread(ModelRunner.read_safetensors_dir, path)
         except WeightUpdateError as e:
@@ -63,6 +68,19 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
     route(app, "/update_weights_from_tensor", update_weights_from_tensor, allow_empty=False)
     route(app, "/update_weights_from_disk", update_weights_from_disk, allow_empty=False)
     _add_group_routes(app, state)
+
+
+def disk_load_allowed(state: EngineState, path: str) -> bool:
+    """`path` is --model-path itself or inside one of --weight-load-dirs (symlinks resolved):
+    a caller must not make the server read whatever file it can name."""
+    real = os.path.realpath(path)
+    if real == os.path.realpath(state.args.model_path):
+        return True
+    for d in state.args.weight_load_dirs:
+        root = os.path.realpath(d)
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            return True
+    return False
 
 
 async def apply_update(state: EngineState, named: dict[str, torch.Tensor], body: dict, what: str) -> dict:
@@ -128,6 +146,16 @@ def _tensor_specs(body: dict) -> list[tuple[str, torch.dtype, list[int]]]:
     return specs
 
 
+def _check_announced_size(state: EngineState, specs: list[tuple[str, torch.dtype, list[int]]]) -> None:
+    """No update is larger than the model's weights in float32, twice over: the client chooses the
+    shapes the server allocates."""
+    announced = sum(math.prod(sh) * dt.itemsize for _, dt, sh in specs)
+    limit = 2 * 4 * sum(p.numel() for p in state.runner.model.parameters())
+    if announced > limit:
+        raise BadRequest(f"the update announces {announced} bytes, more than this model's weights could take "
+                         f"({limit} bytes)")
+
+
 def _add_group_routes(app: FastAPI, state: EngineState) -> None:
     async def init_weights_update_group(body: dict):
         addr = body.get("master_address")
@@ -169,6 +197,7 @@ def _add_group_routes(app: FastAPI, state: EngineState) -> None:
         if body.get("load_format") is not None:
             raise BadRequest(f"load_format {body['load_format']!r} is not supported by "
                              "update_weights_from_distributed")
+        _check_announced_size(state, specs)
         pg = state.weight_groups[name]
 
         def receive():
