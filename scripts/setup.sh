@@ -17,3 +17,15 @@ if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
 fi
 # PyPI's torchvision/torchaudio are CUDA builds that break CPU torch imports.
 .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+# The code sandbox (--rm-type code, slime/rollout/rm_hub/sandbox_isolation.py) runs programs
+# under bubblewrap: install Debian's package when `bwrap` is missing.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing bubblewrap (bwrap) for the code sandbox" >&2
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap; } >&2 \
+      || echo "setup: could not install bubblewrap; the code sandbox will be unavailable" >&2
+  else
+    echo "setup: bwrap (bubblewrap) is missing; the code sandbox needs it. Install it with:" >&2
+    echo "  sudo apt-get update && sudo apt-get install -y bubblewrap" >&2
+  fi
+fi

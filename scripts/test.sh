@@ -4,5 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 RAY_AUTH_MODE=disabled OMP_WAIT_POLICY=PASSIVE
+export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 OMP_WAIT_POLICY=PASSIVE
 exec .venv/bin/python -m pytest -q "$@"

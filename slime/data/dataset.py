@@ -66,7 +66,7 @@ def _iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
 def _iter_parquet(path: str | Path) -> Iterator[tuple[str, dict]]:
     p = _check_file(path)
     try:
-        import pyarrow.parquet as pq  # lazily: Parquet input only (pyarrow comes with `datasets`)
+        import pyarrow.parquet as pq  # lazily: Parquet input only
 
         rows = pq.read_table(str(p)).to_pylist()
     except Exception as e:  # ArrowInvalid, OSError, ...

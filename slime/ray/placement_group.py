@@ -7,9 +7,11 @@ resources are only bookkeeping, and oversubscribed cores were measured to make t
 
 from __future__ import annotations
 
+import logging
 import os
 from argparse import Namespace
 from dataclasses import dataclass
+from pathlib import Path
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group
@@ -17,29 +19,45 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from slime.utils.threads import available_cores
 
+logger = logging.getLogger(__name__)
+
 WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",
     "HF_HUB_DISABLE_TELEMETRY": "1",
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_WAIT_POLICY": "PASSIVE",
-    "RAY_AUTH_MODE": "disabled",
 }
+AUTH_DOC = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
 
 
 def init_ray(args: Namespace) -> None:
-    """Join `RAY_ADDRESS` if set, else start a local cluster sized for this job."""
+    """Join `RAY_ADDRESS` if set, else start a local cluster sized for this job.
+
+    Ray's token authentication stays on (RAY_AUTH_MODE=token) unless the user sets
+    RAY_AUTH_MODE=disabled, which is honoured with a warning. The local cluster listens on
+    127.0.0.1 only (GCS, raylet, agents, workers). Workers inherit the mode from the raylet's
+    environment and read the token from the same place as the driver (~/.ray/auth_token unless
+    RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH say otherwise).
+    """
     if ray.is_initialized():
         return
     os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
     # Hooks are loaded by dotted path inside actors: give workers the driver's import path.
     pythonpath = os.pathsep.join(dict.fromkeys([os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
     runtime_env = {"env_vars": {**WORKER_ENV, "PYTHONPATH": pythonpath}}
-    if os.environ.get("RAY_ADDRESS"):
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env=runtime_env, log_to_driver=True)
+    address = os.environ.get("RAY_ADDRESS")
+    auth = _configure_auth(joining=bool(address))
+    if address:
+        ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         return
+    if auth:
+        _ensure_private_token()
+    _bind_to_loopback()
     # Logical CPUs: one per bundle plus headroom; real threads are budgeted separately.
     needed = num_bundles(args) + 1
     ray.init(
+        address="local",  # always a fresh cluster: never attach to one some `ray start` left running
+        _node_ip_address="127.0.0.1",
         num_cpus=max(available_cores(), needed),
         include_dashboard=False,
         runtime_env=runtime_env,
@@ -47,6 +65,78 @@ def init_ray(args: Namespace) -> None:
         logging_level="WARNING",
         configure_logging=True,
     )
+
+
+def _configure_auth(joining: bool) -> bool:
+    """Keep Ray's token authentication on unless the user explicitly turned it off.
+
+    Setting RAY_AUTH_MODE=token ourselves (rather than leaving it unset) is what Ray's
+    ray.init() would do for a local cluster anyway, minus its start-up notice; for an explicit
+    RAY_ADDRESS, Ray would not enable it on its own, so without this a driver could not join a
+    cluster started with token auth.
+    """
+    mode = os.environ.get("RAY_AUTH_MODE")
+    if mode is not None and mode.strip().lower() != "token":
+        logger.warning(
+            "RAY_AUTH_MODE=%s: Ray's token authentication is OFF. Anyone who can reach this Ray "
+            "cluster's ports can run code as this user. Unset RAY_AUTH_MODE to keep it on (%s).",
+            mode, AUTH_DOC,
+        )
+        return False
+    os.environ["RAY_AUTH_MODE"] = "token"  # inherited by the raylet, hence by every worker
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")  # Ray caches its config: make this process see the mode now
+    if joining and not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
+        raise RuntimeError(
+            "RAY_ADDRESS is set and Ray token authentication is on, but no token was found. Copy the "
+            f"cluster's token (`ray get-auth-token` on the head node) to {_default_token_path()} (mode 600), "
+            "or point RAY_AUTH_TOKEN_PATH at it. For a cluster started without token auth, set "
+            f"RAY_AUTH_MODE=disabled explicitly. See {AUTH_DOC}."
+        )
+    return True
+
+
+def _ensure_private_token() -> None:
+    """Create Ray's default token file readable by its owner only (Ray would create it with
+    the umask's mode, often world-readable); tighten an existing one."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    path = _default_token_path()
+    if not path.exists():
+        from ray._private.authentication.authentication_token_generator import generate_new_authentication_token
+        from ray._raylet import AuthenticationTokenLoader
+
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:  # another run on this machine made it just now
+            return
+        with os.fdopen(fd, "w") as f:
+            f.write(generate_new_authentication_token())
+        AuthenticationTokenLoader.instance().reset_cache()
+        logger.info("Generated a Ray auth token at %s (mode 600)", path)
+    elif path.stat().st_mode & 0o077 and path.stat().st_uid == os.getuid():
+        path.chmod(0o600)
+        logger.info("Ray auth token %s was readable by others: now mode 600", path)
+
+
+def _default_token_path() -> Path:
+    """Ray's own default token file (what `ray get-auth-token` and the Ray CLI read)."""
+    return Path.home() / ".ray" / "auth_token"
+
+
+def _bind_to_loopback() -> None:
+    """Make the local cluster's node address 127.0.0.1, which Ray's servers then bind to.
+
+    ray.init() turns a loopback `_node_ip_address` into the host's routable address unless Ray
+    believes multi-node clusters are off (its Windows/macOS default): switch that off for this
+    process (the constant was read at import) and for Ray's child processes (the environment).
+    """
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def num_bundles(args: Namespace) -> int:
