@@ -3,6 +3,9 @@ before anything is launched.
 
 * `--load DIR` that holds no checkpoint yet is slime's `--load X --save X` pattern on its first
   run: training starts from rollout 0 with the initial weights (`--ref-load`), said in one line.
+* `--load DIR` with a checkpoint: it must be complete (its manifest's files all there, at their
+  sizes) and hold every part this run reads (`checkpoint_layout.check_complete`), else it stops,
+  naming the missing or damaged part.
 * `--ref-load` pointing at a Megatron-LM `torch_dist` checkpoint (slime converts the Hugging Face
   model into one): the fsdp backend reads Hugging Face weights only, so when the checkpoint's
   tensor shapes are those of `--hf-checkpoint`'s config, `--hf-checkpoint`'s weights are used,
@@ -16,8 +19,12 @@ from pathlib import Path
 
 from torch.distributed.checkpoint import FileSystemReader
 
+from slime.data.data_source import RolloutDataSource
 from slime.errors import SlimeError
-from slime.utils.checkpoint_layout import TRAINER_STATE_FILE, has_checkpoint, megatron_iteration_dir
+from slime.utils.checkpoint_layout import (
+    ROLLOUT_STATE_FILE, TRAINER_STATE_FILE, check_complete, has_checkpoint, latest_dir, megatron_iteration_dir,
+)
+from slime.utils.misc import load_function
 
 # Megatron-LM's name of the word embeddings in a GPT checkpoint: [padded vocab, hidden]
 EMBEDDING_KEY = "embedding.word_embeddings.weight"
@@ -40,6 +47,8 @@ def resolve_checkpoints(args: Namespace, config: dict) -> list[str]:
         notes.append(f"--load {args.load} holds no checkpoint yet: starting at rollout 0 from --ref-load "
                      f"{args.ref_load} (--save writes there as the run goes)")
         args.load = None
+    if args.load:  # a half-written or foreign checkpoint stops here, naming what is wrong
+        check_complete(latest_dir(args.load), f"--load {args.load}", needs=_resume_needs(args))
     megatron_dir = None if (Path(args.ref_load) / "config.json").exists() else megatron_iteration_dir(args.ref_load)
     if megatron_dir is not None:
         _check_same_model(args, megatron_dir, config)
@@ -47,6 +56,22 @@ def resolve_checkpoints(args: Namespace, config: dict) -> list[str]:
                      f"does not read; its shapes match --hf-checkpoint, whose Hugging Face weights are used")
         args.ref_load = args.hf_checkpoint
     return notes
+
+
+def _resume_needs(args: Namespace) -> tuple[str, ...]:
+    """The parts of the --load checkpoint this run reads: the trainer's always; the data position and
+    Data Buffer when the data resumes from that same checkpoint (the default data source, with the
+    global dataset, --start-rollout-id unset)."""
+    needs = ("config.json", "*.safetensors", TRAINER_STATE_FILE)
+    if not args.rollout_global_dataset or args.start_rollout_id is not None:
+        return needs
+    try:
+        source = load_function(args.data_source_path, arg_name="--data-source-path")
+    except SlimeError:  # reported by the hook checks that follow
+        return needs
+    if isinstance(source, type) and issubclass(source, RolloutDataSource):
+        return (*needs, ROLLOUT_STATE_FILE)
+    return needs
 
 
 def _check_same_model(args: Namespace, megatron_dir: Path, config: dict) -> None:

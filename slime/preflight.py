@@ -19,6 +19,7 @@ from slime.data.data_source import load_tokenizer
 from slime.data.dataset import load_prompt_samples
 from slime.engine.args import check_engine_args, check_model_dir
 from slime.errors import SlimeError
+from slime.observability.debug_data import load_rollout_data as load_debug_rollout_data
 from slime.ray.engine_launch import validate_sglang_args
 from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
@@ -187,6 +188,9 @@ def preflight(args: Namespace) -> None:
     num_prompts = check_data(args)
     if args.num_rollout is None:
         set_num_rollout(args, count_prompts(args, num_prompts))
+    if args.load_debug_rollout_data:  # every replayed rollout is there, in this run's batch shape
+        for rollout_id in range(args.start_rollout_id or 0, args.num_rollout):
+            load_debug_rollout_data(args, rollout_id)
     if args.sglang_router_ip is None:
         note = check_router_args(args.router_args)
     else:

@@ -20,6 +20,7 @@ from transformers import AutoTokenizer
 from slime.arguments import parse_args, save_args, startup_notes
 from slime.arguments.training import custom_config_note
 from slime.errors import SlimeError
+from slime.observability.ci_checks import check_weight_versions
 from slime.observability.metrics import MetricsLogger, tensorboard_dir
 from slime.observability.plots import plot_run
 from slime.observability.timer import timer
@@ -27,6 +28,7 @@ from slime.preflight import preflight
 from slime.ray.placement_group import create_placement, init_ray
 from slime.ray.rollout import RolloutManager
 from slime.ray.train_group import RayTrainGroup
+from slime.utils.checkpoint_layout import commit as commit_checkpoint
 from slime.utils.progress import StageProgress
 
 logger = logging.getLogger("slime")
@@ -52,10 +54,10 @@ def train(args: Namespace) -> dict[str, float]:
     init_ray(args)
     placement = create_placement(args)
     rollout_manager = RolloutManager.options(num_cpus=0).remote(args, placement)
-    actor_model = RayTrainGroup(args, placement)
+    actor_model = None if args.debug_rollout_only else RayTrainGroup(args, placement)  # rollout-only: no trainer
     try:
         rollout_ready = rollout_manager.init.remote()  # engines start while the trainer loads its model
-        resumed_at = actor_model.init()  # the --load checkpoint's rollout + 1, else 0
+        resumed_at = actor_model.init() if actor_model else 0  # the --load checkpoint's rollout + 1, else 0
         ray.get(rollout_ready)
         if args.start_rollout_id is None:  # slime's rule: unset, the loop starts where the checkpoint left off
             args.start_rollout_id = resumed_at
@@ -65,27 +67,30 @@ def train(args: Namespace) -> dict[str, float]:
         _release(rollout_manager, actor_model, placement)
 
 
-def _release(rollout_manager, actor_model: RayTrainGroup, placement) -> None:
+def _release(rollout_manager, actor_model: RayTrainGroup | None, placement) -> None:
     """Stop engines, kill this stage's actors and free its placement group."""
     try:
         ray.get(rollout_manager.dispose.remote(), timeout=60)
     except Exception:  # the manager may already be dead; its engines exit with their owner
         pass
-    for actor in [*actor_model.actors, rollout_manager]:
+    for actor in [*(actor_model.actors if actor_model else []), rollout_manager]:
         ray.kill(actor)
     remove_placement_group(placement.pg)
 
 
-def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_log: MetricsLogger) -> dict[str, float]:
+def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup | None,
+          metrics_log: MetricsLogger) -> dict[str, float]:
     start_rollout_id = args.start_rollout_id
-    actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
-    # The engines start from the checkpoint on disk; push the trainer's (possibly resumed) weights.
-    actor_model.update_weights(weight_version=str(start_rollout_id))
+    # --debug-rollout-only starts no trainer, --debug-train-only no engines: nothing to sync either way
+    trains, serves = actor_model is not None, not args.debug_train_only
+    if trains and serves:
+        # The engines start from the checkpoint on disk; push the trainer's (possibly resumed) weights.
+        _sync_weights(args, rollout_manager, actor_model, str(start_rollout_id))
 
     parity_tokens = _parity_tokens(args) if args.check_weight_update_equal else []
     progress = StageProgress(args.stage or "train", total=args.num_rollout, initial=start_rollout_id)
     last: dict[str, float] = {}
-    if args.eval_prompt_data and not args.skip_eval_before_train and start_rollout_id == 0:
+    if serves and args.eval_prompt_data and not args.skip_eval_before_train and start_rollout_id == 0:
         progress.phase("eval")
         last = ray.get(rollout_manager.eval.remote(-1))
         metrics_log.log(0, last)
@@ -98,28 +103,28 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_
             rollout_data_ref, rollout_metrics_ref = rollout_manager.generate.options(num_returns=2).remote(rollout_id)
             metrics.update(_get_rollout_metrics(rollout_metrics_ref, rollout_data_ref))
 
-            if args.colocate:  # the engine frees its KV cache while the trainer uses the cores
-                ray.get(rollout_manager.offload.remote())
-            progress.phase("train")
-            metrics.update(actor_model.train(rollout_id, rollout_data_ref))
-            if args.colocate:
-                ray.get(rollout_manager.onload.remote())
+            if trains:
+                if args.colocate:  # the engine frees its KV cache while the trainer uses the cores
+                    ray.get(rollout_manager.offload.remote())
+                progress.phase("train")
+                metrics.update(actor_model.train(rollout_id, rollout_data_ref))
+                if args.colocate:
+                    ray.get(rollout_manager.onload.remote())
 
-            save_now = _due(args.save_interval, rollout_id, args.num_rollout)
-            eval_now = bool(args.eval_prompt_data) and _due(args.eval_interval, rollout_id, args.num_rollout)
+            save_now = trains and _due(args.save_interval, rollout_id, args.num_rollout)
+            eval_now = serves and bool(args.eval_prompt_data) and _due(args.eval_interval, rollout_id, args.num_rollout)
             # SFT data never comes from the policy, so the engine needs new weights only to evaluate.
-            if args.loss_type != "sft_loss" or eval_now or rollout_id == args.num_rollout - 1:
+            if trains and serves and (args.loss_type != "sft_loss" or eval_now or rollout_id == args.num_rollout - 1):
                 progress.phase("sync")
-                # live engines only: one that died was removed from the router by the engine watcher
-                actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
-                metrics["perf/update_weights_time"] = actor_model.update_weights(weight_version=str(rollout_id + 1))
-                if args.check_weight_update_equal:
-                    metrics["train/weight_sync_logprob_abs_diff"] = max(actor_model.check_weight_parity(parity_tokens).values())
+                metrics.update(_sync_weights(args, rollout_manager, actor_model, str(rollout_id + 1), parity_tokens))
 
             if save_now:
                 progress.phase("save")
+                # both sides write into a staging directory; then it is flushed, renamed into place,
+                # and only then the tracker names it: a kill at any moment leaves a complete checkpoint
                 ckpt = actor_model.save(rollout_id)
                 ray.get(rollout_manager.save.remote(rollout_id, ckpt))
+                commit_checkpoint(args.save, rollout_id)
             if eval_now:
                 progress.phase("eval")
                 metrics.update(ray.get(rollout_manager.eval.remote(rollout_id)))
@@ -131,6 +136,22 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup, metrics_
 
     progress.close()
     return last
+
+
+def _sync_weights(args: Namespace, rollout_manager, actor_model: RayTrainGroup, version: str,
+                  parity_tokens: list[int] | None = None) -> dict[str, float]:
+    """The trainer's weights into every live engine (one that died was removed from the router by
+    the engine watcher); --check-weight-update-equal and --ci-test check that they arrived."""
+    # --use-fault-tolerance: restart dead/hung engines first; a restarted one needs a new weight-update group
+    if ray.get(rollout_manager.recover_engines.remote()):
+        actor_model.reset_weight_sync()
+    actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
+    metrics = {"perf/update_weights_time": actor_model.update_weights(weight_version=version)}
+    if parity_tokens:
+        metrics["train/weight_sync_logprob_abs_diff"] = max(actor_model.check_weight_parity(parity_tokens).values())
+    if args.ci_test:
+        check_weight_versions(args, version, ray.get(rollout_manager.weight_versions.remote()))
+    return metrics
 
 
 def _get_rollout_metrics(metrics_ref, data_ref) -> dict[str, float]:

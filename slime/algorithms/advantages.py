@@ -23,6 +23,7 @@ from torch import Tensor
 
 __all__ = [
     "group_normalize_rewards",
+    "drop_thin_groups",
     "rloo_rewards",
     "expand_to_tokens",
     "reinforce_plus_plus_returns",
@@ -40,12 +41,17 @@ def group_normalize_rewards(
     group_size: int,
     std_normalization: bool = True,
     eps: float = 1e-6,
+    valid: Tensor | Sequence[bool] | None = None,
 ) -> Tensor:
     """GRPO advantages, one per sample, groups are consecutive runs of ``group_size`` samples.
 
     ``A_i = (r_i - mean_g) / (std_g + eps)`` with ``std_g = sqrt(sum_j (r_j - mean_g)^2 / (G - 1))``
     (unbiased, as slime's ``torch.std``); ``std_normalization=False`` gives Dr.GRPO's ``r_i - mean_g``.
     Groups of one and groups of equal rewards get exactly 0 (never NaN).
+
+    ``valid`` (one bool per sample): the group statistics are taken over the valid samples only
+    (``G`` is then the group's number of valid samples); an invalid sample (a FAILED one, whose
+    reward is no reward) gets 0 and leaves its group's mean and std untouched.
 
     Returns a float tensor of shape ``[N]`` (float32 unless ``rewards`` is float64).
     """
@@ -64,6 +70,9 @@ def group_normalize_rewards(
         )
     if n == 0:
         return r.clone()
+    v = _valid_mask(valid, n)
+    if v is not None and not bool(v.all()):
+        return _normalize_valid(r.view(-1, group_size), v.view(-1, group_size), std_normalization, eps).reshape(n)
     groups = r.view(-1, group_size)
     centered = groups - groups.mean(dim=-1, keepdim=True)
     if std_normalization:
@@ -73,6 +82,42 @@ def group_normalize_rewards(
             std = groups.std(dim=-1, unbiased=True, keepdim=True)
         centered = centered / (std + eps)
     return centered.reshape(n)
+
+
+def _valid_mask(valid: Tensor | Sequence[bool] | None, n: int) -> Tensor | None:
+    if valid is None:
+        return None
+    v = torch.as_tensor(valid).to(torch.bool)
+    if v.shape != (n,):
+        raise ValueError(f"valid must have one entry per reward ({n}), got shape {tuple(v.shape)}")
+    return v
+
+
+def _normalize_valid(groups: Tensor, valid: Tensor, std_normalization: bool, eps: float) -> Tensor:
+    """``group_normalize_rewards`` over each group's valid members; invalid members get 0."""
+    w = valid.to(groups.dtype)
+    k = w.sum(dim=-1, keepdim=True)
+    mean = (groups * w).sum(dim=-1, keepdim=True) / k.clamp_min(1)
+    centered = torch.where(valid, groups - mean, torch.zeros_like(groups))
+    if std_normalization:
+        var = (centered * centered).sum(dim=-1, keepdim=True) / (k - 1).clamp_min(1)
+        std = torch.where(k > 1, var.sqrt(), torch.zeros_like(var))
+        centered = centered / (std + eps)
+    return centered
+
+
+def drop_thin_groups(valid: Tensor | Sequence[bool], group_size: int, min_valid: int = 2) -> tuple[Tensor, int]:
+    """Groups with fewer than ``min_valid`` valid samples leave the batch whole: returns the valid
+    mask with such groups all False, and how many groups were dropped.
+    (A group statistic needs two values: the unbiased std, RLOO's leave-one-out mean; one valid
+    sample alone would only get advantage 0.)"""
+    v = torch.as_tensor(valid).to(torch.bool)
+    if v.numel() % group_size != 0:
+        raise ValueError(f"{v.numel()} samples are not a whole number of groups of {group_size}")
+    per_group = v.view(-1, group_size)
+    thin = per_group.sum(dim=-1) < min_valid
+    kept = per_group & ~thin.unsqueeze(-1)
+    return kept.reshape(-1), int(thin.sum())
 
 
 def expand_to_tokens(sample_advantages: Tensor | Sequence[float], response_lengths: Sequence[int]) -> list[Tensor]:
@@ -92,15 +137,23 @@ def expand_to_tokens(sample_advantages: Tensor | Sequence[float], response_lengt
     return out
 
 
-def rloo_rewards(rewards: Tensor | Sequence[float], group_size: int) -> Tensor:
+def rloo_rewards(rewards: Tensor | Sequence[float], group_size: int,
+                 valid: Tensor | Sequence[bool] | None = None) -> Tensor:
     """RLOO (https://arxiv.org/abs/2402.14740): ``A_i = r_i - mean_{j != i} r_j`` within each group.
 
-    Equals ``(r_i - mean_g) * G / (G - 1)``; a group of one has no baseline and gets 0.
+    Equals ``(r_i - mean_g) * G / (G - 1)``; a group of one has no baseline and gets 0. With
+    ``valid``, ``j`` runs over the group's valid samples only (``G`` their number) and an invalid
+    sample gets 0.
     """
-    centered = group_normalize_rewards(rewards, group_size, std_normalization=False)
+    centered = group_normalize_rewards(rewards, group_size, std_normalization=False, valid=valid)
     if group_size == 1:
         return torch.zeros_like(centered)
-    return centered * (group_size / (group_size - 1))
+    v = _valid_mask(valid, centered.shape[0])
+    if v is None or bool(v.all()):
+        return centered * (group_size / (group_size - 1))
+    k = v.view(-1, group_size).sum(dim=-1, keepdim=True).to(centered.dtype)
+    scale = torch.where(k > 1, k / (k - 1).clamp_min(1), torch.zeros_like(k))
+    return (centered.view(-1, group_size) * scale).reshape(-1)
 
 
 def _last_trained_index(mask: Tensor) -> int | None:

@@ -10,6 +10,7 @@
 | `logs.py`      | run directory, TensorBoard, weight-sync check                              |
 | `training.py`  | checkpoints, batching, optimizer and LR schedule                           |
 | `algorithm.py` | advantage estimators, losses, KL, TIS/OPSM, critic, distillation           |
+| `debug.py`     | debug modes and dumps (rollout-only, train-only, replay), CI checks        |
 | `upstream.py`  | slime's other options (data: `slime_upstream.json`): not used / not built  |
 | `megatron.py`  | Megatron-LM's options (data: `megatron_lm.json`), model-shape checks       |
 | `from_data.py` | adding options from those tables                                           |

@@ -27,7 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Column with the tools (a list, or a JSON string of one) passed to the chat template "
                         "as `tools=` and kept in sample.metadata['tools'] (rows without it have none).")
     g.add_argument("--rollout-shuffle", action="store_true")
-    g.add_argument("--rollout-seed", type=int, default=42)
+    g.add_argument("--rollout-seed", type=int, default=42,
+                   help="Seed of the --rollout-shuffle order and, with --deterministic-mode (or "
+                        "--sglang-enable-deterministic-inference), of each sample's engine sampling_seed "
+                        "(--rollout-seed + its index in the group, as slime's).")
     g.add_argument("--rollout-max-prompt-len", type=int, default=None,
                    help="Drop prompts longer than this many tokens at load time (counted in "
                         "rollout/data/dropped_long_prompts).")

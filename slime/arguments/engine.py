@@ -54,6 +54,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--router-policy", choices=ROUTER_POLICIES, default=DEFAULT_ROUTER_POLICY,
                    help="sglang-router's policy in front of several engines (consistent_hashing or manual: "
                         "session affinity by the X-SMG-Routing-Key header).")
+    g.add_argument("--sglang-router-request-timeout-secs", type=int, default=14400,
+                   help="Timeout in seconds of one request through the router (slime's option): sglang-router's "
+                        "--request-timeout-secs, and the rollout client's limit on one attempt of a request to "
+                        "a router or engine; an attempt that runs out is retried.")
+    g.add_argument("--rollout-request-max-retries", type=int, default=60,
+                   help="Attempts of one rollout HTTP request (engine, router, reward service) before it fails "
+                        "(slime-rl's own; slime's post() default). Waits between attempts back off up to "
+                        "--rollout-request-retry-interval.")
+    g.add_argument("--rollout-request-retry-interval", type=float, default=1.0,
+                   help="Longest wait in seconds between two attempts of a rollout HTTP request (slime-rl's own).")
+    g.add_argument("--engine-control-timeout-secs", type=float, default=600.0,
+                   help="Timeout in seconds of one control call to an engine (weight update, memory release, "
+                        "pause; slime-rl's own).")
+    ft = p.add_argument_group("fault tolerance")
+    ft.add_argument("--use-fault-tolerance", action="store_true", default=False,
+                    help="Whether to enable the fault tolerance function during rollout (slime's option): a "
+                         "monitor restarts a dead or hung engine (and the router), gives it the current weights "
+                         "and puts it back; its lost requests are retried.")
+    ft.add_argument("--rollout-health-check-interval", type=float, default=30.0,
+                    help="Interval in seconds between rollout engine /health_generate checks during generate/eval.")
+    ft.add_argument("--rollout-health-check-timeout", type=float, default=30.0,
+                    help="Timeout in seconds to wait for a rollout engine /health_generate response before "
+                         "killing it (and restarting it).")
+    ft.add_argument("--rollout-health-check-first-wait", type=float, default=0,
+                    help="Initial grace period (in seconds) before starting health checks, after each resume.")
 
 
 def sglang_installed() -> bool:
@@ -82,6 +107,32 @@ def finalize(args: argparse.Namespace) -> None:
     args.engine_api_key, args.engine_admin_api_key = run_keys(args)
     if args.update_weight_buffer_size < 1:
         raise SlimeError(f"--update-weight-buffer-size must be >= 1 byte, got {args.update_weight_buffer_size}")
+    _check_timeouts(args)
+
+
+def _check_timeouts(args: argparse.Namespace) -> None:
+    """Timeouts, retries and health checks that cannot work stop here, naming the option."""
+    for opt, dest in (("--sglang-router-request-timeout-secs", "sglang_router_request_timeout_secs"),
+                      ("--rollout-request-retry-interval", "rollout_request_retry_interval"),
+                      ("--engine-control-timeout-secs", "engine_control_timeout_secs"),
+                      ("--rollout-health-check-interval", "rollout_health_check_interval"),
+                      ("--rollout-health-check-timeout", "rollout_health_check_timeout")):
+        value = getattr(args, dest)
+        if not value > 0 or value == float("inf"):
+            raise SlimeError(f"{opt} must be a positive number of seconds, got {value}")
+    if args.rollout_request_max_retries < 1:
+        raise SlimeError(f"--rollout-request-max-retries must be >= 1 (attempts in all), got "
+                         f"{args.rollout_request_max_retries}")
+    if not args.rollout_health_check_first_wait >= 0:
+        raise SlimeError(f"--rollout-health-check-first-wait must be >= 0 seconds, got "
+                         f"{args.rollout_health_check_first_wait}")
+    if args.rollout_health_check_timeout > args.rollout_health_check_interval:
+        raise SlimeError(f"--rollout-health-check-timeout {args.rollout_health_check_timeout:g} is longer than "
+                         f"--rollout-health-check-interval {args.rollout_health_check_interval:g}: a check would "
+                         "still be waiting when the next one is due; make the timeout <= the interval")
+    if args.use_fault_tolerance and args.sglang_router_ip is not None:
+        raise SlimeError("--use-fault-tolerance restarts the engines this run starts; with --sglang-router-ip the "
+                         "router and engines are yours and cannot be restarted from here (drop one of the two)")
 
 
 def run_keys(args: argparse.Namespace) -> tuple[str | None, str | None]:

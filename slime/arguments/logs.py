@@ -29,6 +29,9 @@ the keys and global step of metrics.jsonl. What each option does here:
   `--log-multi-turn` (`multi_turn/raw_response_length/...`, `multi_turn/wo_obs_response_length/...`
   and, when samples carry `metadata["round_number"]`, `multi_turn/multi_turn_metric/round_number_*`),
   `--log-correct-samples` (`rollout/correct_length/p25..p100`, `rollout/correct_entropy`).
+* `--use-pytorch-profiler` with `--profile-step-start/--profile-step-end` (Megatron's) and `--profile-target`
+  (slime's): torch profiler traces of the training ranks in `--tensorboard-dir` (default
+  `<run-dir>/tensorboard`), slime's `TrainProfiler` (slime.observability.profile_utils).
 * Not used here, named in one start-up line when set (`unused_note`): `--wandb-always-use-train-step`
   (every sink's step is the global rollout step of metrics.jsonl).
 """
@@ -39,7 +42,10 @@ import argparse
 import os
 import time
 
+from slime.errors import SlimeError
+
 TB_EXPERIMENT_TIME_FORMAT = "%Y%m%d_%H%M%S"  # slime's default --tb-experiment-name
+PROFILE_TARGETS = ("train_overall", "train_actor", "train_log_probs")  # slime's --profile-target choices
 
 # Options of slime's add_wandb_arguments that have no effect on this backend, and why.
 NOT_USED = {
@@ -96,6 +102,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--wandb-run-id", type=str, default=None,
                    help="Resume (or create) the wandb run with this id; set to the run's id once it starts.")
 
+    # torch profiler of the training ranks: Megatron-LM's options (defaults included) as slime uses
+    # them, and slime's --profile-target (slime.observability.profile_utils)
+    g = p.add_argument_group("profiling")
+    g.add_argument("--use-pytorch-profiler", action="store_true", default=False,
+                   help="Record a torch profiler trace of each training rank (Chrome trace JSON, gzipped: "
+                        "<--tensorboard-dir>/<target>_rank_<r>[_step_<s>].<time_ns>.pt.trace.json.gz; opens in "
+                        "Perfetto, "
+                        "chrome://tracing or TensorBoard's profiler plugin).")
+    g.add_argument("--profile-step-start", type=int, default=10,
+                   help="First training step (train call of this run, counted from 0) the trace records.")
+    g.add_argument("--profile-step-end", type=int, default=12,
+                   help="The trace records the training steps before this one.")
+    g.add_argument("--profile-target", type=str, nargs="+", choices=PROFILE_TARGETS, default=["train_overall"],
+                   help="What is traced: train_overall (the rank's whole process over the steps, one trace), "
+                        "train_actor (the optimizer steps of each traced step, one trace per step), "
+                        "train_log_probs (the old/reference log-prob passes of each traced step).")
+    g.add_argument("--tensorboard-dir", type=str, default=None,
+                   help="Where --use-pytorch-profiler writes its traces (Megatron's option; default: "
+                        "<run-dir>/tensorboard). The metrics' TensorBoard events follow --use-tensorboard.")
+
 
 def finalize(args: argparse.Namespace) -> None:
     if args.run_dir is None:
@@ -103,6 +129,23 @@ def finalize(args: argparse.Namespace) -> None:
     # slime's default experiment name, fixed here so args.json records where TensorBoard writes
     if args.use_tensorboard and args.tb_project_name is not None and args.tb_experiment_name is None:
         args.tb_experiment_name = time.strftime(TB_EXPERIMENT_TIME_FORMAT)
+    if args.use_pytorch_profiler:
+        _finalize_profiler(args)
+
+
+def _finalize_profiler(args: argparse.Namespace) -> None:
+    start, end = args.profile_step_start, args.profile_step_end
+    if start < 0:
+        raise SlimeError(f"--profile-step-start must be >= 0, got {start}")
+    if end <= start:
+        raise SlimeError(f"--profile-step-end ({end}) must be greater than --profile-step-start ({start}): "
+                         "the trace records the steps from start up to end")
+    if "train_overall" in args.profile_target and len(set(args.profile_target)) > 1:
+        # torch runs one profiler at a time in a process; train_overall's already covers both phases
+        raise SlimeError(f"--profile-target {' '.join(args.profile_target)}: train_overall traces the whole step, "
+                         "train_actor and train_log_probs included; give it alone, or the phases without it")
+    if args.tensorboard_dir is None:  # absolute: the training ranks write it
+        args.tensorboard_dir = os.path.abspath(os.path.join(args.run_dir, "tensorboard"))
 
 
 def unused_note(args: argparse.Namespace) -> str | None:

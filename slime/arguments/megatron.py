@@ -172,6 +172,7 @@ MAPPED = {
     "--optimizer-cpu-offload": "the optimizer state already lives in host memory here",
     "--bf16": "mixed precision: the training forward/backward in bfloat16 (torch autocast), fp32 master weights",
     "--fp16": "mixed precision: the training forward/backward in float16 (torch autocast), fp32 master weights",
+    "--distributed-timeout-minutes": "the trainer's gloo process group timeout (slime's default 10)",
 }
 
 

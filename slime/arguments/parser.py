@@ -26,13 +26,13 @@ from typing import Any, Sequence
 
 import yaml
 
-from slime.arguments import (algorithm, cluster, data, engine, evaluation, logs, megatron, rollout, training,
+from slime.arguments import (algorithm, cluster, data, debug, engine, evaluation, logs, megatron, rollout, training,
                              upstream)
 from slime.arguments.from_data import given_options
 from slime.errors import SlimeError
 
 # The groups in the order their `finalize` runs: each may read what an earlier one resolved.
-GROUPS = (cluster, rollout, data, evaluation, engine, logs, training, algorithm)
+GROUPS = (cluster, rollout, data, evaluation, engine, logs, training, algorithm, debug)
 
 
 class SlimeArgumentParser(argparse.ArgumentParser):
@@ -110,7 +110,8 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 def startup_notes(args: argparse.Namespace) -> list[str]:
     """What the command line set that this backend accepts but does not use: one line per source,
     printed once at start-up so nothing a user wrote is dropped silently."""
-    notes = (upstream.unused_note(args), logs.unused_note(args), megatron.unused_note(args), engine.unused_note(args))
+    notes = (upstream.unused_note(args), logs.unused_note(args), megatron.unused_note(args), engine.unused_note(args),
+             debug.unused_note(args))
     return [note for note in notes if note]
 
 

@@ -60,7 +60,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--seed", type=int, default=1234,
+                   help="Seed of the trainer ranks (torch, + the rank) and of each engine's unseeded sampling "
+                        "(+ the engine's rank, unless --sglang-random-seed).")
+    # Megatron-LM's flag (slime: deterministic torch algorithms); here it makes the whole run reproducible
+    g.add_argument("--deterministic-mode", action="store_true", default=False,
+                   help="Reproducible runs: the same arguments and seeds write the same metrics.jsonl (timings "
+                        "aside). Trainers use deterministic torch algorithms; every sample is drawn with an engine "
+                        "sampling_seed (--rollout-seed + its index in the group, slime's rule); the rollout sends "
+                        "one request at a time, in prompt order, so the engines batch the same way in every run "
+                        "(slower rollouts; SGLang engines also get --enable-deterministic-inference). Timing-"
+                        "dependent features (--partial-rollout, the fully async rollout) are refused.")
     g.add_argument("--reset-optimizer-states", action="store_true", default=False,
                    help="Zero Adam's step count and moments before each rollout's training (policy and critic).")
     g.add_argument("--only-train-params-name-list", type=str, nargs="*", default=None,
@@ -95,6 +105,9 @@ def finalize(args: argparse.Namespace) -> None:
     if args.save is None:
         args.save = os.path.join(args.run_dir, "checkpoints")
     require_positive(args, "micro_batch_size")
+    # Megatron's option, slime's default (10): how long a collective waits for a rank that died
+    need(args.distributed_timeout_minutes > 0,
+         f"--distributed-timeout-minutes must be > 0, got {args.distributed_timeout_minutes}")
     _finalize_batching(args)
     if args.use_dynamic_batch_size:
         need(args.max_tokens_per_gpu is not None and args.max_tokens_per_gpu >= 1,
@@ -114,7 +127,32 @@ def finalize(args: argparse.Namespace) -> None:
     args.train_env_vars = _env_vars(args.train_env_vars)
     need(args.start_rollout_id is None or args.start_rollout_id >= 0,
          f"--start-rollout-id must be >= 0, got {args.start_rollout_id}")
+    _finalize_determinism(args)
     apply_custom_config(args)
+
+
+FULLY_ASYNC_ROLLOUT = "slime.rollout.fully_async_rollout."
+DETERMINISTIC_INFERENCE = "--enable-deterministic-inference"  # SGLang's batch-invariant kernels
+
+
+def _finalize_determinism(args: argparse.Namespace) -> None:
+    """--deterministic-mode refuses what depends on timing; `args.sglang_enable_deterministic_inference`
+    (slime's attribute: give every sample a sampling_seed) is set by it or by
+    --sglang-enable-deterministic-inference, as under slime."""
+    tokens = list(args.sglang_args) if hasattr(args, "sglang_args") else []
+    not_used = args.sglang_options_not_used if hasattr(args, "sglang_options_not_used") else []
+    if args.deterministic_mode:
+        need(not args.partial_rollout,
+             "--deterministic-mode cannot run with --partial-rollout: the responses it keeps are whatever the "
+             "aborted requests had generated when the batch filled, which depends on timing")
+        need(not args.rollout_function_path.startswith(FULLY_ASYNC_ROLLOUT),
+             f"--deterministic-mode cannot run with --rollout-function-path {args.rollout_function_path}: the fully "
+             "async rollout generates while the trainer trains, so which weights generate a sample depends on timing")
+        if args.rollout_backend == "sglang" and DETERMINISTIC_INFERENCE not in tokens:
+            args.sglang_args = tokens + [DETERMINISTIC_INFERENCE]
+    args.sglang_enable_deterministic_inference = bool(
+        args.deterministic_mode or DETERMINISTIC_INFERENCE in tokens
+        or "--sglang-enable-deterministic-inference" in not_used)
 
 
 def _check_param_patterns(args: argparse.Namespace) -> None:

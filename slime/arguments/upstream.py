@@ -68,7 +68,6 @@ NOT_USED: dict[str, str] = {
     "--save-hf": "checkpoints here are Hugging Face directories already (--save)",
     "--balance-by-flops": "FLOPs-balanced micro-batches for GPU kernels",
     "--rollout-data-transport": "rollout data moves through Ray's object store here (NIXL is GPU-only)",
-    "--sglang-router-request-timeout-secs": "the router's request timeout is sglang-router's own default here",
     "--http-proxy": "rollout requests go to loopback engines here",
     "--use-distributed-post": "rollout requests are posted from the rollout manager here",
 }
@@ -81,12 +80,7 @@ NOT_BUILT: dict[str, str] = {
         "--custom-update-weight-post-write-path", "--release-train",
     ), MODES_ISSUE),
     **dict.fromkeys((
-        "--debug-rollout-only", "--debug-train-only", "--load-debug-rollout-data",
-        "--load-debug-rollout-data-subsample", "--save-debug-rollout-data", "--save-debug-train-data",
-        "--dump-details", "--load-forge-rollout-data", "--ci-test", "--ci-disable-kl-checker",
-        "--ci-load-grad-norm", "--ci-save-grad-norm", "--ci-train-rollout-logprob-abs-diff-threshold",
-        "--get-mismatch-metrics", "--use-fault-tolerance", "--rollout-health-check-first-wait",
-        "--rollout-health-check-interval", "--rollout-health-check-timeout", "--profile-target",
+        "--load-forge-rollout-data",
     ), RUNS_ISSUE),
 }
 

@@ -276,7 +276,8 @@ def resume_rollout_id(args: Any) -> int | None:
 def resume(data_source: DataSource, args: Any) -> Path | int | None:
     """Restore the data position (and Data Buffer) a run starts from (`resume_rollout_id`); returns
     what was loaded (the state file, or the rollout id given to a custom source's `load`), None
-    when nothing. A checkpoint without data state leaves the position fresh, as under slime."""
+    when nothing. No checkpoint of that rollout leaves the position fresh, as under slime; a checkpoint
+    directory without the data state stops the run (slime would resume its weights at data step 0)."""
     if not args.rollout_global_dataset or not args.load:
         return None
     if args.start_rollout_id is None:
@@ -290,10 +291,14 @@ def resume(data_source: DataSource, args: Any) -> Path | int | None:
             return None
         data_source.load(rollout_id)  # None: "the latest under --load" (the contract's default)
         return rollout_id
-    if directory is None or not (directory / ROLLOUT_STATE_FILE).exists():
+    if directory is None or not directory.is_dir():  # no checkpoint of that rollout: as slime, from the start
         logger.info("no data source state to resume%s; starting the data from its beginning",
                     f" in {directory}" if directory is not None else "")
         return None
+    if not (directory / ROLLOUT_STATE_FILE).exists():  # a checkpoint without it would resume at data step 0
+        raise SlimeError(f"--load {args.load}: the checkpoint {directory} has no {ROLLOUT_STATE_FILE} (the data "
+                         f"position and Data Buffer): it is incomplete, or was saved without the global dataset; "
+                         f"resume from a complete checkpoint, or pass --start-rollout-id 0 to start the data over")
     data_source.load(directory / ROLLOUT_STATE_FILE)
     return directory / ROLLOUT_STATE_FILE
 

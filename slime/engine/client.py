@@ -16,6 +16,19 @@ from slime.utils.api_keys import is_admin_path, key_for
 from slime.utils.http_utils import HTTPRequestError, _error_message
 
 
+DEFAULT_TIMEOUT_S = 600.0  # one call's limit unless the client is given one (set_default_timeout)
+CONNECT_TIMEOUT_S = 10.0
+
+
+def set_default_timeout(seconds: float) -> None:
+    """This process's limit on one control call (the run's --engine-control-timeout-secs)."""
+    global DEFAULT_TIMEOUT_S
+    DEFAULT_TIMEOUT_S = float(seconds)
+    for c in list(_clients.values()):
+        c.close()
+    _clients.clear()
+
+
 def serialize_named_tensors(named_tensors: dict) -> str:
     """{name: tensor} -> base64 of safetensors bytes (the built-in engine's wire format)."""
     tensors = {n: t.detach().to("cpu").contiguous() for n, t in named_tensors.items()}
@@ -29,7 +42,9 @@ class EngineClient:
     def __init__(self, url: str, timeout: float | None = None, *, api_key: str | None = None,
                  admin_api_key: str | None = None):
         self.url = url.rstrip("/")
-        self._client = httpx.Client(timeout=timeout, trust_env=False)
+        # never unbounded: a hung engine must not hang its caller (--engine-control-timeout-secs)
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout or DEFAULT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+                                    trust_env=False)
         self._keys = (api_key, admin_api_key)
 
     def _auth(self, path: str) -> dict[str, str] | None:
@@ -87,6 +102,9 @@ class EngineClient:
 
     def get_model_info(self) -> dict:
         return self._call("GET", "/get_model_info", timeout=10.0)
+
+    def get_weight_version(self) -> str | None:
+        return self._call("GET", "/get_weight_version").get("weight_version")
 
     def get_server_info(self) -> dict:
         return self._call("GET", "/get_server_info", timeout=10.0)

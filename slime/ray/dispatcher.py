@@ -58,6 +58,7 @@ class Dispatcher:
         for url in worker_urls:
             self.add(url)
         self.health_interval = health_interval
+        self.request_timeout: float | None = None  # one forwarded request's limit (None: unbounded)
         self._rr = itertools.count()
         self.session: aiohttp.ClientSession | None = None
 
@@ -179,7 +180,8 @@ class Dispatcher:
 
         async def on_startup(app):
             self.session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_connect=10),
+                connector=aiohttp.TCPConnector(limit=0),
+                timeout=aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=10),
                 trust_env=False)
             app["tasks"] = [asyncio.create_task(self._probe())]
             if parent_pid:
@@ -208,10 +210,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--worker-urls", nargs="*", default=[])
     p.add_argument("--parent-pid", type=int, default=None)
+    p.add_argument("--request-timeout-secs", type=float, default=None,
+                   help="Limit on one forwarded request (slime's --sglang-router-request-timeout-secs).")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     d = Dispatcher(args.worker_urls, host=args.host, api_key=os.environ.get(ENV_API_KEY),
                    admin_api_key=os.environ.get(ENV_ADMIN_API_KEY))
+    d.request_timeout = args.request_timeout_secs
     logger.info("dispatcher on http://%s:%d over %d workers", args.host, args.port, len(d.workers))
     # handler_cancellation: a client that disconnects cancels its forward, which closes the
     # connection to the engine, which then aborts the request

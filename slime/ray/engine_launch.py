@@ -34,6 +34,7 @@ from slime.engine.args import check_passthrough_args, passthrough_value, passthr
 from slime.errors import SlimeError
 from slime.ray.engine_process import EngineProcess
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
+from slime.utils.checkpoint_layout import weight_snapshot_dir
 from slime.utils.net import free_port
 
 # Set by the framework from slime's own arguments; a --sglang-<one of these> is an error.
@@ -68,16 +69,35 @@ def launch_spec(args: Namespace, rank: int) -> LaunchSpec:
 
 
 def start_engine(args: Namespace, rank: int, *, num_threads: int, base_gpu_id: int,
-                 log_path: str | os.PathLike) -> EngineProcess:
-    """Launch engine `rank` with `--rollout-backend`'s server; returns at once (see wait_until_healthy)."""
+                 log_path: str | os.PathLike, port: int | None = None) -> EngineProcess:
+    """Launch engine `rank` with `--rollout-backend`'s server; returns at once (see wait_until_healthy).
+    `port`: the port of the engine it replaces (a restart keeps the engine's address)."""
     if args.rollout_backend == "sglang":
-        return _start_sglang_server(args, rank, base_gpu_id, log_path)
+        return _start_sglang_server(args, rank, base_gpu_id, log_path, port=port)
     spec = launch_spec(args, rank)
     threads = passthrough_value(spec.extra, "--num-threads")  # the user's thread count wins
-    return EngineProcess.start(args.hf_checkpoint, host=spec.host, port=spec.port,
+    extra = passthrough_without(spec.extra, {"--num-threads"})
+    if args.use_fault_tolerance:  # a restarted engine loads the trainer's weight snapshot from here
+        extra = _last_weight_load_dirs(extra + ["--weight-load-dirs", str(weight_snapshot_dir(args.run_dir))])
+    return EngineProcess.start(args.hf_checkpoint, host=spec.host, port=port or spec.port,
                                num_threads=int(threads or num_threads),
-                               extra_args=passthrough_without(spec.extra, {"--num-threads"}), log_path=log_path,
-                               env=key_env(args))
+                               extra_args=extra, log_path=log_path, env=key_env(args))
+
+
+def _last_weight_load_dirs(extra: list[str]) -> list[str]:
+    """One `--weight-load-dirs` (the framework's snapshot directory plus the user's): nargs='*'
+    keeps only the last occurrence, so the user's own must not be a second one."""
+    head, dirs, i = [], [], 0
+    while i < len(extra):
+        if extra[i] == "--weight-load-dirs":
+            i += 1
+            while i < len(extra) and not extra[i].startswith("--"):
+                dirs.append(extra[i])
+                i += 1
+        else:
+            head.append(extra[i])
+            i += 1
+    return head + ["--weight-load-dirs", *dict.fromkeys(dirs)]
 
 
 def key_env(args: Namespace) -> dict[str, str]:
@@ -144,8 +164,9 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def _start_sglang_server(args: Namespace, rank: int, base_gpu_id: int, log_path: str | os.PathLike) -> EngineProcess:
-    host, cmd = sglang_server_command(args, rank, base_gpu_id, free_port())
+def _start_sglang_server(args: Namespace, rank: int, base_gpu_id: int, log_path: str | os.PathLike,
+                        port: int | None = None) -> EngineProcess:
+    host, cmd = sglang_server_command(args, rank, base_gpu_id, port or free_port())
     port = int(passthrough_value(cmd, "--port"))
     env = dict(os.environ)
     if env.get("CUDA_VISIBLE_DEVICES") == "":  # set empty for GPU-less Ray actors: it would hide every GPU

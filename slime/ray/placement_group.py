@@ -139,10 +139,18 @@ def _bind_to_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def _slots(args: Namespace) -> tuple[int, int]:
+    """(trainer ranks, engine slots) this run starts: --debug-rollout-only has no trainer,
+    --debug-train-only no engines (slime's placement of its debug modes)."""
+    return (0 if args.debug_rollout_only else args.actor_world_size,
+            0 if args.debug_train_only else args.rollout_num_gpus)
+
+
 def num_bundles(args: Namespace) -> int:
+    actors, engines = _slots(args)
     if args.colocate:
-        return max(args.actor_world_size, args.rollout_num_gpus)
-    return args.actor_world_size + args.rollout_num_gpus
+        return max(actors, engines)
+    return actors + engines
 
 
 @dataclass
@@ -162,9 +170,11 @@ def create_placement(args: Namespace) -> Placement:
     n = num_bundles(args)
     pg = placement_group([{"CPU": 1} for _ in range(n)], strategy="PACK")
     ray.get(pg.ready(), timeout=120)
-    actor_bundles = list(range(args.actor_world_size))
-    first_engine = 0 if args.colocate else args.actor_world_size
-    engine_bundles = [first_engine + i * args.rollout_num_gpus_per_engine for i in range(args.num_engines)]
+    actors, engines = _slots(args)
+    actor_bundles = list(range(actors))
+    first_engine = 0 if args.colocate else actors
+    engine_bundles = [first_engine + i * args.rollout_num_gpus_per_engine
+                      for i in range(engines // args.rollout_num_gpus_per_engine)]
     share = 0.4 if args.colocate else 0.9
     return Placement(pg, actor_bundles, engine_bundles, actor_cpus=share, engine_cpus=share)
 

@@ -17,9 +17,13 @@ from typing import Any
 
 import ray
 
+from slime.data.data_source import RolloutDataSource
 from slime.data.data_source import resume as resume_data
 from slime.engine.client import client_for
+from slime.engine.client import set_default_timeout as set_engine_timeout
 from slime.errors import SlimeError
+from slime.observability.debug_data import load_rollout_data as load_debug_rollout_data
+from slime.observability.debug_data import save_rollout_data as save_debug_rollout_data
 from slime.ray.engine_launch import (
     BUILTIN_LAUNCH_TIMEOUT_S,
     SGLANG_LAUNCH_TIMEOUT_S,
@@ -37,6 +41,8 @@ from slime.rollout.train_data import (
 )
 from slime.utils.api_keys import register as register_keys
 from slime.utils.async_utils import run
+from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, halt_point, weight_snapshot_dir, weight_snapshot_version
+from slime.utils.http_utils import configure as configure_requests
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -52,13 +58,25 @@ class EngineActor:
         self.base_gpu_id = base_gpu_id  # the engine's first GPU slot (its bundle), for SGLang
         self.process = None
 
-    def start(self) -> str:
+    def start(self, port: int | None = None) -> str:
         log_path = Path(self.args.run_dir) / "logs" / f"engine_{self.rank}.log"
         self.process = start_engine(self.args, self.rank, num_threads=self.num_threads,
-                                    base_gpu_id=self.base_gpu_id, log_path=log_path)
+                                    base_gpu_id=self.base_gpu_id, log_path=log_path, port=port)
         sglang = self.args.rollout_backend == "sglang"
         self.process.wait_until_healthy(timeout=SGLANG_LAUNCH_TIMEOUT_S if sglang else BUILTIN_LAUNCH_TIMEOUT_S)
         return self.process.url
+
+    def restart(self) -> str:
+        """Kill the server (SIGKILL at once: a hung one ignores SIGTERM) and start a new one at the
+        same address; its weights are the checkpoint's until the caller loads the current ones."""
+        port = self.process.port if self.process is not None else None
+        if self.process is not None:
+            self.process.stop(grace=0)
+            self.process = None
+        return self.start(port=port)
+
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
 
     def stop(self) -> None:
         if self.process is not None:
@@ -118,9 +136,16 @@ class RolloutManager:
         self.engines: list[Any] = []
         self.router = None
         self.watcher = None
+        self._offloaded = False
+        self._restarts_reported = 0  # engine restarts recover_engines has reported
 
     def init(self) -> None:
         args, placement = self.args, self.placement
+        if args.debug_train_only:  # no engines: rollouts are loaded (--load-debug-rollout-data) or need none
+            self.engine_urls = args.rollout_engine_urls = []
+            self.load_hooks()
+            resume_data(self.data_source, args)
+            return
         _, engine_threads = thread_budget(args)
         if args.sglang_router_ip is None:
             self.engines = [
@@ -130,14 +155,22 @@ class RolloutManager:
                 for rank, bundle in enumerate(placement.engine_bundles)
             ]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
+            self._engine_of = dict(zip(self.engine_urls, self.engines))
             self.router = None
             if len(self.engine_urls) == 1:
                 host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
             else:
-                self.router = start_router(self.engine_urls, policy=args.router_policy, model_path=args.hf_checkpoint,
-                                           log_dir=Path(args.run_dir) / "logs", extra_args=args.router_args,
-                                           api_key=args.engine_api_key, admin_api_key=args.engine_admin_api_key)
+                self.router = self._start_router()
                 host, port = self.router.host, self.router.port
+            if args.use_fault_tolerance:
+                # slime's health monitor: dead or hung engines (and the router) are restarted, given the
+                # current weights and put back; it runs during generate/eval (resumed there, paused after)
+                self.watcher = EngineWatcher(
+                    self.router, self.engine_urls, interval=args.rollout_health_check_interval,
+                    timeout=args.rollout_health_check_timeout, first_wait=args.rollout_health_check_first_wait,
+                    restart=self._restart_engine, restart_router=self._restart_router if self.router else None,
+                ).start()
+            elif self.router is not None:
                 # An engine that dies is removed from the router; retried requests go to live ones.
                 self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
             args.sglang_router_ip, args.sglang_router_port = host, int(port)
@@ -149,6 +182,9 @@ class RolloutManager:
         # carries the run's key, and to no other address
         register_keys([*self.engine_urls, f"http://{args.sglang_router_ip}:{args.sglang_router_port}"],
                       args.engine_api_key, args.engine_admin_api_key)
+        configure_requests(timeout=args.sglang_router_request_timeout_secs, max_retries=args.rollout_request_max_retries,
+                           retry_interval=args.rollout_request_retry_interval)
+        set_engine_timeout(args.engine_control_timeout_secs)
         self.load_hooks()
         # the data position (and Data Buffer) of rollout --start-rollout-id - 1, or of the --load checkpoint
         resume_data(self.data_source, args)
@@ -165,23 +201,105 @@ class RolloutManager:
         self.rollout_log = optional_hook(args, "custom_rollout_log_function_path")
         self.eval_log = optional_hook(args, "custom_eval_rollout_log_function_path")
 
+    def weight_versions(self) -> dict[str, str | None]:
+        """Each live engine's weight_version (what --ci-test compares with the trainer's)."""
+        return {url: client_for(url).get_weight_version() for url in list(self.engine_urls)}
+
     def get_engine_urls(self) -> list[str]:
         """The live engines (one removed by the engine watcher is gone from here too)."""
         return list(self.engine_urls)
 
     def _engine_removed(self, url: str) -> None:
-        logger.warning("engine %s died and was removed from the router; %d engines remain", url,
+        logger.warning("engine %s died and was removed from the router; %d engines remain (it is not restarted: "
+                       "run with --use-fault-tolerance to restart dead or hung engines)", url,
                        len(self.engine_urls) - 1)
         self.engine_urls = [u for u in self.engine_urls if u != url]
         self.args.rollout_engine_urls = list(self.engine_urls)
 
+    # ------------------------------------------------------------------ fault tolerance
+    def _start_router(self, port: int | None = None):
+        args = self.args
+        return start_router(self.engine_urls, policy=args.router_policy, model_path=args.hf_checkpoint,
+                            log_dir=Path(args.run_dir) / "logs", extra_args=args.router_args,
+                            api_key=args.engine_api_key, admin_api_key=args.engine_admin_api_key, port=port,
+                            request_timeout_secs=args.sglang_router_request_timeout_secs)
+
+    def _restart_engine(self, url: str) -> str:
+        """The watcher's restart: a new server at `url` (same port), serving the current weights: the
+        snapshot the trainer wrote at its last weight sync (none yet: the checkpoint's, which is what
+        the trainer pushes first anyway)."""
+        new_url = ray.get(self._engine_of[url].restart.remote())
+        if new_url != url:  # the address is the engine's identity for the router, clients and weight sync
+            raise SlimeError(f"engine {url} came back at {new_url}")
+        version = weight_snapshot_version(self.args.run_dir)
+        if version is not None:
+            client_for(url).update_weights_from_disk(str(weight_snapshot_dir(self.args.run_dir)),
+                                                     weight_version=version)
+        if self.args.colocate and self._offloaded:
+            client_for(url).release_memory_occupation()
+        return url
+
+    def _restart_router(self):
+        old = self.router
+        old.stop(grace=0)  # a hung router ignores SIGTERM
+        self.router = self._start_router(port=old.port)
+        return self.router
+
+    def _watch(self, on: bool) -> None:
+        if self.watcher is not None and self.args.use_fault_tolerance:
+            self.watcher.resume() if on else self.watcher.pause()
+
+    def recover_engines(self) -> int:
+        """Before a weight sync (slime's recover_updatable_engines): check every engine and the router
+        now and restart what is dead or hung, so the sync reaches every engine. Returns how many engines
+        were restarted since the previous call (0 without --use-fault-tolerance): the trainer then
+        rebuilds its weight-update group, which a restarted engine is not in."""
+        if self.watcher is None or not self.args.use_fault_tolerance:
+            return 0
+        self.watcher.check_now()
+        engines = [e for e in self.watcher.events if e["what"] == "engine" and e["ok"]]
+        new, self._restarts_reported = len(engines) - self._restarts_reported, len(engines)
+        return new
+
+    def fault_events(self) -> list[dict]:
+        """Every recovery so far: {"what": engine|router, "url", "reason", "detected_at", "recovered_s", "ok"}."""
+        return list(self.watcher.events) if self.watcher is not None and self.args.use_fault_tolerance else []
+
+    def engine_pids(self) -> list[int | None]:
+        return ray.get([e.pid.remote() for e in self.engines])
+
+    def router_pid(self) -> int | None:
+        return self.router.proc.pid if self.router is not None else None
+
     def generate(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
+        self._watch(True)  # --use-fault-tolerance: engines are checked (and restarted) while they generate
+        before = len(self.fault_events())
+        try:
+            data, metrics = self._generate(rollout_id)
+        except SlimeError as e:
+            lost_engine = any(s in str(e) for s in ("Cannot connect", "failed after", "Server disconnected"))
+            if self.args.use_fault_tolerance or not lost_engine:
+                raise
+            raise SlimeError(f"{e} (an engine or the router that dies is not restarted: run with "
+                             "--use-fault-tolerance to restart them and retry their requests)") from e
+        finally:
+            self._watch(False)
+        if self.args.use_fault_tolerance:
+            metrics["rollout/fault/restarts"] = float(len(self.fault_events()) - before)
+        return data, metrics
+
+    def _generate(self, rollout_id: int) -> tuple[dict[str, Any], dict[str, float]]:
         t0 = time.perf_counter()
         set_current_rollout_id(rollout_id)  # what --rollout-sample-hook-path hooks are told
         if hasattr(self.data_source, "rollout_id"):
             self.data_source.rollout_id = rollout_id  # what the --buffer-filter-path hook is told
-        groups, extra_metrics = unwrap_train_output(
-            self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False))
+        if self.args.load_debug_rollout_data:  # a saved rollout replayed, checked against this run's batch
+            groups, extra_metrics = load_debug_rollout_data(self.args, rollout_id), {}
+        else:
+            groups, extra_metrics = unwrap_train_output(
+                self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False))
+        # as generated, before any filter or conversion (slime's point of saving)
+        save_debug_rollout_data(self.args, [s for g in groups for s in g], rollout_id)
         check_failed_samples(groups, rollout_id, self.args.max_failed_sample_ratio)
         if self.sample_filter is not None:  # marks sample.remove_sample; groups keep their shape
             try:
@@ -206,10 +324,19 @@ class RolloutManager:
         return data, metrics
 
     def eval(self, rollout_id: int) -> dict[str, float]:
+        self._watch(True)
+        try:
+            return self._eval(rollout_id)
+        finally:
+            self._watch(False)
+
+    def _eval(self, rollout_id: int) -> dict[str, float]:
         t0 = time.perf_counter()
         set_current_rollout_id(rollout_id)
         results, extra_metrics = unwrap_eval_output(
             self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True))
+        save_debug_rollout_data(self.args, [s for res in results.values() for s in res.get("samples") or []],
+                                rollout_id, evaluation=True)
         if skips_default_log(self.args, "custom_eval_rollout_log_function_path", self.eval_log, rollout_id,
                              rollout_id, self.args, results, extra_metrics):
             # the hook logs instead; failed samples are still counted
@@ -222,19 +349,33 @@ class RolloutManager:
 
     def _each_engine(self, method: str) -> None:
         for url in list(self.engine_urls):
-            getattr(client_for(url), method)()
+            try:
+                getattr(client_for(url), method)()
+            except SlimeError as e:
+                if not self.args.use_fault_tolerance:
+                    raise
+                # restarted (in the state this call asked for) by recover_engines before the weight sync
+                logger.warning("%s on engine %s failed (%s); it is recovered before the weight sync", method, url, e)
 
     def offload(self) -> None:
         """Colocated: free the engines' KV cache while the trainer trains."""
+        self._offloaded = True  # an engine restarted meanwhile is offloaded too
         self._each_engine("release_memory_occupation")
 
     def onload(self) -> None:
+        self._offloaded = False
         self._each_engine("resume_memory_occupation")
 
     def save(self, rollout_id: int, directory: str) -> None:
-        """The data position and Data Buffer go with the trainer's checkpoint of this rollout."""
+        """The data position and Data Buffer go into the trainer's checkpoint of this rollout (its
+        staging `directory`, which the driver then commits); a --data-source-path class of slime's
+        contract saves itself with `save(rollout_id)`."""
         Path(directory).mkdir(parents=True, exist_ok=True)
-        self.data_source.save(rollout_id)
+        if isinstance(self.data_source, RolloutDataSource) and type(self.data_source).save is RolloutDataSource.save:
+            self.data_source.save(Path(directory) / ROLLOUT_STATE_FILE)
+        else:
+            self.data_source.save(rollout_id)
+        halt_point("rollout_state", rollout_id)
 
     def dispose(self) -> None:
         if self.watcher is not None:

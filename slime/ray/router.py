@@ -114,11 +114,11 @@ class RouterProcess:
             time.sleep(0.05)
         return True
 
-    def stop(self) -> None:
+    def stop(self, grace: float = 10.0) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=grace)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -182,12 +182,15 @@ def dispatcher_command(host: str, port: int, worker_urls: Iterable[str]) -> list
 
 def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: str = DEFAULT_ROUTER_POLICY,
                  model_path: str | None = None, extra_args: Iterable[str] = (), api_key: str | None = None,
-                 admin_api_key: str | None = None) -> RouterProcess:
+                 admin_api_key: str | None = None, port: int | None = None,
+                 request_timeout_secs: int | None = None) -> RouterProcess:
     """Start the router for `worker_urls` (sglang-router, or the built-in dispatcher without it);
     `extra_args`: sglang-router's own options (`--router-*` as `--<arg>`). With `api_key`, clients
     need it (the admin key, when given, for membership) and the router sends it to the engines."""
     host = "127.0.0.1"
-    port = free_port(host)
+    port = port or free_port(host)  # a restarted router keeps its address (clients hold it)
+    if request_timeout_secs is not None:  # slime's --sglang-router-request-timeout-secs; the user's own wins
+        extra_args = ["--request-timeout-secs", str(request_timeout_secs), *extra_args]
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     if sglang_router_available():
@@ -201,6 +204,8 @@ def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: 
                        "%s still stick to one engine)", policy, ROUTING_KEY_HEADER)
         kind, metrics_port = "builtin-dispatcher", None
         cmd = dispatcher_command(host, port, worker_urls)
+        if request_timeout_secs is not None:
+            cmd += ["--request-timeout-secs", str(request_timeout_secs)]
         log_path = log_dir / "dispatcher.log"
     with open(log_path, "ab") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())

@@ -8,7 +8,9 @@ from typing import Any
 import ray
 
 from slime.backends.torch.actor import RayTrainActor
+from slime.errors import SlimeError
 from slime.ray.placement_group import Placement, thread_budget
+from slime.utils.checkpoint_layout import latest_checkpoint_note
 from slime.utils.net import free_port
 
 
@@ -29,13 +31,32 @@ class RayTrainGroup:
         self.engine_urls: list[str] = []
 
     def _all(self, method: str, *a: Any) -> list[Any]:
-        return ray.get([getattr(actor, method).remote(*a) for actor in self.actors])
+        refs = [getattr(actor, method).remote(*a) for actor in self.actors]
+        pending = list(refs)
+        # the first rank to fail ends the call (the others may wait in a collective for it): an error
+        # as it is, a rank that died as a message naming it and the checkpoint to resume from
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(done[0])
+            except ray.exceptions.RayActorError as e:
+                rank = refs.index(done[0])
+                raise SlimeError(
+                    f"trainer rank {rank} of {len(self.actors)} died during {method} ({type(e).__name__}); the run "
+                    f"stops (the other ranks' collectives would wait --distributed-timeout-minutes "
+                    f"{self.args.distributed_timeout_minutes} for it); {latest_checkpoint_note(self.args.save)}"
+                ) from e
+        return ray.get(refs)
 
     def init(self) -> int:
         return self._all("init")[0]
 
     def connect_rollout(self, engine_urls: list[str]) -> None:
         self.engine_urls = list(engine_urls)
+
+    def reset_weight_sync(self) -> None:
+        """An engine was restarted (same address, new process): rebuild the weight-update group."""
+        self._all("reset_weight_sync")
 
     def train(self, rollout_id: int, data_ref: Any) -> dict[str, float]:
         # Every rank gets the same object ref and takes its own slice of each global batch.

@@ -65,7 +65,9 @@ class GenerateState:
     def _setup(self, args: Namespace) -> None:
         self.args = args
         self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
-        self.concurrency = args.sglang_server_concurrency * args.num_engines
+        # --deterministic-mode: one group at a time, in the order they were submitted (asyncio's
+        # semaphore wakes waiters first come, first served), so every run batches the same way
+        self.concurrency = 1 if args.deterministic_mode else args.sglang_server_concurrency * args.num_engines
         self._semaphores: "weakref.WeakKeyDictionary[Any, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
         self.sampling_params = sampling_params_from_args(args, evaluation=False)
         self.custom_generate = (
@@ -472,28 +474,42 @@ async def _as_list(coro: Any) -> list[Sample]:
 async def generate_and_rm_group(
     args: Namespace, group: list[Sample], sampling_params: dict[str, Any], evaluation: bool = False
 ) -> list[Sample]:
-    """Generate every sample of a group, then score them. A failure marks samples FAILED."""
+    """Generate every sample of a group, then score them. A failure marks samples FAILED.
+
+    With `args.sglang_enable_deterministic_inference` (--deterministic-mode or
+    --sglang-enable-deterministic-inference) sample i of the group gets `sampling_seed`
+    --rollout-seed + i, as slime's; with --deterministic-mode its samples go one request at a time."""
     state = GenerateState(args)
     todo = [s for s in group if not is_finished(s)]  # a group from the Data Buffer may be partly done
+    seeded = args.sglang_enable_deterministic_inference
+    seeds = {id(s): args.rollout_seed + i for i, s in enumerate(group)}
+
+    def params_of(s: Sample) -> dict[str, Any]:
+        return {**sampling_params, "sampling_seed": seeds[id(s)]} if seeded else dict(sampling_params)
+
+    async def each(make: Callable[[Sample], Any]) -> list[Any]:
+        if args.deterministic_mode:  # in order, one request at a time
+            return [await make(s) for s in todo]
+        return list(await asyncio.gather(*(make(s) for s in todo)))
+
     async with state.semaphore:
         if state.custom_generate is not None or any(getattr(s, "generate_function_path", None) for s in todo):
-            results = await asyncio.gather(*(
-                _custom_generate_one(args, s, copy.deepcopy(sampling_params), evaluation)
+            results = await each(
+                lambda s: _custom_generate_one(args, s, copy.deepcopy(params_of(s)), evaluation)
                 if _generate_function(args, s)[0] is not None
-                else _as_list(_default_generate_one(args, s, dict(sampling_params), evaluation))
-                for s in todo
-            ))
+                else _as_list(_default_generate_one(args, s, params_of(s), evaluation)))
             generated = [r for res in results for r in res]
             by_id = {id(s): res for s, res in zip(todo, results)}
             group[:] = [r for s in group for r in by_id.get(id(s), [s])]
         else:
             generated = list(todo)
-            fresh = len(todo) == len(group) and all(s.response_length == 0 for s in group)
+            # one batch request carries one sampling_params dict: per-sample seeds go one request each
+            fresh = not seeded and len(todo) == len(group) and all(s.response_length == 0 for s in group)
             try:
                 if fresh:
                     await _generate_group_batched(args, group, sampling_params, evaluation)
                 else:
-                    await asyncio.gather(*(generate(args, s, sampling_params, evaluation=evaluation) for s in todo))
+                    await each(lambda s: generate(args, s, params_of(s), evaluation=evaluation))
             except Exception as e:  # one bad group must not kill the rollout; it is marked and counted
                 logger.exception("generate failed for group %s", group[0].group_index)
                 for s in todo:

@@ -4,7 +4,10 @@ Reward post-processing (GRPO's group normalisation) lives here, on the rollout s
 slime: a group must be normalised as a whole before the batch is split over trainer ranks.
 A FAILED or ABORTED sample, or one a `--rollout-sample-filter-path` hook marked
 `remove_sample`, stays in the batch (so groups keep their shape and it is counted) but its loss
-mask is all zeros: it is never trained on.
+mask is all zeros: it is never trained on. A FAILED or ABORTED sample has no reward, so it is also
+out of every statistic (`statistics_mask`): its group's mean and std, `rollout/raw_reward`, and
+(train column `excluded`) the trainer's sample average of the loss; a group left with fewer than two
+valid samples is dropped whole and counted in `rollout/dropped_groups`.
 """
 
 from __future__ import annotations
@@ -15,12 +18,29 @@ from typing import Any
 
 import torch
 
-from slime.algorithms.advantages import dapo_overlong_penalty, group_normalize_rewards, rloo_rewards
+from slime.algorithms.advantages import dapo_overlong_penalty, drop_thin_groups, group_normalize_rewards, rloo_rewards
 from slime.errors import SlimeError
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 NOT_TRAINABLE = (Sample.Status.FAILED, Sample.Status.ABORTED)
+GROUP_ESTIMATORS = ("grpo", "gspo", "cispo", "rloo", "reinforce_plus_plus_baseline")  # baseline from the group
+
+
+def statistics_mask(args: Namespace, samples: list[Sample]) -> tuple[list[bool], int]:
+    """Which samples enter the statistics (group mean and std, advantage whitening, loss averages),
+    and how many groups were dropped. A FAILED or ABORTED sample never does: its reward is no reward.
+    With a group baseline (grpo, gspo, cispo, rloo, reinforce_plus_plus_baseline, normalised), a group
+    left with fewer than 2 valid samples is dropped whole (the train column `excluded` marks all of
+    these; their loss masks are zeros)."""
+    valid = [s.status not in NOT_TRAINABLE for s in samples]
+    g = args.n_samples_per_prompt
+    grouped = (args.loss_type != "sft_loss" and args.rewards_normalization
+               and args.advantage_estimator in GROUP_ESTIMATORS and g > 1)
+    if all(valid) or not grouped or len(samples) % g != 0:
+        return valid, 0
+    kept, dropped = drop_thin_groups(valid, g)
+    return [bool(v) for v in kept.tolist()], dropped
 
 
 def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[float], list[float]]:
@@ -33,6 +53,7 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
     step; ppo and reinforce_plus_plus always see the (penalised) rewards.
     """
     raw = [s.get_reward_value(args) if s.status not in NOT_TRAINABLE else 0.0 for s in samples]
+    valid, _ = statistics_mask(args, samples)  # FAILED samples (and dropped groups) stay out of mean and std
     if args.loss_type == "sft_loss":
         return raw, raw
     rewards = list(raw)
@@ -45,11 +66,11 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
         return raw, rewards
     t = torch.tensor(rewards, dtype=torch.float32)
     if est in ("grpo", "gspo", "cispo"):  # cispo takes grpo's advantages
-        t = group_normalize_rewards(t, g, std_normalization=args.grpo_std_normalization)
+        t = group_normalize_rewards(t, g, std_normalization=args.grpo_std_normalization, valid=valid)
     elif est == "reinforce_plus_plus_baseline":
-        t = group_normalize_rewards(t, g, std_normalization=False)
+        t = group_normalize_rewards(t, g, std_normalization=False, valid=valid)
     elif est == "rloo":
-        t = rloo_rewards(t, g)
+        t = rloo_rewards(t, g, valid=valid)
     return raw, t.tolist()
 
 
@@ -77,14 +98,15 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
                              f"{len(raw_rewards)} raw rewards and {len(rewards)} rewards for {len(samples)} samples")
     else:
         raw_rewards, rewards = post_process_rewards(args, samples)
+    valid, _ = statistics_mask(args, samples)
     loss_masks = []
-    for s in samples:
+    for s, ok in zip(samples, valid):
         mask = list(s.loss_mask) if s.loss_mask is not None else [1] * s.response_length
         if len(mask) != s.response_length:
             raise ValueError(
                 f"sample {s.index}: loss_mask has {len(mask)} entries but response_length is {s.response_length}"
             )
-        loss_masks.append([0] * len(mask) if s.status in NOT_TRAINABLE or s.remove_sample else mask)
+        loss_masks.append([0] * len(mask) if not ok or s.remove_sample else mask)
     data: dict[str, Any] = {
         "tokens": [list(s.tokens) for s in samples],
         "response_lengths": [s.response_length for s in samples],
@@ -93,6 +115,7 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
         "raw_reward": raw_rewards,
         "truncated": [int(s.status == Sample.Status.TRUNCATED) for s in samples],
         "sample_indices": [s.index for s in samples],
+        "excluded": [int(not ok) for ok in valid],  # out of every average (FAILED, or a dropped group)
     }
     if all(s.rollout_log_probs is not None for s in samples):
         data["rollout_log_probs"] = [list(s.rollout_log_probs) for s in samples]
@@ -124,6 +147,7 @@ def _converted(args: Namespace, samples: list[Sample], data: Any) -> dict[str, A
             data["loss_masks"][i] = [0] * len(data["loss_masks"][i])
     data.setdefault("raw_reward", list(data["rewards"]))
     data.setdefault("truncated", [int(s.status == Sample.Status.TRUNCATED) for s in samples])
+    data["excluded"] = [int(s.status in NOT_TRAINABLE) for s in samples]
     return data
 
 
@@ -138,17 +162,25 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
         "rollout/num_samples": float(len(samples)),
     }
     if args.loss_type != "sft_loss":  # SFT samples are not graded: no reward to report
-        metrics["rollout/raw_reward"] = sum(data["raw_reward"]) / n
+        # FAILED samples have no reward: the mean is over the others
+        scored = [r for r, s in zip(data["raw_reward"], samples) if s.status not in NOT_TRAINABLE]
+        metrics["rollout/raw_reward"] = sum(scored) / max(1, len(scored))
+        metrics["rollout/dropped_groups"] = float(statistics_mask(args, samples)[1])
         if args.overlong_buffer_len:
             penalty = dapo_overlong_penalty(lengths, args.rollout_max_response_len, args.overlong_buffer_len,
                                             args.overlong_penalty_factor)
             metrics["rollout/overlong_penalty"] = sum(penalty) / n
     metrics["rollout/removed_samples"] = float(sum(s.remove_sample for s in samples))
+    # A bounded grader refused or timed out (score 0, reason in metadata): a policy that learns
+    # to produce such answers shows up here first.
+    metrics["rollout/reward_refused"] = float(sum(isinstance(s.metadata, dict) and "reward_error" in s.metadata
+                                                  for s in samples))
     for status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED, Sample.Status.FAILED):
         metrics[f"rollout/status/{status.value}"] = float(sum(s.status == status for s in samples))
     # Groups whose rewards are all equal give GRPO zero advantage: worth watching.
     if args.n_samples_per_prompt > 1:
-        flat = [len({round(s.get_reward_value(args), 9) for s in g}) == 1 for g in groups if g]
+        flat = [len({round(s.get_reward_value(args), 9) for s in g if s.status not in NOT_TRAINABLE}) == 1
+                for g in groups if any(s.status not in NOT_TRAINABLE for s in g)]
         metrics["rollout/zero_std_group_ratio"] = sum(flat) / max(1, len(flat))
     metrics.update(optional_rollout_metrics(args, groups, data))
     return metrics

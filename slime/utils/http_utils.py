@@ -49,7 +49,8 @@ async def _session() -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, force_close=False)
     session = aiohttp.ClientSession(
         connector=connector,
-        timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+        # every attempt is bounded (a hung server must not hang the run); see configure()
+        timeout=aiohttp.ClientTimeout(total=_limits["timeout"], sock_connect=30),
         trust_env=False,
     )
     # An async generator that is still suspended is closed by loop.shutdown_asyncgens(), so the
@@ -92,6 +93,28 @@ def _queue_full(status: int, headers: Any, text: str) -> bool:
     return status == 503 and ("Retry-After" in headers or "queue is full" in text)
 
 
+# Per-process limits of rollout requests, set once from the run's arguments by `configure`:
+# one attempt's timeout (--sglang-router-request-timeout-secs), attempts of a `post` by default
+# (--rollout-request-max-retries) and the longest wait between attempts (--rollout-request-retry-interval).
+_limits: dict[str, float] = {"timeout": 14400.0, "max_retries": 60, "retry_interval": 1.0}
+_FIRST_BACKOFF_S = 0.1
+
+
+def configure(*, timeout: float | None = None, max_retries: int | None = None,
+              retry_interval: float | None = None) -> None:
+    """Set this process's request limits (sessions made afterwards use the timeout)."""
+    for key, value in (("timeout", timeout), ("max_retries", max_retries), ("retry_interval", retry_interval)):
+        if value is not None:
+            _limits[key] = value
+    _sessions.clear()  # the next call makes a session with the new timeout
+
+
+def retry_delay(attempt: int, retry_interval: float) -> float:
+    """Wait before attempt `attempt + 1`: exponential from 0.1 s, capped at `retry_interval` (a
+    restarted engine is found quickly; a long outage is polled every `retry_interval`)."""
+    return min(retry_interval, _FIRST_BACKOFF_S * 2 ** (attempt - 1))
+
+
 async def _request(method: str, url: str, payload: Any, max_retries: int, retry_interval: float,
                    headers: dict[str, str] | None = None) -> Any:
     headers = auth_headers(url, headers)  # the run's key, to the run's own servers only
@@ -128,30 +151,35 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
         attempt += 1
         if attempt < attempts:
             logger.debug("%s %s failed (%s); retry %d/%d", method, url, last, attempt, attempts - 1)
-            await asyncio.sleep(retry_interval)
+            await asyncio.sleep(retry_delay(attempt, retry_interval))
     raise HTTPRequestError(f"{method} {url} failed after {attempts} attempts: {last}", getattr(last, "status", None),
                            url)
 
 
-async def post(url: str, payload: Any = None, max_retries: int = 60, headers: dict[str, str] | None = None, *,
-               retry_interval: float = 1.0) -> Any:
+async def post(url: str, payload: Any = None, max_retries: int | None = None,
+               headers: dict[str, str] | None = None, *, retry_interval: float | None = None) -> Any:
     """POST `payload` as JSON (None sends `{}`, as slime does) and return the decoded JSON answer.
 
     Positional arguments are slime's, in slime's order: `post(url, payload, max_retries, headers)`.
-    Connection errors and 5xx answers are retried (`max_retries` attempts in all, `retry_interval`
-    seconds apart); a 503 for a full engine queue is waited out with backoff (up to
+    Connection errors, 5xx answers and attempts that time out (`configure`'s timeout, the run's
+    --sglang-router-request-timeout-secs) are retried (`max_retries` attempts in all, default
+    --rollout-request-max-retries, waits backing off from 0.1 s up to `retry_interval`, default
+    --rollout-request-retry-interval); a 503 for a full engine queue is waited out with backoff (up to
     `QUEUE_FULL_WAIT_S`) without using up an attempt; a 4xx raises `HTTPRequestError` at once with
     the server's message. `headers` are sent with every attempt (e.g. `session_headers(session_id)`
     for router session affinity); requests to the run's own servers also carry its key
     (`slime.utils.api_keys`).
     """
-    return await _request("POST", url, {} if payload is None else payload, max_retries, retry_interval, headers)
+    return await _request("POST", url, {} if payload is None else payload,
+                          _limits["max_retries"] if max_retries is None else max_retries,
+                          _limits["retry_interval"] if retry_interval is None else retry_interval, headers)
 
 
-async def get(url: str, max_retries: int = 1, retry_interval: float = 1.0,
+async def get(url: str, max_retries: int = 1, retry_interval: float | None = None,
               headers: dict[str, str] | None = None) -> Any:
     """GET `url` and return the decoded JSON answer (slime's `get(url)`; same error rules as `post`)."""
-    return await _request("GET", url, None, max_retries, retry_interval, headers)
+    return await _request("GET", url, None, max_retries,
+                          _limits["retry_interval"] if retry_interval is None else retry_interval, headers)
 
 
 def is_port_available(port: int) -> bool:

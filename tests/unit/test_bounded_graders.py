@@ -311,3 +311,18 @@ def test_gpqa_patterns_match_as_before_in_linear_time():
     assert gpqa_module.gpqa_reward("answer" + " " * 40000 + "!", "B") == 0.0
     assert gpqa_module.gpqa_reward("final" + " " * 40000 + "answer" + " " * 40000, "B") == 0.0
     assert time.monotonic() - start < 1.0
+
+
+def test_refused_grades_are_counted_in_the_rollout_metrics():
+    """A refused answer scores 0 and is counted (rollout/reward_refused), not silently averaged in."""
+    from slime.rollout.train_data import rollout_metrics, samples_to_train_data
+
+    args = make_args(rm_type="math", n_samples_per_prompt=2)
+    group = [Sample(prompt="p", response="\\boxed{9**9**9**9}", label="1.5", index=0),
+             Sample(prompt="p", response="\\boxed{1.5}", label="1.5", index=1)]
+    for s in group:
+        s.reward = asyncio.run(async_rm(args, s))
+        s.tokens, s.response_length, s.loss_mask, s.status = [1, 2, 3], 2, [1, 1], Sample.Status.COMPLETED
+    assert [s.reward for s in group] == [0, 1] and "reward_error" in group[0].metadata
+    metrics = rollout_metrics(args, [group], samples_to_train_data(args, [group]))
+    assert metrics["rollout/reward_refused"] == 1.0

@@ -69,11 +69,18 @@ def test_torch_dist_ref_load_of_another_model_stops_naming_both(tiny_model_dir, 
 
 
 def test_a_checkpoint_of_this_layout_is_resumed(tiny_model_dir, tmp_path):
+    from tests.unit.test_atomic_checkpoints import _stage
+    from slime.utils.checkpoint_layout import commit
+
     ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    (ckpt / "latest_checkpointed_iteration.txt").write_text("3")
+    _stage(ckpt, 3)
+    commit(ckpt, 3)
     args = make_args("--hf-checkpoint", str(tiny_model_dir), "--load", str(ckpt))
     assert resolve_checkpoints(args, _config(tiny_model_dir)) == [] and args.load == str(ckpt)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("4")  # a tracker naming nothing: stops
+    with pytest.raises(SlimeError, match="iter_0000004 does not exist"):
+        resolve_checkpoints(make_args("--hf-checkpoint", str(tiny_model_dir), "--load", str(ckpt)),
+                            _config(tiny_model_dir))
 
 
 def test_load_of_a_megatron_run_is_explained(tiny_model_dir, tmp_path):

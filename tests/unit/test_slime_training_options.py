@@ -17,7 +17,7 @@ from slime.algorithms.losses import cispo_loss, policy_loss_ppo_clip, reduce_los
 from slime.arguments import build_parser, parse_args
 from slime.backends.torch.actor import TrainActor
 from slime.errors import SlimeError
-from slime.utils.checkpoint_layout import TRAINER_STATE_FILE
+from slime.utils.checkpoint_layout import TRAINER_STATE_FILE, commit
 
 BASE = ["--rollout-batch-size", "2", "--num-rollout", "1"]
 DATA = {
@@ -478,8 +478,9 @@ def test_no_save_optim_checkpoint_resumes_with_a_fresh_optimizer(tiny_model_dir,
     actor = _actor(tiny_model_dir, tmp_path / "a", "--no-save-optim", "--save", str(save), "--micro-batch-size", "4")
     actor.train(0, _copy(DATA))
     out = actor.save(0)
-    state = torch.load(f"{out}/{TRAINER_STATE_FILE}", weights_only=False)
+    state = torch.load(f"{out}/{TRAINER_STATE_FILE}", weights_only=True)
     assert "optimizer" not in state and state["rollout_id"] == 0 and "scheduler" in state
+    commit(save, 0)  # what the driver does once both sides saved
     with caplog.at_level(logging.WARNING):
         resumed = _actor(tiny_model_dir, tmp_path / "b", "--load", str(save), "--micro-batch-size", "4")
     assert "no optimizer state (saved with --no-save-optim); starting a fresh optimizer" in caplog.text
@@ -493,7 +494,8 @@ def test_no_save_optim_checkpoint_resumes_with_a_fresh_optimizer(tiny_model_dir,
     freeze = ["--freeze-params-name-list", "embed_tokens"]
     full = _actor(tiny_model_dir, tmp_path / "c", "--save", str(save2), "--micro-batch-size", "4", *freeze)
     full.train(0, _copy(DATA))
-    assert "optimizer" in torch.load(f"{full.save(0)}/{TRAINER_STATE_FILE}", weights_only=False)
+    assert "optimizer" in torch.load(f"{full.save(0)}/{TRAINER_STATE_FILE}", weights_only=True)
+    commit(save2, 0)
     caplog.clear()
     back = _actor(tiny_model_dir, tmp_path / "d", "--load", str(save2), "--micro-batch-size", "4", *freeze)
     assert "fresh optimizer" not in caplog.text
@@ -508,7 +510,8 @@ def test_no_save_optim_leaves_the_critic_optimizer_out_too(tiny_model_dir, tmp_p
     actor = _actor(tiny_model_dir, tmp_path / "a", *ppo, "--save", str(save))
     actor.train(0, _copy(DATA))
     out = actor.save(0)
-    assert sorted(torch.load(f"{out}/critic_state.pt", weights_only=False)) == ["model", "scheduler"]
+    assert sorted(torch.load(f"{out}/critic_state.pt", weights_only=True)) == ["model", "scheduler"]
+    commit(save, 0)
     resumed = _actor(tiny_model_dir, tmp_path / "b", *ppo, "--load", str(save))
     assert len(resumed.critic.optimizer.state) == 0
     assert resumed.critic.scheduler.last_epoch == actor.critic.scheduler.last_epoch > 0

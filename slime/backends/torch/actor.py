@@ -15,8 +15,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import time
 from argparse import Namespace
+from datetime import timedelta
 from typing import Any
 
 import ray
@@ -34,9 +36,14 @@ from slime.backends.torch.batching import (
 from slime.backends.torch.critic import Critic
 from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
 from slime.backends.torch.optim import build_optimizer, reset_adam_state, select_trainable
+from slime.observability.ci_checks import check_logprob_diff, check_train_step, save_or_check_grad_norm
+from slime.observability.debug_data import save_train_data
+from slime.observability.profile_utils import TrainProfiler
 from slime.sync.distributed import DistributedWeightSync
-from slime.sync.tensor import engine_sequence_log_probs, push_weights
+from slime.engine.client import set_default_timeout as set_engine_timeout
+from slime.sync.tensor import dedupe_tied, engine_sequence_log_probs, push_weights
 from slime.utils.api_keys import register as register_keys
+from slime.utils.checkpoint_layout import write_weight_snapshot
 from slime.utils.misc import load_function
 from slime.utils.seqlen_balancing import balanced_order
 from slime.utils.threads import configure_torch_threads
@@ -56,9 +63,16 @@ class TrainActor:
         """Load policy (and reference), build the optimizer, resume; return the first rollout id."""
         configure_torch_threads(self.num_threads)
         torch.manual_seed(self.args.seed + self.rank)
+        random.seed(self.args.seed + self.rank)
+        if self.args.deterministic_mode:  # as slime's Megatron initialisation
+            torch.use_deterministic_algorithms(True)
+        self.prof = TrainProfiler(self.args, self.rank)  # --use-pytorch-profiler
         if self.world_size > 1:
             os.environ.update(MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
-            dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size)
+            # a collective waits --distributed-timeout-minutes (slime: 10) for a rank that died, not gloo's 30
+            dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size,
+                                    timeout=timedelta(minutes=self.args.distributed_timeout_minutes))
+        set_engine_timeout(self.args.engine_control_timeout_secs)
 
         # the initial policy is --ref-load's weights (= --hf-checkpoint unless given), as slime's
         # training starts from --ref-load when --load holds no checkpoint
@@ -92,6 +106,7 @@ class TrainActor:
         if self.args.load:
             start = checkpoint.load(self, self.args.load)
         self._snapshot_old_actor()
+        self.prof.on_init_end()
         return start
 
     def _shard_module(self, module: torch.nn.Module) -> None:
@@ -162,6 +177,8 @@ class TrainActor:
         if args.use_rollout_logprobs:
             old = [torch.as_tensor(data["rollout_log_probs"][i], dtype=torch.float32) for i in mine]
             entropy = None
+            if args.get_mismatch_metrics:  # slime: one more forward pass for the trainer's own log-probs
+                data["mismatch_log_probs"] = dict(zip(mine, self._forward_only(data, mine, self.model)))
         else:
             old = self._forward_only(data, mine, self.old_actor if self.old_actor is not None else self.model, entropy)
             data["train_log_probs"] = dict(zip(mine, old))
@@ -278,45 +295,86 @@ class TrainActor:
             data["rollout_mask_sums"] = [float(sum(m)) for m in data["loss_masks"]]
         extra: dict[str, float] = {}
         if args.loss_type != "sft_loss" and args.compute_advantages_and_returns:
-            extra = self._prepare_rl_data(data, mine, rollout_id)
+            with self.prof.phase("train_log_probs"):
+                extra = self._prepare_rl_data(data, mine, rollout_id)
         else:
             self._prepare_without_advantages(data, mine, rollout_id)
+        if args.save_debug_train_data is not None:
+            self._save_debug_train_data(rollout_id, data, mine)
         critic_only = self.critic is not None and rollout_id < args.num_critic_only_steps
 
         sums: dict[str, float] = {}
         per_rank_gbs = args.global_batch_size // self.world_size
-        for step_start in range(0, len(mine), per_rank_gbs):
-            step_indices = mine[step_start : step_start + per_rank_gbs]
-            reduce_kw = self._reduce_kw(data, step_indices)
-            step_metrics: dict[str, float] = {}
-            if self.critic is not None:
-                step_metrics.update(self.critic.train_step(data, step_indices, reduce_kw))
-            if not critic_only:
-                step_metrics.update(self._optimizer_step(data, step_indices, reduce_kw))
-            for k, v in step_metrics.items():
-                sums[k] = sums.get(k, 0.0) + v
+        with self.prof.phase("train_actor"):
+            for step_start in range(0, len(mine), per_rank_gbs):
+                step_indices = mine[step_start : step_start + per_rank_gbs]
+                reduce_kw = self._reduce_kw(data, step_indices)
+                step_metrics: dict[str, float] = {}
+                if self.critic is not None:
+                    step_metrics.update(self.critic.train_step(data, step_indices, reduce_kw))
+                if not critic_only:
+                    step_metrics.update(self._optimizer_step(data, step_indices, reduce_kw))
+                self._ci_step(rollout_id, step_start // per_rank_gbs, step_metrics)
+                for k, v in step_metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v
         steps = max(1, len(mine) // per_rank_gbs)
         metrics = {k: v / steps for k, v in sums.items()}
         metrics.update(extra)
         metrics = self._all_reduce_mean(metrics)
+        check_logprob_diff(args, rollout_id, metrics)  # --ci-test
         if args.ref_update_interval and self.ref_model is not None and (rollout_id + 1) % args.ref_update_interval == 0:
             self.ref_model.load_state_dict(self._full_state_every_rank())
         metrics["perf/train_time"] = time.perf_counter() - t0
+        self.prof.step()
         for key in ("old_log_probs", "train_log_probs", "ref_log_probs", "advantages", "returns", "values",
-                    *(("rollout_mask_sums",) if own_denoms else ())):
+                    "mismatch_log_probs", *(("rollout_mask_sums",) if own_denoms else ())):
             data.pop(key, None)
         return metrics
+
+    def _ci_step(self, rollout_id: int, step_id: int, step_metrics: dict[str, float]) -> None:
+        """--ci-test's on-policy checks and --ci-save/load-grad-norm on one optimizer step."""
+        check_train_step(self.args, rollout_id, step_id, step_metrics)
+        if "train/grad_norm" in step_metrics:
+            save_or_check_grad_norm(self.args, rollout_id, step_id, step_metrics["train/grad_norm"],
+                                    writer=self.is_rank0())
+
+    # per-sample columns of --save-debug-train-data: saved name -> column of the train data
+    DEBUG_TRAIN_COLUMNS = {"tokens": "tokens", "response_length": "response_lengths", "loss_mask": "loss_masks",
+                           "reward": "rewards", "raw_reward": "raw_reward", "log_probs": "old_log_probs",
+                           "ref_log_probs": "ref_log_probs", "rollout_log_probs": "rollout_log_probs",
+                           "advantages": "advantages", "returns": "returns", "values": "values"}
+
+    def _save_debug_train_data(self, rollout_id: int, data: dict[str, Any], mine: list[int]) -> None:
+        """--save-debug-train-data: rank 0 writes every rank's samples with what was computed for them."""
+        def plain(v: Any) -> Any:
+            return v.tolist() if isinstance(v, torch.Tensor) else v
+
+        local = [{"sample_index": i, "data_parallel_rank": self.rank,
+                  **{name: plain(data[col][i]) for name, col in self.DEBUG_TRAIN_COLUMNS.items() if col in data}}
+                 for i in mine]
+        if self.world_size > 1:
+            parts: list[Any] | None = [None] * self.world_size if self.is_rank0() else None
+            dist.gather_object(local, parts, dst=0)
+            local = [s for part in parts or [] for s in part]
+        if self.is_rank0():
+            save_train_data(self.args.save_debug_train_data, rollout_id, self.rank, local,
+                            readable=self.args.dump_details is not None)
 
     def _reduce_kw(self, data: dict[str, Any], indices: list[int]) -> dict[str, Any]:
         """Global-batch denominators of slime's two reductions (same for every micro-batch of the step)."""
         args = self.args
         num_tokens = float(sum(sum(data["loss_masks"][i]) for i in indices))
-        if args.calculate_per_token_loss and self.world_size > 1:
-            t = torch.tensor([num_tokens])
+        # FAILED samples (and groups dropped for too few valid samples) are out of the sample average
+        excluded = data.get("excluded")
+        num_samples = float(len(indices) - sum(excluded[i] for i in indices)) if excluded else float(len(indices))
+        if self.world_size > 1 and (args.calculate_per_token_loss or excluded):
+            t = torch.tensor([num_tokens, num_samples])
             dist.all_reduce(t)
-            num_tokens = float(t) / self.world_size  # FSDP averages grads over ranks
+            mean_tokens, mean_samples = (float(x) / self.world_size for x in t)  # FSDP averages grads over ranks
+            num_tokens = mean_tokens if args.calculate_per_token_loss else num_tokens
+            num_samples = mean_samples if excluded else num_samples
         return dict(calculate_per_token_loss=args.calculate_per_token_loss,
-                    num_samples=len(indices), num_tokens=max(num_tokens, 1.0))
+                    num_samples=max(num_samples, 1.0) if excluded else len(indices), num_tokens=max(num_tokens, 1.0))
 
     def _optimizer_step(self, data: dict[str, Any], indices: list[int], reduce_kw: dict[str, Any]) -> dict[str, float]:
         args = self.args
@@ -388,6 +446,11 @@ class TrainActor:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
+    def reset_weight_sync(self) -> None:
+        """--use-fault-tolerance restarted an engine: the next distributed update builds a new group."""
+        if self._dist_sync is not None:
+            self._dist_sync.close()
+
     def update_weights(self, engine_urls: list[str], weight_version: str) -> float:
         """Push the current weights into every engine (rank 0 sends; all ranks gather)."""
         t0 = time.perf_counter()
@@ -400,6 +463,8 @@ class TrainActor:
                 self._dist_sync.push(engine_urls, state, weight_version=weight_version)
             else:
                 push_weights(engine_urls, state, weight_version=weight_version)
+            if self.args.use_fault_tolerance:  # what an engine restarted later loads (see checkpoint_layout)
+                write_weight_snapshot(self.args.run_dir, dedupe_tied(state), weight_version)
         self._snapshot_old_actor()  # the engines now serve these weights
         return time.perf_counter() - t0
 

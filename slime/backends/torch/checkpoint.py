@@ -1,5 +1,8 @@
 """The trainer's checkpoints: Hugging Face model files plus the state needed to resume
 (layout in `slime.utils.checkpoint_layout`; the rollout side writes its own state file beside).
+A save writes into the checkpoint's staging directory, which `checkpoint_layout.commit` renames into
+place; `load` refuses a checkpoint that is not whole or not of this model. Every `.pt` file holds
+tensors and plain types only and is read with `torch.load(weights_only=True)`.
 
 `--no-save-optim` (slime's, Megatron's meaning) leaves the optimizer states out (policy and
 critic); the LR schedule's position, RNG and rollout id are still saved. Loading such a
@@ -9,6 +12,7 @@ checkpoint starts a fresh optimizer and says so.
 from __future__ import annotations
 
 import logging
+import shutil
 from argparse import Namespace
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import AutoTokenizer
 
 from slime.errors import SlimeError
-from slime.utils.checkpoint_layout import TRACKER, TRAINER_STATE_FILE, iter_dir, latest_dir
+from slime.utils.checkpoint_layout import TRAINER_STATE_FILE, check_complete, halt_point, latest_dir, staging_dir
 
 CRITIC_STATE_FILE = "critic_state.pt"
 logger = logging.getLogger(__name__)
@@ -44,7 +48,9 @@ class Checkpointable(Protocol):
 
 
 def save(actor: Checkpointable, rollout_id: int) -> str:
-    out = iter_dir(actor.args.save, rollout_id)
+    """Write the trainer's part of the checkpoint of `rollout_id` into its staging directory (returned);
+    the rollout side adds its state there, and `checkpoint_layout.commit` puts it in place."""
+    out = staging_dir(actor.args.save, rollout_id)
     model_state = actor.full_state_dict()
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     with_optim = not actor.args.no_save_optim
@@ -58,27 +64,37 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
             "model": get_model_state_dict(actor.critic.model, options=opts),
             "scheduler": actor.critic.scheduler.state_dict()}
     if actor.is_rank0():
-        out.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(out, ignore_errors=True)  # what a killed run left of this save
+        out.mkdir(parents=True)
         actor.model.save_pretrained(out, state_dict=model_state, safe_serialization=True)
         AutoTokenizer.from_pretrained(actor.args.hf_checkpoint).save_pretrained(out)
-        torch.save(trainer_state, out / TRAINER_STATE_FILE)
+        halt_point("trainer_weights", rollout_id)
+        torch.save(trainer_state, out / TRAINER_STATE_FILE)  # tensors and plain types only: weights_only loads
         if critic_state is not None:  # value head + backbone + its optimizer, to resume PPO
             torch.save(critic_state, out / CRITIC_STATE_FILE)
-        (Path(actor.args.save) / TRACKER).write_text(f"{rollout_id}\n")
     if actor.world_size > 1:
         dist.barrier()
     return str(out)
 
 
 def load(actor: Checkpointable, load_path: str) -> int:
-    """Restore weights and optimizer from `--load`; return the next rollout id."""
+    """Restore weights and optimizer from `--load`; return the next rollout id. A checkpoint that is
+    not whole, or not of this model, stops the run, naming what is wrong."""
+    what = f"--load {load_path}"
     ckpt = latest_dir(load_path)
+    check_complete(ckpt, what, needs=("config.json", "*.safetensors", TRAINER_STATE_FILE))
     weights: dict[str, torch.Tensor] = {}
     for f in sorted(ckpt.glob("*.safetensors")):
-        weights.update(load_file(str(f)))
-    if not weights:
-        raise SlimeError(f"--load {load_path}: no *.safetensors in {ckpt}")
-    state = torch.load(ckpt / TRAINER_STATE_FILE, map_location="cpu", weights_only=False)
+        try:
+            weights.update(load_file(str(f)))
+        except Exception as e:  # noqa: BLE001 - any unreadable file gets the same explanation
+            raise SlimeError(f"{what}: cannot read {f} ({type(e).__name__}: {e})") from e
+    check_same_model(actor.model, weights, f"{what}: {ckpt}")
+    state = load_state_file(ckpt / TRAINER_STATE_FILE, what)
+    missing = [k for k in ("rollout_id", "rng") if k not in state]
+    if missing:
+        raise SlimeError(f"{what}: {ckpt / TRAINER_STATE_FILE} is not a slime-rl trainer state "
+                         f"(it has no {', '.join(missing)})")
     opts = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(actor.model, weights, options=opts)
     if "optimizer" in state:
@@ -90,10 +106,47 @@ def load(actor: Checkpointable, load_path: str) -> int:
     if "scheduler" in state:
         actor.scheduler.load_state_dict(state["scheduler"])
     if actor.critic is not None and (ckpt / CRITIC_STATE_FILE).exists():
-        critic_state = torch.load(ckpt / CRITIC_STATE_FILE, map_location="cpu", weights_only=False)
+        critic_state = load_state_file(ckpt / CRITIC_STATE_FILE, what)
         if "optimizer" in critic_state:
             actor.critic.load_state(critic_state)
         else:  # --no-save-optim: weights and schedule only, a fresh critic optimizer
             set_model_state_dict(actor.critic.model, critic_state["model"], options=opts)
             actor.critic.scheduler.load_state_dict(critic_state["scheduler"])
     return int(state["rollout_id"]) + 1
+
+
+def load_state_file(path: Path, what: str) -> dict[str, Any]:
+    """A `.pt` file this project wrote (tensors and plain types), read with `weights_only=True`."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - truncated, foreign, or holding objects
+        raise SlimeError(f"{what}: cannot read {path} as a slime-rl state file ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    if not isinstance(state, dict):
+        raise SlimeError(f"{what}: {path} holds a {type(state).__name__}, not a slime-rl state dict")
+    return state
+
+
+def check_same_model(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
+    """The checkpoint's tensors are this model's: same names, same shapes (tied copies may be absent)."""
+    expected = model.state_dict()
+    shapes = {k: tuple(v.shape) for k, v in expected.items()}
+    unexpected = sorted(k for k in weights if k not in shapes)
+    wrong = [f"{k} {tuple(weights[k].shape)} (the model's {shapes[k]})" for k in sorted(weights)
+             if k in shapes and tuple(weights[k].shape) != shapes[k]]
+    by_storage: dict[int, list[str]] = {}
+    for k, v in expected.items():
+        local = v.to_local() if hasattr(v, "to_local") else v
+        if local.numel():
+            by_storage.setdefault(local.data_ptr(), []).append(k)
+    tied = {k: names for names in by_storage.values() if len(names) > 1 for k in names}
+    missing = sorted(k for k in shapes if k not in weights and not any(a in weights for a in tied.get(k, [])))
+    problems = []
+    if missing:
+        problems.append(f"{len(missing)} of the model's tensors are missing (e.g. {', '.join(missing[:3])})")
+    if unexpected:
+        problems.append(f"{len(unexpected)} tensors are not the model's (e.g. {', '.join(unexpected[:3])})")
+    if wrong:
+        problems.append(f"shapes differ: {', '.join(wrong[:3])}")
+    if problems:
+        raise SlimeError(f"{where} does not hold the weights of --hf-checkpoint's model: {'; '.join(problems)}")

@@ -27,6 +27,7 @@ from slime.algorithms.advantages import (
     reinforce_plus_plus_returns,
 )
 from slime.algorithms.kl import compute_approx_kl
+from slime.algorithms.mismatch import mismatch_metrics
 from slime.algorithms.losses import cispo_loss, opsm_mask, ppo_clip_from_kl, reduce_loss, sequence_ppo_kl, tis_weights
 from slime.backends.torch.batching import MicroBatch, pack
 from slime.errors import SlimeError
@@ -138,6 +139,14 @@ def policy_loss(
         # mismatch metrics over the tokens before any rejection, as slime
         metrics.update({f"train/{k}": reducer(mb.loss_masks)(v) for k, v in tis_metrics.items()})
         metrics["train/ois"] = reducer(mb.loss_masks)(torch.exp(-ppo_kl.detach()))
+    if args.get_mismatch_metrics:  # train/mis_*: diagnostics only, the loss is unchanged
+        if "rollout_log_probs" not in data:
+            raise SlimeError("--get-mismatch-metrics needs rollout log-probs, but the rollout function returned none")
+        # the trainer's log-probs of the weights that sampled (as the TIS weights use them)
+        key = next((k for k in ("train_log_probs", "mismatch_log_probs") if k in data), None)
+        train_lp = pack(data[key], mb.indices) if key else log_probs.detach()
+        mis = mismatch_metrics(train_lp, pack(data["rollout_log_probs"], mb.indices), lengths, mb.loss_masks)
+        metrics.update({f"train/{k}": reducer(mb.loss_masks)(v) for k, v in mis.items()})
     if args.custom_pg_loss_reducer_function_path is not None:
         pg_loss = _custom_pg_reduce(args, pg, pg_masks, mb, reduce_kw)
     else:
