@@ -39,6 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--load-debug-rollout-data", type=str, default=None,
                    help="Train on rollout data saved by --save-debug-rollout-data (path with {rollout_id}) "
                         "instead of generating; implies --debug-train-only.")
+    g.add_argument("--load-forge-rollout-data", type=str, default=None,
+                   help="A saved rollout (a file, or a path with {rollout_id}) that "
+                        "slime.rollout.forge_load.generate_rollout replays while the engines stay up "
+                        "(unlike --load-debug-rollout-data, no --debug-train-only).")
     g.add_argument("--load-debug-rollout-data-subsample", type=float, default=None,
                    help="Subsample a portion of the debug rollout data for faster debugging.")
     g.add_argument("--save-debug-train-data", type=str, default=None,

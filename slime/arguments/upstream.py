@@ -33,7 +33,6 @@ from slime.errors import SlimeError
 
 DATA = Path(__file__).with_name("slime_upstream.json")
 MODES_ISSUE = "'Every way slime places and overlaps training and rollout'"
-RUNS_ISSUE = "'Runs that survive and explain themselves'"
 
 _MEGATRON = "a Megatron-LM training feature; the fsdp backend trains without it"
 _GPU = "GPU-only; nothing to do on this backend"
@@ -79,9 +78,6 @@ NOT_BUILT: dict[str, str] = {
         "--update-weight-disk-dir", "--update-weight-disk-keep-files", "--update-weight-local-checkpoint-dir",
         "--custom-update-weight-post-write-path", "--release-train",
     ), MODES_ISSUE),
-    **dict.fromkeys((
-        "--load-forge-rollout-data",
-    ), RUNS_ISSUE),
 }
 
 NOT_SUPPORTED: dict[str, str] = {

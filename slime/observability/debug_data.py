@@ -67,15 +67,15 @@ def load_rollout_data(args: Namespace, rollout_id: int) -> list[list[Sample]]:
     return groups
 
 
-def read_samples(path: Path, rollout_id: int) -> list[Sample]:
+def read_samples(path: Path, rollout_id: int, option: str = "--load-debug-rollout-data") -> list[Sample]:
     if not path.is_file():
-        raise SlimeError(f"--load-debug-rollout-data: no file {path} for rollout {rollout_id}")
+        raise SlimeError(f"{option}: no file {path} for rollout {rollout_id}")
     try:
         saved = torch.load(path, weights_only=True)  # plain types only: a data file never runs code
         records = saved["samples"]
         return [Sample.from_dict(r) for r in records]
     except Exception as e:
-        raise SlimeError(f"--load-debug-rollout-data: {path} is not saved rollout data "
+        raise SlimeError(f"{option}: {path} is not saved rollout data "
                          f"({{'rollout_id', 'samples'}} from --save-debug-rollout-data): {type(e).__name__}: {e}") from e
 
 

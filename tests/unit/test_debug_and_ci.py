@@ -16,6 +16,7 @@ from slime.errors import SlimeError
 from slime.observability import ci_checks
 from slime.observability.debug_data import load_rollout_data, save_rollout_data
 from slime.utils.types import Sample
+from tests.helpers import make_args
 
 BASE = ["--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "1"]
 
@@ -239,3 +240,34 @@ def test_trainer_mismatch_metrics_train_data_dump_and_ci_report(tiny_model_dir, 
                                          "--ci-train-rollout-logprob-abs-diff-threshold 0.001"):
         _train(tiny_model_dir, tmp_path / "ci", "--ci-test", "--ci-train-rollout-logprob-abs-diff-threshold", "0.001")
     assert json.loads((tmp_path / "ci" / "ci_failure.json").read_text())["where"] == "rollout 0"
+
+
+def test_forge_load_replays_saved_rollouts_with_slimes_path_rules(tmp_path):
+    """slime.rollout.forge_load: {rollout_id} files, the 0.pt fallback for training (not eval),
+    eval_<id>.pt for evaluation, a literal file reused for every rollout; engines are not skipped."""
+    import torch
+
+    from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+    from slime.rollout.forge_load import generate_rollout
+
+    def save(name, rewards):
+        samples = [Sample(prompt="p", response=str(r), reward=float(r), group_index=i // 2, index=i,
+                          status=Sample.Status.COMPLETED) for i, r in enumerate(rewards)]
+        torch.save({"rollout_id": 0, "samples": [s.to_dict() for s in samples]}, tmp_path / name)
+
+    save("0.pt", [1, 0, 1, 1])
+    save("eval_3.pt", [0, 1])
+    args = make_args(n_samples_per_prompt=2, rollout_batch_size=2,
+                     load_forge_rollout_data=str(tmp_path / "{rollout_id}.pt"))
+    assert not args.debug_train_only  # unlike --load-debug-rollout-data
+    out = generate_rollout(args, 5, None)  # no 5.pt: training falls back to 0.pt
+    assert isinstance(out, RolloutFnTrainOutput) and [[s.reward for s in g] for g in out.samples] == [[1, 0], [1, 1]]
+    ev = generate_rollout(args, 3, None, evaluation=True)
+    assert isinstance(ev, RolloutFnEvalOutput) and ev.data["forge_eval"]["rewards"] == [0, 1]
+    assert generate_rollout(args, 4, None, evaluation=True).data == {}  # eval never falls back
+    literal = make_args(n_samples_per_prompt=2, rollout_batch_size=2, load_forge_rollout_data=str(tmp_path / "0.pt"))
+    assert len(generate_rollout(literal, 9, None).samples) == 2
+    assert generate_rollout(literal, 9, None, evaluation=True).data == {}
+    missing = make_args(load_forge_rollout_data=str(tmp_path / "nope.pt"))
+    with pytest.raises(SlimeError, match="--load-forge-rollout-data: no file"):
+        generate_rollout(missing, 0, None)

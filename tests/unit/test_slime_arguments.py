@@ -88,7 +88,6 @@ def test_not_used_options_parse_and_are_named_once_at_start_up():
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--load-forge-rollout-data", "r.pt"], "--load-forge-rollout-data is not built yet (issue 'Runs that survive"),
     (["--offload-train"], "--offload-train is not built yet (issue 'Every way slime places"),
     (["--update-weights-interval", "2"], "--update-weights-interval is not built yet"),
     (["--sglang-config", "x.yaml"], "--sglang-config: SGLang server groups"),
