@@ -3,14 +3,18 @@
     <save>/iter_0000012/   config.json, model.safetensors, tokenizer files  (loads with transformers)
                            trainer_state.pt    (optimizer, rollout id, RNG; the trainer writes it)
                            rollout_state.json  (data position and Data Buffer; the rollout side writes it)
-    <save>/latest_checkpointed_iteration.txt
+                           checkpoint_manifest.json (every file and its size, written at commit)
+    <save>/latest_checkpointed_iteration.txt   (replaced last: it only ever names a complete checkpoint)
 
 Both sides of the run read and write here, so the layout is a ground-level fact, not the trainer's.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import time
 from pathlib import Path
 
 from slime.errors import SlimeError
@@ -75,8 +79,6 @@ HALT_AT_ENV, HALT_FILE_ENV = "SLIME_TEST_HALT_AT", "SLIME_TEST_HALT_FILE"
 def halt_point(point: str, rollout_id: int) -> None:
     if os.environ.get(HALT_AT_ENV) != f"{point}@{rollout_id}":
         return
-    import time
-
     Path(os.environ[HALT_FILE_ENV]).write_text(point)
     while True:  # until the test kills the run
         time.sleep(1)
@@ -109,9 +111,6 @@ def write_atomic(path: Path, text: str) -> None:
 def commit(save: str | os.PathLike, rollout_id: int) -> Path:
     """Make the staged checkpoint of `rollout_id` the run's latest: flush every file, write the
     manifest, rename the directory into place, then replace the tracker."""
-    import json
-    import shutil
-
     save = Path(save)
     staging, final = staging_dir(save, rollout_id), iter_dir(save, rollout_id)
     if not staging.is_dir():
@@ -146,8 +145,6 @@ def check_complete(directory: Path, what: str, needs: tuple[str, ...] = ()) -> N
     """Refuse a checkpoint directory that is not whole, naming what is wrong: no manifest (a save
     that never finished, or not a slime-rl checkpoint), a file the manifest lists missing or of
     another size (truncated), or a part this run needs (`needs`: names of `PARTS`) missing."""
-    import json
-
     if not directory.is_dir():
         raise SlimeError(f"{what}: the checkpoint directory {directory} does not exist")
     manifest_path = directory / MANIFEST

@@ -72,7 +72,8 @@ from slime.ray.placement_group import init_ray
 import ray
 from ray._raylet import AuthenticationMode, get_authentication_mode
 
-init_ray(Namespace(colocate=True, actor_world_size=1, rollout_num_gpus=1))
+init_ray(Namespace(colocate=True, actor_world_size=1, rollout_num_gpus=1, debug_rollout_only=False,
+                 debug_train_only=False))
 start_s = time.time() - t
 
 @ray.remote(num_cpus=0)

@@ -24,6 +24,7 @@ import pytest
 from slime.errors import SlimeError
 from slime.rollout.rm_hub import async_rm
 from slime.rollout.rm_hub import sandbox_isolation
+from slime.rollout.rm_hub.sandbox_isolation import python_paths
 from slime.rollout.rm_hub.code import grade_code
 from slime.rollout.rm_hub.sandbox import SandboxLimits, SandboxUnavailable, check_sandbox, isolation, run_python
 from slime.rollout.rm_hub.sandbox_seccomp import seccomp_program
@@ -320,7 +321,8 @@ def test_sleeper_dies_when_its_parent_is_killed(tmp_path):
         tree: dict[int, str] = {}
         while time.monotonic() < deadline:
             tree = _descendants(parent.pid)
-            if any("_sandbox_runner.py" in c for c in tree.values()):
+            # the program itself (bwrap's own command line names the runner too, before it started it)
+            if any(c.startswith(python_paths()[0]) and "_sandbox_runner.py" in c for c in tree.values()):
                 break
             time.sleep(0.1)
         else:

@@ -28,6 +28,7 @@ trusted code on a machine without bubblewrap.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import resource
 import shutil
@@ -38,6 +39,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, fields, replace
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -167,8 +169,23 @@ del _sys
 '''
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+@lru_cache(maxsize=1)
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
 def _rlimits(limits: SandboxLimits, cgroup: PidsCgroup | None):
+    parent, libc = os.getpid(), _libc()
+
     def apply() -> None:  # in the child, before exec
+        # Die with the caller even before bwrap's own --die-with-parent is set up (a caller killed
+        # while the sandbox starts); the setting survives exec.
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the caller died before the line above
+            os._exit(1)
         if cgroup is not None:
             cgroup.join()
         cpu = max(1, int(round(limits.cpu_s)))
