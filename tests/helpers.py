@@ -3,6 +3,7 @@ its real default, never a hand-made partial namespace."""
 
 from __future__ import annotations
 
+import os
 import weakref
 from argparse import Namespace
 
@@ -32,3 +33,32 @@ def stub_generate_state(monkeypatch, args: Namespace):
     st.aborted, st.remaining_batch_size, st.pendings = False, 0, set()
     monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)
     return st
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid` (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    out, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` is running (a zombie is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False

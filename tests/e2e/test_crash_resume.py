@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import load_file
 
 from slime.utils.checkpoint_layout import HALT_AT_ENV, HALT_FILE_ENV, MANIFEST, TRACKER, iter_dir
-from tests.e2e.test_lifecycle import _alive, _descendants
+from tests.helpers import alive, descendants
 
 # 12 starts of a run: ~15 min on 2 shared, busy cores
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
@@ -57,7 +57,7 @@ def _start(argv, env, log: Path) -> subprocess.Popen:
 
 def _kill_everything(proc: subprocess.Popen) -> None:
     """SIGKILL the run and every process under it at once (no clean-up runs anywhere)."""
-    family = _descendants(proc.pid) | {proc.pid}
+    family = descendants(proc.pid) | {proc.pid}
     for pid in family:
         try:
             os.kill(pid, signal.SIGKILL)
@@ -69,7 +69,7 @@ def _kill_everything(proc: subprocess.Popen) -> None:
         pass
     proc.wait(timeout=30)
     deadline = time.time() + 30
-    while any(_alive(p) for p in family) and time.time() < deadline:
+    while any(alive(p) for p in family) and time.time() < deadline:
         time.sleep(0.2)
 
 

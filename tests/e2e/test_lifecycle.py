@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import alive, descendants
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 
@@ -96,33 +98,6 @@ def test_resume_from_checkpoint_with_the_data_buffer(tiny_model_dir, task_dir, t
     assert resumed["group_counter"] == state["group_counter"] + 8
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            if c not in out:
-                out.add(c)
-                todo.append(c)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
     run_dir = tmp_path / "run"
     stderr_path = tmp_path / "stderr.txt"  # a file, not a pipe: the child can never block on a full pipe
@@ -142,7 +117,7 @@ def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
             assert proc.poll() is None, stderr_tail()
             assert time.time() < deadline, "no training step within 180 s"
             time.sleep(0.5)
-        family = _descendants(proc.pid)
+        family = descendants(proc.pid)
         engines = [p for p in family if "slime.engine.server" in Path(f"/proc/{p}/cmdline").read_text(errors="ignore")]
         assert engines, "the engine server should be running"
         proc.send_signal(signal.SIGINT)
@@ -153,9 +128,9 @@ def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
         assert proc.returncode == 130, stderr_tail()
         assert "interrupted" in stderr_tail()
         deadline = time.time() + 30
-        while any(_alive(p) for p in family) and time.time() < deadline:
+        while any(alive(p) for p in family) and time.time() < deadline:
             time.sleep(0.5)
-        assert not [p for p in family if _alive(p)], "processes outlived `slime train`"
+        assert not [p for p in family if alive(p)], "processes outlived `slime train`"
     finally:
         if proc.poll() is None:
             proc.kill()

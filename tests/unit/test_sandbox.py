@@ -29,7 +29,7 @@ from slime.rollout.rm_hub.code import grade_code
 from slime.rollout.rm_hub.sandbox import SandboxLimits, SandboxUnavailable, check_sandbox, isolation, run_python
 from slime.rollout.rm_hub.sandbox_seccomp import seccomp_program
 from slime.utils.types import Sample
-from tests.helpers import make_args
+from tests.helpers import alive, descendants, make_args
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = dict(sandbox_timeout=10, sandbox_cpu_time=4, sandbox_memory_mb=512)
@@ -42,21 +42,11 @@ def _pids() -> set[int]:
     return {int(p) for p in os.listdir("/proc") if p.isdigit()}
 
 
-def _descendants(root: int) -> dict[int, str]:
-    """pid -> command line of every process below `root` (read from /proc)."""
-    parent_of, cmd = {}, {}
-    for pid in _pids():
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            parent_of[pid] = int(stat.rsplit(")", 1)[1].split()[1])
-            cmd[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, ValueError, IndexError):
-            continue
-    found, frontier = {}, {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parent_of.items() if ppid in frontier and pid not in found}
-        found.update({pid: cmd[pid] for pid in frontier})
-    return found
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
 
 
 def code_reward(program: str, tests, **kw) -> tuple[float, str]:
@@ -320,7 +310,7 @@ def test_sleeper_dies_when_its_parent_is_killed(tmp_path):
         deadline = time.monotonic() + 30
         tree: dict[int, str] = {}
         while time.monotonic() < deadline:
-            tree = _descendants(parent.pid)
+            tree = {pid: _cmdline(pid) for pid in descendants(parent.pid)}
             # the program itself (bwrap's own command line names the runner too, before it started it)
             if any(c.startswith(python_paths()[0]) and "_sandbox_runner.py" in c for c in tree.values()):
                 break
@@ -330,10 +320,10 @@ def test_sleeper_dies_when_its_parent_is_killed(tmp_path):
         parent.send_signal(signal.SIGKILL)
         parent.wait()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and set(tree) & _pids():
+        while time.monotonic() < deadline and any(alive(pid) for pid in tree):
             time.sleep(0.1)
-        alive = {pid: c for pid, c in tree.items() if pid in _pids() and Path(f"/proc/{pid}/cmdline").exists()}
-        assert not alive, alive
+        survivors = {pid: c for pid, c in tree.items() if alive(pid)}
+        assert not survivors, survivors
     finally:
         if parent.poll() is None:
             parent.kill()
