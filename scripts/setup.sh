@@ -29,3 +29,15 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "  sudo apt-get update && sudo apt-get install -y bubblewrap" >&2
   fi
 fi
+# The report test (tests/e2e/test_report_browser.py) opens `slime report`'s HTML in headless
+# Chromium driven by selenium: install Debian's chromium + chromium-driver when they are missing.
+if ! command -v chromedriver >/dev/null 2>&1 || ! { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing chromium + chromium-driver for the report's browser test" >&2
+    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; } >&2 \
+      || echo "setup: could not install chromium; the report's browser test will be skipped" >&2
+  else
+    echo "setup: chromium / chromedriver are missing; the report's browser test needs them. Install with:" >&2
+    echo "  sudo apt-get update && sudo apt-get install -y chromium chromium-driver" >&2
+  fi
+fi

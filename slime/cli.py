@@ -1,4 +1,5 @@
-"""`slime <command>`: train (the RL loop; no arguments = the default job), serve, tiny-model, make-data."""
+"""`slime <command>`: train (the RL loop; no arguments = the default job), train-async, serve, tiny-model,
+make-data."""
 
 from __future__ import annotations
 
@@ -13,9 +14,13 @@ commands:
   train        run RL training (slime's arguments; `slime train --help`).
                With neither --hf-checkpoint nor --prompt-data: the default job
                (tiny model + addition task, SFT warm start then GRPO, on CPU).
+  train-async  the same loop one step off policy (slime's train_async.py): rollout
+               k+1 is generated while step k trains; same arguments, no --colocate
   serve        start the built-in inference engine (SGLang's HTTP API)
   tiny-model   write a tiny random-init Hugging Face model with a local tokenizer
   make-data    write the bundled arithmetic task (train/eval/sft JSONL)
+  report       write RUN_DIR/report.html: curves, rollout browser, run facts
+               (one self-contained HTML file; `slime report RUN_DIR`)
 """
 
 
@@ -36,6 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slime.train import main as train_main
 
         return run_default_job(rest) if is_default_job(rest) else train_main(rest)
+    if cmd == "train-async":
+        from slime.train_async import main as train_async_main
+
+        return train_async_main(rest)
     if cmd == "serve":
         from slime.engine.server import main as serve_main
 
@@ -48,7 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slime.data.arithmetic import main as data_main
 
         return data_main(rest) or 0
-    close = difflib.get_close_matches(cmd, ["train", "serve", "tiny-model", "make-data"], n=1)
+    if cmd == "report":
+        from slime.observability.report import main as report_main
+
+        return report_main(rest)
+    close = difflib.get_close_matches(cmd, ["train", "train-async", "serve", "tiny-model", "make-data", "report"],
+                                      n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     print(f"slime: unknown command {cmd!r}{hint}\n\n{USAGE}", file=sys.stderr)
     return 2

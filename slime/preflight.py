@@ -21,10 +21,12 @@ from slime.engine.args import check_engine_args, check_model_dir
 from slime.errors import SlimeError
 from slime.observability.debug_data import load_rollout_data as load_debug_rollout_data
 from slime.ray.engine_launch import validate_sglang_args
+from slime.agent.generate import check_agent_args
 from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
 from slime.rollout.rm_hub.sandbox import check_sandbox
 from slime.rollout.sglang_rollout import load_eval_prompts
+from slime.sync.external import discover as discover_external_engines
 from slime.utils.checkpoint_layout import latest_dir
 from slime.utils.eval_config import eval_dataset_configs
 from slime.utils.misc import load_function
@@ -36,6 +38,7 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "rollout_function_path": (("args", "rollout_id", "data_source"), ("evaluation",)),
     "eval_function_path": (("args", "rollout_id", "data_source"), ("evaluation",)),
     "custom_generate_function_path": (("args", "sample", "sampling_params"), ()),
+    "agent_function_path": (("base_url", "api_key", "sample"), ()),
     "custom_rm_path": (("args", "sample_or_samples"), ()),
     "dynamic_sampling_filter_path": (("args", "samples"), ()),
     "custom_reward_post_process_path": (("args", "samples"), ()),
@@ -50,6 +53,7 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                                               "calculate_per_token_loss"), ()),
     # a list (slime's action="append"); rollout_id / evaluation are passed only where the hook takes them
     "rollout_sample_hook_path": (("args", "sample"), ()),
+    "custom_update_weight_post_write_path": (("args", "version_dir", "rollout_engines"), ()),
     "rollout_all_samples_process_path": (("args", "all_samples", "data_source"), ()),
     "custom_rollout_log_function_path": (("rollout_id", "args", "samples", "rollout_extra_metrics",
                                           "rollout_time"), ()),
@@ -184,6 +188,11 @@ def preflight(args: Namespace) -> None:
     if args.load:
         latest_dir(args.load)
     check_hooks(args)
+    if args.agent_function_path:  # the adapter's parsers (--sglang-tool-call-parser / -reasoning-parser)
+        check_agent_args(args)
+    if args.rollout_external_engine_addrs and not args.debug_train_only:  # every external engine answers
+        discover_external_engines(args.rollout_external_engine_addrs, api_key=args.engine_api_key,
+                                  admin_api_key=args.engine_admin_api_key)
     check_reward(args)
     num_prompts = check_data(args)
     if args.num_rollout is None:

@@ -2,6 +2,10 @@
 
     python -m slime.train --hf-checkpoint DIR --prompt-data train.jsonl --rm-type math ...
 
+One loop serves both of slime's entry points: it takes a bound on the policy lag, how many
+rollouts may be generated ahead of the step that trains (0: synchronous, this module; 1:
+`slime.train_async`, where rollout k+1 is generated while step k trains).
+
 Every user error is found by `preflight` before Ray or any engine process starts.
 """
 
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from argparse import Namespace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -23,6 +28,7 @@ from slime.errors import SlimeError
 from slime.observability.ci_checks import check_weight_versions
 from slime.observability.metrics import MetricsLogger, tensorboard_dir
 from slime.observability.plots import plot_run
+from slime.observability.report import report_run
 from slime.observability.timer import timer
 from slime.preflight import preflight
 from slime.ray.placement_group import create_placement, init_ray
@@ -39,8 +45,13 @@ def _due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
     return last or bool(interval and (rollout_id + 1) % interval == 0)
 
 
-def train(args: Namespace) -> dict[str, float]:
-    """Run one training stage; return the last metrics row. `args` come from `parse_args`."""
+def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
+    """Run one training stage; return the last metrics row. `args` come from `parse_args`;
+    `max_lag` rollouts may be generated ahead of training (0: synchronous)."""
+    if max_lag and args.colocate:  # slime: "Colocation is not supported for async training."
+        raise SlimeError("--colocate cannot run with train_async (slime's rule): colocated, the engines and the "
+                         "trainer take turns on the same resources, so a rollout cannot be generated while a step "
+                         "trains; drop --colocate (engines and trainer on their own bundles) or use slime.train")
     preflight(args)
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -61,7 +72,7 @@ def train(args: Namespace) -> dict[str, float]:
         ray.get(rollout_ready)
         if args.start_rollout_id is None:  # slime's rule: unset, the loop starts where the checkpoint left off
             args.start_rollout_id = resumed_at
-        return _loop(args, rollout_manager, actor_model, metrics_log)
+        return _loop(args, rollout_manager, actor_model, metrics_log, max_lag)
     finally:
         metrics_log.close()
         _release(rollout_manager, actor_model, placement)
@@ -79,7 +90,10 @@ def _release(rollout_manager, actor_model: RayTrainGroup | None, placement) -> N
 
 
 def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup | None,
-          metrics_log: MetricsLogger) -> dict[str, float]:
+          metrics_log: MetricsLogger, max_lag: int = 0) -> dict[str, float]:
+    """Each step: take rollout k (asking for it now unless it was asked for ahead), ask for the
+    rollouts up to k + max_lag, train on k, sync the weights when due (after the rollouts in
+    flight finish: a weight update never lands inside a rollout), save, evaluate."""
     start_rollout_id = args.start_rollout_id
     # --debug-rollout-only starts no trainer, --debug-train-only no engines: nothing to sync either way
     trains, serves = actor_model is not None, not args.debug_train_only
@@ -96,26 +110,31 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup | None,
         metrics_log.log(0, last)
         progress.note(last)
 
+    rollouts = Rollouts(rollout_manager, start_rollout_id, args.num_rollout)
     for rollout_id in range(start_rollout_id, args.num_rollout):
         metrics: dict[str, float] = {}
+        save_now = trains and _due(args.save_interval, rollout_id, args.num_rollout)
+        eval_now = serves and bool(args.eval_prompt_data) and _due(args.eval_interval, rollout_id, args.num_rollout)
         with timer("step", metrics):
             progress.phase("rollout")
-            rollout_data_ref, rollout_metrics_ref = rollout_manager.generate.options(num_returns=2).remote(rollout_id)
-            metrics.update(_get_rollout_metrics(rollout_metrics_ref, rollout_data_ref))
+            rollout_data_ref, rollout_metrics = rollouts.take(rollout_id)
+            metrics.update(rollout_metrics)
+            if not save_now:  # a checkpoint's data position is rollout k's: nothing is generated past it yet
+                rollouts.ask_through(rollout_id + max_lag)  # train_async: rollout k+1 generates while k trains
 
             if trains:
-                if args.colocate:  # the engine frees its KV cache while the trainer uses the cores
+                # the engine frees its KV cache while the trainer uses the cores (not while it generates ahead)
+                offload_rollout = args.offload_rollout and not rollouts.asked
+                if offload_rollout:
                     ray.get(rollout_manager.offload.remote())
-                progress.phase("train")
+                progress.phase("train")  # --offload-train: the trainer's optimizer state is back for the step only
                 metrics.update(actor_model.train(rollout_id, rollout_data_ref))
-                if args.colocate:
+                if offload_rollout:
                     ray.get(rollout_manager.onload.remote())
 
-            save_now = trains and _due(args.save_interval, rollout_id, args.num_rollout)
-            eval_now = serves and bool(args.eval_prompt_data) and _due(args.eval_interval, rollout_id, args.num_rollout)
-            # SFT data never comes from the policy, so the engine needs new weights only to evaluate.
-            if trains and serves and (args.loss_type != "sft_loss" or eval_now or rollout_id == args.num_rollout - 1):
+            if trains and serves and _sync_due(args, rollout_id, eval_now):
                 progress.phase("sync")
+                rollouts.wait_in_flight()  # slime: never update the weights in the middle of a generation
                 metrics.update(_sync_weights(args, rollout_manager, actor_model, str(rollout_id + 1), parity_tokens))
 
             if save_now:
@@ -125,9 +144,11 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup | None,
                 ckpt = actor_model.save(rollout_id)
                 ray.get(rollout_manager.save.remote(rollout_id, ckpt))
                 commit_checkpoint(args.save, rollout_id)
+                report_run(args.run_dir)  # report.html as of this save (curves up to the last logged step)
             if eval_now:
                 progress.phase("eval")
                 metrics.update(ray.get(rollout_manager.eval.remote(rollout_id)))
+            rollouts.ask_through(rollout_id + max_lag)  # after a checkpoint: the next rollouts start now
 
         # Logged after the step: step k's row describes rollout k and the weights it produced.
         metrics_log.log(rollout_id + 1, metrics)
@@ -138,6 +159,46 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup | None,
     return last
 
 
+class Rollouts:
+    """The rollouts asked of the manager and not yet trained on, by rollout id: the loop's only
+    state for generating ahead. The manager is one actor, so they generate in order."""
+
+    def __init__(self, rollout_manager, first: int, num_rollout: int) -> None:
+        self.manager, self.next, self.num_rollout = rollout_manager, first, num_rollout
+        self.asked: dict[int, tuple] = {}  # rollout id -> (data ref, metrics ref)
+
+    def ask_through(self, last: int) -> None:
+        """Start generating every rollout up to `last` (within the run) not asked for yet."""
+        while self.next <= min(last, self.num_rollout - 1):
+            self.asked[self.next] = self.manager.generate.options(num_returns=2).remote(self.next)
+            self.next += 1
+
+    def take(self, rollout_id: int) -> tuple[object, dict[str, float]]:
+        """Rollout `rollout_id`'s data ref and metrics, once it is generated; `perf/rollout_wait_time`
+        is how long the loop waited for it (the rollout time not hidden behind training)."""
+        self.ask_through(rollout_id)
+        data_ref, metrics_ref = self.asked.pop(rollout_id)
+        t0 = time.perf_counter()
+        metrics = _get_rollout_metrics(metrics_ref, data_ref)
+        metrics["perf/rollout_wait_time"] = time.perf_counter() - t0
+        return data_ref, metrics
+
+    def wait_in_flight(self) -> None:
+        """Until every rollout asked for is generated (its errors surface when it is taken)."""
+        refs = [metrics_ref for _, metrics_ref in self.asked.values()]
+        if refs:
+            ray.wait(refs, num_returns=len(refs))
+
+
+def _sync_due(args: Namespace, rollout_id: int, eval_now: bool) -> bool:
+    """Every --update-weights-interval rollouts and after the last; SFT data never comes from the
+    policy, so for SFT the engine needs new weights only to evaluate."""
+    last = rollout_id == args.num_rollout - 1
+    if args.loss_type == "sft_loss":
+        return eval_now or last
+    return last or (rollout_id + 1) % args.update_weights_interval == 0
+
+
 def _sync_weights(args: Namespace, rollout_manager, actor_model: RayTrainGroup, version: str,
                   parity_tokens: list[int] | None = None) -> dict[str, float]:
     """The trainer's weights into every live engine (one that died was removed from the router by
@@ -146,7 +207,12 @@ def _sync_weights(args: Namespace, rollout_manager, actor_model: RayTrainGroup, 
     if ray.get(rollout_manager.recover_engines.remote()):
         actor_model.reset_weight_sync()
     actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
-    metrics = {"perf/update_weights_time": actor_model.update_weights(weight_version=version)}
+    # a rollout that generates across rollouts (fully async) finishes or aborts its requests here
+    metrics = ray.get(rollout_manager.before_weight_update.remote())
+    try:
+        metrics.update(actor_model.update_weights(weight_version=version))  # perf/update_weights_time, ...
+    finally:
+        ray.get(rollout_manager.after_weight_update.remote())
     if parity_tokens:
         metrics["train/weight_sync_logprob_abs_diff"] = max(actor_model.check_weight_parity(parity_tokens).values())
     if args.ci_test:
@@ -178,6 +244,7 @@ def finish_run(args: Namespace) -> None:
     png = plot_run(run_dir / "metrics.jsonl", run_dir / "metrics.png")
     print(f"[slime] metrics: {(run_dir / 'metrics.jsonl').resolve()}")
     print(f"[slime] plot:    {png.resolve()}")
+    report_run(run_dir)  # report.html: curves, rollout browser, run facts (`slime report RUN_DIR`)
     if args.use_tensorboard:
         print(f"[slime] tensorboard --logdir {tensorboard_dir(args).resolve()}")
 

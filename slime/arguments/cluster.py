@@ -19,7 +19,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Total engine slots (on CPU: engine worker processes x per-engine).")
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
     g.add_argument("--colocate", action="store_true",
-                   help="Engines and trainers share the machine and take turns (engine frees its KV cache while training).")
+                   help="Engines and trainers share the machine and take turns (engine frees its KV cache while "
+                        "training). Turning this on will also set --offload to true.")
+    # slime's offload options: None means "not given", resolved in finalize (slime's rules)
+    g.add_argument("--offload", action="store_true", default=False,
+                   help="Equivalent to --offload-train + --offload-rollout. ")
+    g.add_argument("--offload-train", action=argparse.BooleanOptionalAction,
+                   help="Whether to offload the training actor during rollout (on CPU: its optimizer state goes "
+                        "to a file in the run directory and its gradients are freed, restored bit-exactly before "
+                        "the next step). This will always be true when --colocate is set.")
+    g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction,
+                   help="Whether to offload the rollout generator during training (the engines release their KV "
+                        "cache). This will always be true when --colocate is set.")
+    g.add_argument("--release-train", action="store_true", default=False,
+                   help="Release Megatron training actors during rollout and recreate them before each train step. "
+                        "Requires disk weight sync and --save for Megatron reload.")
     g.add_argument("--train-backend", choices=TRAIN_BACKENDS, default="fsdp")
     g.add_argument("--train-num-threads", type=int, default=None,
                    help="torch threads per trainer process (default: cores shared without oversubscription).")
@@ -41,3 +55,35 @@ def finalize(args: argparse.Namespace) -> None:
             f"--rollout-num-gpus-per-engine ({args.rollout_num_gpus_per_engine})"
         )
     args.num_engines = args.rollout_num_gpus // args.rollout_num_gpus_per_engine
+    # each engine's cores and threads, filled in by the placement (slime/ray/placement_group.py)
+    args.engine_cores = args.engine_threads = None
+    if args.colocate and args.actor_num_nodes > 1 and args.actor_num_gpus_per_node % args.rollout_num_gpus_per_engine:
+        raise SlimeError(
+            f"--colocate over --actor-num-nodes {args.actor_num_nodes}: an engine is one process on one node, but "
+            f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine} does not divide "
+            f"--actor-num-gpus-per-node {args.actor_num_gpus_per_node}, so an engine's slots would span two nodes"
+        )
+    resolve_offload(args)
+
+
+def resolve_offload(args: argparse.Namespace) -> None:
+    """slime's rules: --offload sets both; --debug-rollout-only has no trainer to take turns with;
+    --colocate offloads both sides unless --no-offload-* says otherwise; the PPO critic forces
+    --offload-train. --release-train is Megatron's (slime refuses it with any other backend)."""
+    if args.offload:
+        args.offload_train = args.offload_rollout = True
+    if args.release_train:
+        raise SlimeError(
+            "--release-train is only supported with the Megatron train backend (slime's rule); this installation "
+            "trains with --train-backend fsdp, where --offload-train releases the optimizer state and gradients "
+            "during rollout instead"
+        )
+    if args.debug_rollout_only:
+        args.offload_train = args.offload_rollout = False
+    elif args.colocate:
+        if args.offload_train is None:
+            args.offload_train = True
+        if args.offload_rollout is None:
+            args.offload_rollout = True
+    args.offload_train = bool(args.offload_train) or args.advantage_estimator == "ppo"  # slime: critic => offload
+    args.offload_rollout = bool(args.offload_rollout)

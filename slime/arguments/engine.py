@@ -10,6 +10,7 @@ import importlib.util
 import json
 from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -25,10 +26,13 @@ ROLLOUT_BACKENDS = ("sglang", "builtin")
 # sglang-router's policies; slime's default is sglang-router's default (`cache_aware`).
 ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two", "consistent_hashing", "manual")
 DEFAULT_ROUTER_POLICY = "cache_aware"
-# slime's transports plus the built-in engine's HTTP payload ('tensor')
-WEIGHT_TRANSPORTS = ("nccl", "tensor", "disk")
+# slime's transports ('nccl': the collective path, gloo on CPU; colocated: shared memory)
+WEIGHT_TRANSPORTS = ("nccl", "disk")
+WEIGHT_MODES = ("full", "delta")
+DELTA_ENCODINGS = ("xor", "overwrite")
+DELTA_CHECKSUMS = ("xxh3-128", "blake3", "adler32")
 # an earlier slime-rl spelling of the transport, under a name slime uses for something else
-OLD_WEIGHT_MODES = {"tensor": "tensor", "distributed": "nccl"}
+OLD_WEIGHT_MODES = {"tensor": "nccl", "distributed": "nccl"}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,17 +40,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-backend", choices=ROLLOUT_BACKENDS, default=None,
                    help="Engine servers: real SGLang (GPUs) or the built-in CPU engine "
                         "(default: sglang when CUDA and the sglang package are present, else builtin).")
-    g.add_argument("--update-weight-transport", choices=WEIGHT_TRANSPORTS, default=None,
-                   help="How weights reach the engines (slime's option): 'nccl' broadcasts them over a process "
-                        "group of their own (/init_weights_update_group + /update_weights_from_distributed; gloo "
-                        "on CPU; slime's default, and the default with --rollout-backend sglang); 'tensor' posts "
-                        "safetensors bytes to /update_weights_from_tensor (the built-in engine's payload; the "
-                        "default with it); 'disk' is not built yet.")
+    g.add_argument("--update-weight-transport", type=str, default="nccl",
+                   help="Carrier for weight sync (slime's option; nccl or disk). 'nccl' (default): the collective "
+                        "path, buckets broadcast over a process group of their own (/init_weights_update_group + "
+                        "/update_weights_from_distributed; gloo on CPU); with --colocate and the built-in engine "
+                        "the trainer instead writes the weights once into a shared-memory buffer (/dev/shm) the "
+                        "engines map (/update_weights_from_shared_memory, the CPU counterpart of SGLang's CUDA "
+                        "IPC handles). 'disk' writes a complete HF checkpoint (or, in delta mode, a delta) under "
+                        "--update-weight-disk-dir and the engines reload it (/update_weights_from_disk).")
     # slime's meaning: what is sent (every weight, or only the changed ones); not a transport
     g.add_argument("--update-weight-mode", type=str, default="full",
-                   help="Weight sync payload (slime's option): 'full' sends every weight; 'delta' is not built yet.")
+                   help="Weight sync strategy (slime's option; full or delta). 'full' (default) sends every "
+                        "parameter every sync. 'delta' diffs each sync against a CPU snapshot of the previous one "
+                        "and ships only the changed bytes (disk transport only; not with --colocate).")
     g.add_argument("--update-weight-buffer-size", type=int, default=512 * 1024 ** 2,
-                   help="Bytes per bucket of a distributed weight update (one HTTP call per bucket).")
+                   help="buffer size for update weight, in bytes (slime's option): the bucket size of a "
+                        "collective weight update (one HTTP control call per bucket).")
+    g.add_argument("--update-weight-disk-dir", type=str, default=None,
+                   help="Filesystem directory for disk-backed weight sync (slime's option). In "
+                        "--update-weight-mode=full, one complete HF checkpoint directory weight_v<N>/ is written "
+                        "per sync. In delta mode, one delta directory (changed tensors only) is written per sync. "
+                        "Must be readable by the engines (the engines this run starts may read it).")
+    g.add_argument("--update-weight-disk-keep-files", action="store_true", default=False,
+                   help="Skip cleanup of full-checkpoint directories written by --update-weight-mode=full "
+                        "--update-weight-transport=disk (slime's option).")
+    g.add_argument("--update-weight-delta-encoding", type=str, default="xor",
+                   help="On-disk delta encoding for --update-weight-mode=delta (slime's option; xor or overwrite). "
+                        "'xor' (default): new ^ old, applied exactly once against the right base. 'overwrite': "
+                        "changed positions + new values, idempotent. Byte-level and dtype-blind; the engine reads "
+                        "the choice from each version's index metadata.")
+    g.add_argument("--update-weight-delta-checksum", type=str, default="xxh3-128",
+                   help="Per-tensor integrity checksum for disk delta apply (slime's option; xxh3-128, blake3 or "
+                        "adler32). A delta whose result does not match is refused by the engine and a full sync "
+                        "follows (counted in perf/weight_sync_delta_refused).")
+    g.add_argument("--custom-update-weight-post-write-path", type=str, default=None,
+                   help="Path to a custom function called after a disk weight sync's files are written (full or "
+                        "delta), before the engines read them (slime's option). Signature: "
+                        "``def hook(args, version_dir: str, rollout_engines) -> None``; rollout_engines are the "
+                        "engines' URLs here.")
+    g.add_argument("--update-weight-local-checkpoint-dir", type=str, default=None,
+                   help="Rollout-host-local directory holding a full HF checkpoint kept in sync by each engine's "
+                        "/pull_weights (slime's option): the engine copies a published full checkpoint or patches "
+                        "published deltas in place, then reloads from it. Required for --update-weight-mode=delta; "
+                        "optional for full disk sync.")
+    g.add_argument("--rollout-external-engine-addrs", type=str, default=None, nargs="+",
+                   help="Address and ports of the external engines (slime's option): host:port (or "
+                        "http://host:port) of engine servers this run did not launch, used for rollout (behind a "
+                        "router when several) and updated by --update-weight-transport (disk, or nccl when the "
+                        "trainer can reach them). An address that does not answer stops start-up.")
     g.add_argument("--sglang-server-concurrency", type=int, default=512,
                    help="Max in-flight requests per engine from the rollout client.")
     g.add_argument("--sglang-router-ip", type=str, default=None, help="Use an existing router/engine at this address.")
@@ -141,9 +182,25 @@ def run_keys(args: argparse.Namespace) -> tuple[str | None, str | None]:
     starts; None for a user's own router/engine without a key (nothing to send it)."""
     tokens = args.sglang_args if hasattr(args, "sglang_args") else []
     api_key, admin = passthrough_value(tokens, "--api-key"), passthrough_value(tokens, "--admin-api-key")
-    if api_key is None and admin is None and args.sglang_router_ip is None:
+    if (api_key is None and admin is None and args.sglang_router_ip is None
+            and args.rollout_external_engine_addrs is None):  # external engines have keys of their own (or none)
         api_key = admin = new_key()
     return api_key, admin
+
+
+def normalize_engine_addr(addr: str) -> str:
+    """`host:port` or `http://host:port` -> `http://host:port` (slime's rule for external engines)."""
+    url = (addr if "://" in addr else f"http://{addr}").rstrip("/")
+    try:
+        parsed = urlparse(url)
+        port = parsed.port
+    except ValueError:
+        port = None
+        parsed = None
+    if parsed is None or parsed.scheme != "http" or not parsed.hostname or port is None or parsed.path:
+        raise SlimeError(f"--rollout-external-engine-addrs: {addr!r} is not an engine address; use host:port or "
+                         "http://host:port (IPv6 in brackets)")
+    return url
 
 
 def _finalize_weight_sync(args: argparse.Namespace) -> None:
@@ -151,22 +208,57 @@ def _finalize_weight_sync(args: argparse.Namespace) -> None:
         new = OLD_WEIGHT_MODES[args.update_weight_mode]
         raise SlimeError(f"--update-weight-mode {args.update_weight_mode}: in slime this option chooses the payload "
                          f"(full or delta); the transport is --update-weight-transport {new}")
-    if args.update_weight_mode == "delta":
-        raise SlimeError("--update-weight-mode delta is not built yet (issue 'Every way slime places and overlaps "
-                         "training and rollout'); use full")
-    if args.update_weight_mode != "full":
+    if args.update_weight_mode not in WEIGHT_MODES:
         raise SlimeError(f"--update-weight-mode must be full or delta, got {args.update_weight_mode!r}")
-    if args.update_weight_transport is None:
-        args.update_weight_transport = "nccl" if args.rollout_backend == "sglang" else "tensor"
-    elif args.update_weight_transport == "disk":
-        raise SlimeError("--update-weight-transport disk is not built yet (issue 'Every way slime places and "
-                         "overlaps training and rollout'); use nccl or tensor")
-    elif args.update_weight_transport == "tensor" and args.rollout_backend == "sglang":
-        # SGLang's /update_weights_from_tensor takes torch multiprocessing handles (CUDA IPC), which
-        # only a GPU trainer on the same machine can make; the tensor payload here is the built-in's
-        raise SlimeError("--update-weight-transport tensor posts the built-in engine's safetensors payload, which "
-                         "SGLang's /update_weights_from_tensor does not take (it wants CUDA IPC handles); with "
-                         "--rollout-backend sglang use --update-weight-transport nccl")
+    if args.update_weight_transport == "tensor":
+        raise SlimeError("--update-weight-transport tensor (slime-rl's earlier HTTP payload) is gone: slime's nccl "
+                         "(the default) moves the weights through shared memory when colocated and over a gloo "
+                         "group otherwise; disk goes through --update-weight-disk-dir")
+    if args.update_weight_transport not in WEIGHT_TRANSPORTS:
+        raise SlimeError(f"--update-weight-transport must be nccl or disk, got {args.update_weight_transport!r}")
+    if args.update_weight_delta_encoding not in DELTA_ENCODINGS:
+        raise SlimeError(f"--update-weight-delta-encoding must be xor or overwrite, got "
+                         f"{args.update_weight_delta_encoding!r}")
+    if args.update_weight_delta_checksum not in DELTA_CHECKSUMS:
+        raise SlimeError(f"--update-weight-delta-checksum must be one of {', '.join(DELTA_CHECKSUMS)}, got "
+                         f"{args.update_weight_delta_checksum!r}")
+    if args.update_weight_delta_checksum == "blake3" and importlib.util.find_spec("blake3") is None:
+        raise SlimeError("--update-weight-delta-checksum blake3 needs the blake3 package, which is not installed; "
+                         "use xxh3-128 (slime's default) or adler32")
+    # slime's rules (slime/utils/arguments.py)
+    if args.update_weight_transport == "disk" and not args.update_weight_disk_dir:
+        raise SlimeError("--update-weight-transport=disk requires --update-weight-disk-dir to point at a filesystem "
+                         "shared between the trainer and the rollout engines")
+    if args.update_weight_mode == "delta":
+        if args.update_weight_transport != "disk":
+            raise SlimeError(f"--update-weight-mode=delta requires --update-weight-transport=disk, got "
+                             f"{args.update_weight_transport!r}")
+        if args.colocate:
+            raise SlimeError("--update-weight-mode=delta is not supported with --colocate: colocated engines get the "
+                             "weights through shared memory, so the delta bookkeeping (snapshot + diff + encode) is "
+                             "pure overhead")
+        if not args.update_weight_local_checkpoint_dir:
+            raise SlimeError("--update-weight-mode=delta requires --update-weight-local-checkpoint-dir (a "
+                             "rollout-host-local directory the engines keep a full checkpoint in)")
+    for opt, path in (("--update-weight-disk-dir", args.update_weight_disk_dir),
+                      ("--update-weight-local-checkpoint-dir", args.update_weight_local_checkpoint_dir)):
+        if path is not None and Path(path).exists() and not Path(path).is_dir():
+            raise SlimeError(f"{opt} {path!r} exists and is not a directory")
+    if (args.update_weight_disk_dir and args.update_weight_local_checkpoint_dir
+            and Path(args.update_weight_disk_dir).resolve() == Path(args.update_weight_local_checkpoint_dir).resolve()):
+        raise SlimeError("--update-weight-local-checkpoint-dir must differ from --update-weight-disk-dir (the engines "
+                         "patch their local copy in place)")
+    if args.rollout_external_engine_addrs is not None:
+        args.rollout_external_engine_addrs = [normalize_engine_addr(a) for a in args.rollout_external_engine_addrs]
+        if args.sglang_router_ip is not None:
+            raise SlimeError("--rollout-external-engine-addrs and --sglang-router-ip both name servers this run did "
+                             "not launch; give one of the two")
+        if args.colocate:
+            raise SlimeError("--rollout-external-engine-addrs: external engines are not colocated with the trainer "
+                             "(their lifecycle is not this run's); drop --colocate")
+        if args.use_fault_tolerance:
+            raise SlimeError("--use-fault-tolerance restarts engines this run starts; external engines "
+                             "(--rollout-external-engine-addrs) cannot be restarted from here")
 
 
 @lru_cache(maxsize=1)

@@ -62,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--check-weight-update-equal", action="store_true",
                    help="After each weight sync, compare engine and trainer log-probs on a fixed sequence.")
     g.add_argument("--stage", type=str, default=None, help="Stage name written with every metrics row.")
+    # slime-rl's own (slime has no run report): the sample log `slime report` browses
+    g.add_argument("--report-groups-per-rollout", type=int, default=4,
+                   help="slime-rl: how many groups of each rollout (the first ones, every sample of each, "
+                        "FAILED ones included) and of each eval data set are written to <run-dir>/samples/ "
+                        "for the run report's rollout browser (`slime report RUN_DIR`; the report is also "
+                        "written at each --save-interval and at the end). 0: no sample log.")
 
     # slime's add_tensorboard_arguments
     g.add_argument("--use-tensorboard", action="store_true", default=False,
@@ -126,6 +132,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def finalize(args: argparse.Namespace) -> None:
     if args.run_dir is None:
         args.run_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+    if args.report_groups_per_rollout < 0:
+        raise SlimeError(f"--report-groups-per-rollout must be >= 0 (0: no sample log), got "
+                         f"{args.report_groups_per_rollout}")
     # slime's default experiment name, fixed here so args.json records where TensorBoard writes
     if args.use_tensorboard and args.tb_project_name is not None and args.tb_experiment_name is None:
         args.tb_experiment_name = time.strftime(TB_EXPERIMENT_TIME_FORMAT)

@@ -11,10 +11,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from slime.arguments.checks import need, require_positive
 from slime.errors import SlimeError
+from slime.utils.accelerator import check_bf16, cuda_available
 
 LR_DECAY_STYLES = ("constant", "linear", "cosine")
 
@@ -45,6 +47,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="Give each trainer rank an even share of the rollout's tokens (equal sample counts; the "
                         "responses of one prompt may land in different steps), as slime's.")
     g.add_argument("--log-probs-chunk-size", type=int, default=-1, help="Rows per fp32 log-softmax chunk (-1: all).")
+    g.add_argument("--update-weights-interval", type=int, default=1,
+                   help="Interval for updating the weights (slime's): the trainer's weights go to the engines "
+                        "after every this many rollouts (and after the last). slime's train_async reads it; here "
+                        "the synchronous loop honours it too (the two share one loop).")
 
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("adam",), default="adam")
@@ -100,11 +106,13 @@ def _json_object(value: str) -> Any:
 
 def finalize(args: argparse.Namespace) -> None:
     need(not (args.bf16 and args.fp16), "--bf16 and --fp16 are two mixed-precision choices; give one")
+    if args.bf16:  # Megatron's option: bf16 autocast, fp32 master weights, on the device the trainer takes
+        check_bf16(torch.device("cuda" if cuda_available() else "cpu"), "--bf16")
     if args.ref_load is None:
         args.ref_load = args.hf_checkpoint
     if args.save is None:
         args.save = os.path.join(args.run_dir, "checkpoints")
-    require_positive(args, "micro_batch_size")
+    require_positive(args, "micro_batch_size", "update_weights_interval")
     # Megatron's option, slime's default (10): how long a collective waits for a rank that died
     need(args.distributed_timeout_minutes > 0,
          f"--distributed-timeout-minutes must be > 0, got {args.distributed_timeout_minutes}")

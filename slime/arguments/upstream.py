@@ -72,18 +72,6 @@ NOT_USED: dict[str, str] = {
 }
 
 NOT_BUILT: dict[str, str] = {
-    "--update-weights-interval": MODES_ISSUE,
-    "--offload": MODES_ISSUE,
-    "--offload-rollout": MODES_ISSUE,
-    "--offload-train": MODES_ISSUE,
-    "--rollout-external-engine-addrs": MODES_ISSUE,
-    "--update-weight-delta-checksum": MODES_ISSUE,
-    "--update-weight-delta-encoding": MODES_ISSUE,
-    "--update-weight-disk-dir": MODES_ISSUE,
-    "--update-weight-disk-keep-files": MODES_ISSUE,
-    "--update-weight-local-checkpoint-dir": MODES_ISSUE,
-    "--custom-update-weight-post-write-path": MODES_ISSUE,
-    "--release-train": MODES_ISSUE,
 }
 
 NOT_SUPPORTED: dict[str, str] = {

@@ -16,10 +16,13 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from slime.errors import SlimeError
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
+
+if TYPE_CHECKING:  # torch is imported where a device is resolved, not by the argument parser
+    import torch
 
 MODEL_IMPLS = ("auto", "native", "sglang", "transformers")
 
@@ -35,6 +38,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--device", default=None,
+                   help="cpu, cuda or cuda:N (SGLang's flag; default: cuda when torch sees a GPU, else cpu). On "
+                        "CUDA the model, KV pool and forward run on the GPU (the torch path; the C kernels are "
+                        "CPU-only) and --mem-fraction-static is a share of that GPU's memory")
     p.add_argument("--num-threads", type=int, default=1, help="torch threads of this server")
     p.add_argument("--random-seed", type=int, default=0, help="seed of sampling without sampling_seed")
     p.add_argument("--max-running-requests", type=int, default=256, help="rows in one batch at most")
@@ -55,8 +62,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="token positions of KV kept from finished requests for later requests with the same "
                         "prefix (0: off)")
     p.add_argument("--mem-fraction-static", type=float, default=None,
-                   help="fraction of the machine's memory for weights + KV cache; sets the KV token budget "
-                        "(SGLang's meaning; default: no token budget, only --max-running-requests)")
+                   help="fraction of the device's memory (the GPU's on --device cuda, else the machine's RAM) for "
+                        "weights + KV cache; sets the KV token budget (SGLang's meaning; default: no token budget, "
+                        "only --max-running-requests)")
     p.add_argument("--max-total-tokens", type=int, default=None,
                    help="KV token budget of the running batch (overrides --mem-fraction-static)")
     p.add_argument("--model-impl", default="auto", choices=list(MODEL_IMPLS),
@@ -88,6 +96,21 @@ def _add_guard_args(p: argparse.ArgumentParser) -> None:
                         "float32, base64-encoded)")
     p.add_argument("--weight-load-dirs", nargs="*", default=[],
                    help="/update_weights_from_disk loads only from these directories (and --model-path itself)")
+
+
+def resolve_device(name: str | None) -> "torch.device":
+    """`--device`: None (or auto) is cuda when torch sees a GPU, else cpu; a CUDA device this
+    machine does not have is a SlimeError naming the option and what the machine has."""
+    import torch
+
+    from slime.utils.accelerator import cuda_available, parse_device
+
+    if name is None or name == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if cuda_available() else torch.device("cpu")
+    dev = parse_device(name, "--device")
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
 
 
 def check_model_dir(path: str | None, arg: str) -> None:

@@ -12,6 +12,7 @@ weights never change in the middle of a forward pass.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
@@ -22,10 +23,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from slime.engine.args import MODEL_IMPLS
+from slime.engine.args import MODEL_IMPLS, resolve_device
 from slime.engine.hf_forward import HFForward
 from slime.engine.native_forward import NativeForward, native_unsupported
 from slime.engine.prefix_cache import PrefixCache
+from slime.engine.weight_copy import copy_into
+from slime.utils.accelerator import GIB, describe, free_memory_bytes, total_memory_bytes
 
 logger = logging.getLogger(__name__)
 
@@ -71,9 +74,12 @@ class ModelRunner:
         share_prefix: bool = True,
         prefix_cache_tokens: int = 0,
         model_impl: str = "auto",
+        device: str | None = None,
     ):
         if model_impl not in MODEL_IMPLS:
             raise ValueError(f"model_impl must be one of {', '.join(MODEL_IMPLS)}, got {model_impl!r}")
+        # --device: CUDA when torch sees a GPU unless told; a CUDA device the machine lacks stops here
+        self.device = resolve_device(device)
         self.share_prefix = share_prefix
         # KV of finished requests for later requests with the same prefix (multi-turn, resumed
         # partial samples); cleared whenever the weights change (weights_epoch)
@@ -99,7 +105,10 @@ class ModelRunner:
             )
         self.model.eval()
         self.model.requires_grad_(False)
-        column_major_linears(self.model)
+        if self.on_gpu:
+            self.model.to(self.device)
+        else:  # an MKL layout trick; cuBLAS takes either layout
+            column_major_linears(self.model)
         self.config = self.model.config
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         max_pos = getattr(self.config, "max_position_embeddings", None) or 32768
@@ -112,18 +121,51 @@ class ModelRunner:
             pad = next(iter(self.eos_token_ids), 0)
         self.pad_token_id = int(pad)
         self._param_shapes = {name: tuple(t.shape) for name, t in self.model.state_dict().items()}
-        self.forward, self.model_impl = self._pick_forward(model_impl)
+        with self._on_device():
+            self.forward, self.model_impl = self._pick_forward(model_impl)
         logger.info(
-            "loaded %s: %d params, dtype %s, vocab %d, context %d, eos %s, forward %s",
+            "loaded %s: %d params, dtype %s, vocab %d, context %d, eos %s, forward %s, device %s",
             self.model_path, sum(p.numel() for p in self.model.parameters()), torch_dtype,
-            self.vocab_size, self.context_length, sorted(self.eos_token_ids), self.model_impl,
+            self.vocab_size, self.context_length, sorted(self.eos_token_ids), self.model_impl, self.device,
         )
+
+    # ------------------------------------------------------------------ device
+    @property
+    def on_gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def _on_device(self):
+        """On a GPU, tensors the forwards create land there (torch's thread-local default
+        device); on the CPU nothing changes."""
+        return torch.device(self.device) if self.on_gpu else contextlib.nullcontext()
+
+    def _to_host(self, t):
+        return t.cpu() if self.on_gpu and t is not None else t
+
+    def memory_bytes(self) -> int:
+        """The memory --mem-fraction-static is a share of: the GPU's, or the machine's RAM."""
+        return total_memory_bytes(self.device)
+
+    def check_memory(self, option: str, wanted_bytes: float) -> None:
+        """SystemExit naming `option` when weights + KV budget (`wanted_bytes`) is more than the
+        GPU has (its total, and what other processes leave free of it)."""
+        if not self.on_gpu:
+            return
+        total = self.memory_bytes()
+        free = free_memory_bytes(self.device) + torch.cuda.memory_allocated(self.device)  # ours counts as free
+        if wanted_bytes > min(total, free):
+            raise SystemExit(f"{option} asks for {wanted_bytes / GIB:.2f} GiB of GPU memory (weights + KV cache) "
+                             f"but {describe(self.device)} has {free / GIB:.2f} GiB free of {total / GIB:.2f} GiB")
 
     def _pick_forward(self, model_impl: str):
         """(forward, its name): the native one where it covers the model, unless told otherwise."""
         if model_impl != "transformers":
             reason = native_unsupported(self.model)
             if reason is None:
+                if self.on_gpu:  # the torch path (the C kernels are CPU-only), KV in the model's dtype
+                    fwd = NativeForward(self.model, self.dtype, self.context_length, use_kernels=False, widen=False)
+                    fwd.kv_dtype = self.dtype
+                    return fwd, "native"
                 return NativeForward(self.model, self.dtype, self.context_length), "native"
             if model_impl in ("native", "sglang"):
                 raise ValueError(f"--model-impl {model_impl}: the native forward does not cover this model: {reason}")
@@ -165,7 +207,8 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ batch
     def new_batch(self):
-        return self.forward.new_batch()
+        with self._on_device():
+            return self.forward.new_batch()
 
     def add_rows(self, batch, prompts: list[list[int]], max_new: int, full_logits: bool = False):
         """Prefill `prompts` and append them as rows of `batch` (a running batch or a new one).
@@ -186,15 +229,26 @@ class ModelRunner:
                 m, entry = self.prefix_cache.match(p)
                 if entry is not None:
                     hits[j] = (m, entry)
-        return self.forward.add_rows(batch, prompts, max_new, full_logits, hits, self.share_prefix)
+        if not self.on_gpu:
+            return self.forward.add_rows(batch, prompts, max_new, full_logits, hits, self.share_prefix)
+        with self._on_device():
+            out = self.forward.add_rows(batch, prompts, max_new, full_logits, hits, self.share_prefix)
+        if out is None:
+            return None
+        last, full, cached = out  # the scheduler samples on the host
+        return self._to_host(last), None if full is None else [self._to_host(f) for f in full], cached
 
     def decode(self, batch, tokens: torch.Tensor) -> torch.Tensor:
         """One decode step: feed `tokens` [B] and return next logits [B, V] fp32."""
-        return self.forward.decode(batch, tokens)
+        if not self.on_gpu:
+            return self.forward.decode(batch, tokens)
+        with self._on_device():
+            return self._to_host(self.forward.decode(batch, tokens.to(self.device)))
 
     def select_rows(self, batch, keep: list[int]) -> None:
         """Rows `keep[i]` become rows i; the others leave the batch."""
-        self.forward.select_rows(batch, keep)
+        with self._on_device():
+            self.forward.select_rows(batch, keep)
 
     @torch.inference_mode()
     def remember(self, batch, row: int, tokens: list[int]) -> None:
@@ -202,7 +256,8 @@ class ModelRunner:
         tokens whose KV is in the cache."""
         if self.prefix_cache is None or len(tokens) < self.prefix_cache.min_match:
             return
-        kv = self.forward.row_kv(batch, row, len(tokens))
+        with self._on_device():
+            kv = self.forward.row_kv(batch, row, len(tokens))
         if kv is not None:
             self.prefix_cache.insert(list(tokens), *kv)
 
@@ -239,7 +294,9 @@ class ModelRunner:
         self.weights_epoch += 1  # KV computed before this is stale: never reused
         self.clear_prefix_cache()
         for n, t in named.items():
-            state[n].copy_(t)
+            copy_into(state[n], t)  # the column-major linears: a transposing copy, in C for fp32
+        if self.on_gpu:  # the sender may free or change its tensors (CUDA IPC) once this returns
+            torch.cuda.synchronize(self.device)
         return len(named)
 
     @staticmethod

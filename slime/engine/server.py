@@ -44,7 +44,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from slime.engine.args import build_arg_parser, check_model_dir
+from slime.engine.args import build_arg_parser, check_model_dir, resolve_device
 from slime.engine.guard import Policy, guarded
 from slime.engine.http import generate_ahead_of
 from slime.engine.routes.control import add_control_routes
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_arg_parser().parse_args(argv)
     try:
         check_model_dir(args.model_path, "--model-path")
+        resolve_device(args.device)  # a CUDA request on a machine without that GPU stops before loading
     except SlimeError as e:
         print(f"slime serve: error: {e}", file=sys.stderr)
         return 2

@@ -26,17 +26,23 @@ def _machine_memory_bytes() -> int:
 
 
 def kv_token_budget(args: argparse.Namespace, runner: ModelRunner) -> int | None:
-    """`--max-total-tokens`, or what `--mem-fraction-static` of the machine's memory leaves for the
-    KV cache after the weights (SGLang's rule, with RAM for GPU memory); None: no budget."""
+    """`--max-total-tokens`, or what `--mem-fraction-static` of the device's memory leaves for the
+    KV cache after the weights (SGLang's rule: the GPU's memory on CUDA, RAM on the CPU); None: no
+    budget. On a GPU, a budget larger than the card (or than it has free) stops here."""
     if args.max_total_tokens is not None:
         if args.max_total_tokens < 1:
             raise SystemExit(f"--max-total-tokens must be >= 1, got {args.max_total_tokens}")
+        runner.check_memory(f"--max-total-tokens {args.max_total_tokens}",  # on a GPU: does it fit the card
+                            runner.weight_bytes() + args.max_total_tokens * runner.kv_bytes_per_token())
         return int(args.max_total_tokens)
     if args.mem_fraction_static is None:
         return None
     if not 0.0 < args.mem_fraction_static <= 1.0:
         raise SystemExit(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}")
-    free = args.mem_fraction_static * _machine_memory_bytes() - runner.weight_bytes()
+    # the GPU's memory on CUDA (SGLang's meaning), the machine's RAM on the CPU
+    runner.check_memory(f"--mem-fraction-static {args.mem_fraction_static}",
+                        args.mem_fraction_static * runner.memory_bytes())
+    free = args.mem_fraction_static * runner.memory_bytes() - runner.weight_bytes()
     tokens = int(free // runner.kv_bytes_per_token())
     if tokens < runner.context_length:
         raise SystemExit(f"--mem-fraction-static {args.mem_fraction_static} leaves room for {max(tokens, 0)} KV "
@@ -66,7 +72,7 @@ class EngineState:
             args.model_path, dtype=args.dtype, context_length=args.context_length,
             tokenizer_path=args.tokenizer_path, trust_remote_code=args.trust_remote_code,
             share_prefix=not args.disable_radix_cache, prefix_cache_tokens=args.prefix_cache_tokens,
-            model_impl=args.model_impl,
+            model_impl=args.model_impl, device=args.device,
         )
         self.model_path = args.model_path
         self.max_total_tokens = kv_token_budget(args, self.runner)

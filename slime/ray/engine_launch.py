@@ -35,6 +35,7 @@ from slime.errors import SlimeError
 from slime.ray.engine_process import EngineProcess
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
 from slime.utils.checkpoint_layout import weight_snapshot_dir
+from slime.utils.cores import pin_to_cores
 from slime.utils.net import free_port
 
 # Set by the framework from slime's own arguments; a --sglang-<one of these> is an error.
@@ -71,14 +72,25 @@ def launch_spec(args: Namespace, rank: int) -> LaunchSpec:
 def start_engine(args: Namespace, rank: int, *, num_threads: int, base_gpu_id: int,
                  log_path: str | os.PathLike, port: int | None = None) -> EngineProcess:
     """Launch engine `rank` with `--rollout-backend`'s server; returns at once (see wait_until_healthy).
-    `port`: the port of the engine it replaces (a restart keeps the engine's address)."""
+    `port`: the port of the engine it replaces (a restart keeps the engine's address).
+
+    Runs in the engine's Ray actor, on the engine's node: the placement's cores for engine `rank`
+    (`args.engine_cores`) bind this process and so the server it starts; their count is its threads
+    (the built-in engine only: an SGLang server's slots are GPUs)."""
     if args.rollout_backend == "sglang":
         return _start_sglang_server(args, rank, base_gpu_id, log_path, port=port)
+    if args.engine_cores and args.engine_cores[rank]:
+        pin_to_cores(args.engine_cores[rank])
+    if args.engine_threads:
+        num_threads = args.engine_threads[rank]
     spec = launch_spec(args, rank)
     threads = passthrough_value(spec.extra, "--num-threads")  # the user's thread count wins
     extra = passthrough_without(spec.extra, {"--num-threads"})
     if args.use_fault_tolerance:  # a restarted engine loads the trainer's weight snapshot from here
         extra = _last_weight_load_dirs(extra + ["--weight-load-dirs", str(weight_snapshot_dir(args.run_dir))])
+    if args.update_weight_transport == "disk":  # the engine reads published versions (and patches its local copy)
+        dirs = [d for d in (args.update_weight_disk_dir, args.update_weight_local_checkpoint_dir) if d]
+        extra = _last_weight_load_dirs(extra + ["--weight-load-dirs", *map(str, dirs)])
     return EngineProcess.start(args.hf_checkpoint, host=spec.host, port=port or spec.port,
                                num_threads=int(threads or num_threads),
                                extra_args=extra, log_path=log_path, env=key_env(args))

@@ -10,16 +10,20 @@ from __future__ import annotations
 import logging
 import os
 from argparse import Namespace
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
+from slime.engine.args import passthrough_value
+from slime.errors import SlimeError
+from slime.utils.cores import format_cores, node_cores, split_cores
 from slime.utils.threads import available_cores
 
 logger = logging.getLogger(__name__)
+PLACEMENT_TIMEOUT_S = 120
 
 WORKER_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -49,7 +53,12 @@ def init_ray(args: Namespace) -> None:
     auth = _configure_auth(joining=bool(address))
     if address:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
+        total, per_node = _cluster_cpus()
+        check_fits(args, total, f"the Ray cluster at RAY_ADDRESS={address} has {total:g} CPU ({per_node})")
         return
+    # before Ray starts: a local cluster has this machine's cores
+    cores = available_cores()
+    check_fits(args, cores, f"this machine has {cores} core(s) (os.sched_getaffinity; a remote cluster: RAY_ADDRESS)")
     if auth:
         _ensure_private_token()
     _bind_to_loopback()
@@ -154,6 +163,26 @@ def num_bundles(args: Namespace) -> int:
 
 
 @dataclass
+class ProcessPlace:
+    """Where one process runs: its node, the cores it is pinned to (None: it shares the node's
+    cores unpinned, because the node has fewer cores than processes) and its thread count."""
+
+    role: str  # "trainer rank 0", "engine 1"
+    node_id: str
+    node_ip: str
+    cores: tuple[int, ...] | None
+    node_cores: tuple[int, ...]
+    threads: int
+
+    def describe(self) -> str:
+        where = f"node {self.node_ip} ({self.node_id[:8]})"
+        if self.cores is None:
+            return (f"{self.role}: {where}, not pinned (shares cores {format_cores(self.node_cores)} with the "
+                    f"node's other processes), {self.threads} thread(s)")
+        return f"{self.role}: {where}, cores {format_cores(self.cores)}, {self.threads} thread(s)"
+
+
+@dataclass
 class Placement:
     pg: PlacementGroup
     actor_bundles: list[int]  # bundle index of each trainer rank
@@ -161,29 +190,144 @@ class Placement:
     # Fractions of a bundle's logical CPU: colocated actors must fit together in one bundle.
     actor_cpus: float
     engine_cpus: float
+    actors: list[ProcessPlace] = field(default_factory=list)  # per trainer rank
+    engines: list[ProcessPlace] = field(default_factory=list)  # per engine
 
     def strategy(self, bundle: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=bundle)
 
+    def summary(self) -> list[str]:
+        return [p.describe() for p in [*self.actors, *self.engines]]
+
+
+def describe_request(args: Namespace) -> str:
+    """What the command line asks for, in slime's option names."""
+    actors, engines = _slots(args)
+    trainer = (f"{actors} trainer rank(s) (--actor-num-nodes {args.actor_num_nodes} x --actor-num-gpus-per-node "
+               f"{args.actor_num_gpus_per_node})" if actors else "no trainer")
+    rollout = (f"{engines} engine slot(s) (--rollout-num-gpus {args.rollout_num_gpus}, "
+               f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine})" if engines else "no engines")
+    how = ("--colocate: trainer and engines take turns on the same cores, so the larger side counts"
+           if args.colocate else "disaggregated: one core at least per trainer rank and per engine slot")
+    return f"{trainer} and {rollout}; {how}: {num_bundles(args)} core(s) needed"
+
+
+def check_fits(args: Namespace, cores: float, where: str) -> None:
+    """Stop before anything starts when the run needs more cores (a CPU "GPU" is one) than there are."""
+    if num_bundles(args) > cores:
+        raise SlimeError(
+            f"cannot place this run: {describe_request(args)}, but {where}. Use fewer trainer ranks or engine "
+            f"slots, --colocate (both sides take turns on the same cores), or a larger cluster (RAY_ADDRESS)"
+        )
+
+
+def _cluster_cpus() -> tuple[float, str]:
+    """(total CPUs, "node ip (id): n CPU, ...") of the Ray cluster this process joined."""
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    per_node = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeID'][:8]}): {n['Resources'].get('CPU', 0):g} CPU"
+                         for n in nodes)
+    return ray.cluster_resources().get("CPU", 0.0), per_node
+
+
+@ray.remote(num_cpus=0)
+def _probe_node() -> tuple[str, list[int]]:
+    return ray.get_runtime_context().get_node_id(), node_cores()
+
+
+def _node_cores(node_ids: list[str], local: bool) -> dict[str, tuple[int, ...]]:
+    """The cores each node's processes may run on: this process's own on a local cluster (its
+    workers inherit them), else asked on each node."""
+    if local:
+        return {n: tuple(node_cores()) for n in node_ids}
+    refs = [_probe_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+            for n in node_ids]
+    return {n: tuple(cores) for n, cores in ray.get(refs, timeout=PLACEMENT_TIMEOUT_S)}
+
 
 def create_placement(args: Namespace) -> Placement:
+    """One placement group of a CPU bundle per slot (slime: one GPU bundle per slot, PACK), its
+    bundles ordered by node as slime orders them; trainer ranks take the first, engines the rest
+    (colocated: the same ones). Each process gets a share of its node's cores (`ProcessPlace`):
+    disaggregated, all processes of a node split its cores; colocated, each side splits them (the
+    two sides take turns). The plan is printed; the engines' part goes into `args.engine_cores`
+    (read where each engine starts, `slime.ray.engine_launch.start_engine`)."""
     n = num_bundles(args)
     pg = placement_group([{"CPU": 1} for _ in range(n)], strategy="PACK")
-    ray.get(pg.ready(), timeout=120)
+    if not ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)[0]:
+        total, per_node = _cluster_cpus()
+        remove_placement_group(pg)
+        raise SlimeError(f"cannot place this run within {PLACEMENT_TIMEOUT_S} s: {describe_request(args)}; the Ray "
+                         f"cluster has {total:g} CPU in all ({per_node}), some of them possibly in use")
+    bundle_node = ray.util.placement_group_table(pg)["bundles_to_node_id"]
+    ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
+    # slime's order: by node address, then (here) node id; bundle indices within a node kept
+    order = sorted(range(n), key=lambda b: (_ip_key(ips.get(bundle_node[b], "")), bundle_node[b], b))
     actors, engines = _slots(args)
-    actor_bundles = list(range(actors))
+    per = args.rollout_num_gpus_per_engine
     first_engine = 0 if args.colocate else actors
-    engine_bundles = [first_engine + i * args.rollout_num_gpus_per_engine
-                      for i in range(engines // args.rollout_num_gpus_per_engine)]
+    engine_slots = [order[first_engine + i * per: first_engine + (i + 1) * per] for i in range(engines // per)]
+    for rank, slots in enumerate(engine_slots):
+        if len({bundle_node[b] for b in slots}) > 1:
+            remove_placement_group(pg)
+            raise SlimeError(
+                f"engine {rank}'s --rollout-num-gpus-per-engine {per} slots landed on different nodes "
+                f"({sorted({ips.get(bundle_node[b], '?') for b in slots})}); an engine is one process on one node: "
+                f"make --rollout-num-gpus-per-engine fit in one node's CPUs")
     share = 0.4 if args.colocate else 0.9
-    return Placement(pg, actor_bundles, engine_bundles, actor_cpus=share, engine_cpus=share)
+    placement = Placement(pg, [order[i] for i in range(actors)], [s[0] for s in engine_slots],
+                          actor_cpus=share, engine_cpus=share)
+    units = [("trainer", f"trainer rank {r}", [order[r]]) for r in range(actors)]
+    units += [("engine", f"engine {e}", slots) for e, slots in enumerate(engine_slots)]
+    cores = _node_cores(sorted({bundle_node[b] for b in range(n)}), local=not os.environ.get("RAY_ADDRESS"))
+    places = _assign_cores(args, units, bundle_node, ips, cores)
+    placement.actors, placement.engines = places[:actors], places[actors:]
+    args.engine_cores = [list(p.cores) if p.cores else None for p in placement.engines]
+    args.engine_threads = [p.threads for p in placement.engines]
+    print("[slime] placement (on CPU a 'GPU' slot is a share of a node's cores):", flush=True)
+    for line in placement.summary():
+        print(f"[slime]   {line}", flush=True)
+    return placement
+
+
+def _ip_key(ip: str) -> tuple:
+    try:
+        return tuple(int(x) for x in ip.split("."))
+    except ValueError:
+        return tuple(ord(c) for c in ip)
+
+
+def _assign_cores(args: Namespace, units: list[tuple[str, str, list[int]]], bundle_node: dict,
+                  ips: dict[str, str], cores: dict[str, tuple[int, ...]]) -> list[ProcessPlace]:
+    """Split each node's cores among the processes sharing them, in proportion to their slots."""
+    groups = [["trainer"], ["engine"]] if args.colocate else [["trainer", "engine"]]
+    user_engine_threads = passthrough_value(list(args.sglang_args), "--num-threads")
+    places: dict[int, ProcessPlace] = {}
+    for kinds in groups:
+        mine = [i for i, u in enumerate(units) if u[0] in kinds]
+        for node in dict.fromkeys(bundle_node[units[i][2][0]] for i in mine):
+            here = [i for i in mine if bundle_node[units[i][2][0]] == node]
+            weights = [len(units[i][2]) for i in here]
+            shares = split_cores(cores[node], weights)
+            for j, i in enumerate(here):
+                kind, role, _ = units[i]
+                if shares is not None:
+                    share, threads = shares[j], len(shares[j])
+                else:  # fewer cores than processes (e.g. two Ray nodes on one machine): shared, unpinned
+                    share, threads = None, max(1, len(cores[node]) * weights[j] // sum(weights))
+                if kind == "trainer" and args.train_num_threads:
+                    threads = args.train_num_threads
+                if kind == "engine" and user_engine_threads:
+                    threads = int(user_engine_threads)
+                places[i] = ProcessPlace(role, node, ips.get(node, "?"), share, cores[node], threads)
+    return [places[i] for i in range(len(units))]
 
 
 def thread_budget(args: Namespace) -> tuple[int, int]:
-    """(torch threads per trainer rank, threads per engine).
+    """(torch threads per trainer rank, threads per engine) when no placement says otherwise.
 
-    The synchronous loop alternates rollout and training, so trainers and engines take
-    turns on the cores: each side may use all of them, divided among its own processes.
+    A placement made by `create_placement` overrides both per process (the size of its share of
+    its node's cores: `ProcessPlace.threads`); this budget is the fallback: each side may use all
+    the cores, divided among its own processes.
     """
     cores = available_cores()
     train = args.train_num_threads or max(1, cores // args.actor_world_size)

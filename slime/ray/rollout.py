@@ -24,6 +24,7 @@ from slime.engine.client import set_default_timeout as set_engine_timeout
 from slime.errors import SlimeError
 from slime.observability.debug_data import load_rollout_data as load_debug_rollout_data
 from slime.observability.debug_data import save_rollout_data as save_debug_rollout_data
+from slime.observability.sample_log import write_eval_samples, write_rollout_samples
 from slime.ray.engine_launch import (
     BUILTIN_LAUNCH_TIMEOUT_S,
     SGLANG_LAUNCH_TIMEOUT_S,
@@ -106,6 +107,27 @@ def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: fl
                    failed[0].metadata.get("error"))
 
 
+def sample_weight_version(sample: Sample) -> int | None:
+    """The oldest weight version that generated tokens of `sample` (the loop names versions by
+    rollout id: version k is pushed before rollout k); None when the engine reported none."""
+    versions = []
+    for v in sample.weight_versions or []:
+        try:
+            versions.append(int(str(v)))
+        except ValueError:
+            pass
+    return min(versions) if versions else None
+
+
+def staleness_metrics(rollout_id: int, samples: list[Sample]) -> dict[str, float]:
+    """`rollout/staleness/mean|max`: how many weight updates behind rollout `rollout_id` the
+    weights that generated its samples were (0: on policy; train_async: 1; in policy versions)."""
+    lags = [rollout_id - v for v in map(sample_weight_version, samples) if v is not None]
+    if not lags:
+        return {}
+    return {"rollout/staleness/mean": sum(lags) / len(lags), "rollout/staleness/max": float(max(lags))}
+
+
 def optional_hook(args: Namespace, name: str) -> Any:
     """The function at `args.<name>` (a dotted path), or None when it is not set."""
     path = getattr(args, name)
@@ -147,7 +169,19 @@ class RolloutManager:
             resume_data(self.data_source, args)
             return
         _, engine_threads = thread_budget(args)
-        if args.sglang_router_ip is None:
+        if args.rollout_external_engine_addrs is not None:  # engines this run did not launch (slime's option)
+            from slime.sync.external import discover  # noqa: PLC0415
+
+            self.engines, self.engine_urls = [], list(args.rollout_external_engine_addrs)
+            discover(self.engine_urls, api_key=args.engine_api_key, admin_api_key=args.engine_admin_api_key)
+            self.router = self._start_router() if len(self.engine_urls) > 1 else None
+            if self.router is not None:
+                host, port = self.router.host, self.router.port
+                self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
+            else:
+                host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
+            args.sglang_router_ip, args.sglang_router_port = host, int(port)
+        elif args.sglang_router_ip is None:
             self.engines = [
                 EngineActor.options(
                     num_cpus=placement.engine_cpus, scheduling_strategy=placement.strategy(bundle)
@@ -205,6 +239,17 @@ class RolloutManager:
         """Each live engine's weight_version (what --ci-test compares with the trainer's)."""
         return {url: client_for(url).get_weight_version() for url in list(self.engine_urls)}
 
+    def before_weight_update(self) -> dict[str, float]:
+        """Around every weight sync: a rollout function that generates across rollouts (the fully
+        async one) may carry `before_weight_update(args)` / `after_weight_update(args)` hooks."""
+        hook = getattr(self.generate_rollout, "before_weight_update", None)
+        return (hook(self.args) or {}) if hook is not None else {}
+
+    def after_weight_update(self) -> None:
+        hook = getattr(self.generate_rollout, "after_weight_update", None)
+        if hook is not None:
+            hook(self.args)
+
     def get_engine_urls(self) -> list[str]:
         """The live engines (one removed by the engine watcher is gone from here too)."""
         return list(self.engine_urls)
@@ -235,7 +280,7 @@ class RolloutManager:
         if version is not None:
             client_for(url).update_weights_from_disk(str(weight_snapshot_dir(self.args.run_dir)),
                                                      weight_version=version)
-        if self.args.colocate and self._offloaded:
+        if self._offloaded:  # --offload-rollout: released like the others until onload
             client_for(url).release_memory_occupation()
         return url
 
@@ -300,6 +345,7 @@ class RolloutManager:
                 self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False))
         # as generated, before any filter or conversion (slime's point of saving)
         save_debug_rollout_data(self.args, [s for g in groups for s in g], rollout_id)
+        write_rollout_samples(self.args, groups, rollout_id)  # the report's sample log (first groups)
         check_failed_samples(groups, rollout_id, self.args.max_failed_sample_ratio)
         if self.sample_filter is not None:  # marks sample.remove_sample; groups keep their shape
             try:
@@ -315,6 +361,7 @@ class RolloutManager:
         if skip:  # the hook logs instead; failures are still counted (never dropped silently)
             return data, {"rollout/status/failed": float(sum(s.status == Sample.Status.FAILED for s in samples))}
         metrics = rollout_metrics(self.args, groups, data)
+        metrics.update(staleness_metrics(rollout_id, samples))
         metrics.update(extra_metrics)
         if getattr(self.data_source, "num_dropped", 0):
             metrics["rollout/data/dropped_long_prompts"] = float(self.data_source.num_dropped)
@@ -337,6 +384,7 @@ class RolloutManager:
             self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True))
         save_debug_rollout_data(self.args, [s for res in results.values() for s in res.get("samples") or []],
                                 rollout_id, evaluation=True)
+        write_eval_samples(self.args, results, rollout_id)  # the report's sample log (first groups)
         if skips_default_log(self.args, "custom_eval_rollout_log_function_path", self.eval_log, rollout_id,
                              rollout_id, self.args, results, extra_metrics):
             # the hook logs instead; failed samples are still counted
@@ -358,7 +406,8 @@ class RolloutManager:
                 logger.warning("%s on engine %s failed (%s); it is recovered before the weight sync", method, url, e)
 
     def offload(self) -> None:
-        """Colocated: free the engines' KV cache while the trainer trains."""
+        """--offload-rollout (on with --colocate): free the engines' KV cache (prefix cache included)
+        while the trainer trains; generation waits until `onload`."""
         self._offloaded = True  # an engine restarted meanwhile is offloaded too
         self._each_engine("release_memory_occupation")
 

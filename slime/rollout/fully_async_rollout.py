@@ -20,6 +20,18 @@ policy). The version is read from `Sample.weight_versions` when the generate pat
 otherwise it is the engine's `/get_weight_version` just before the group was sent (a lower bound
 on the version that generated it, so the reported staleness is an upper bound).
 
+Weight updates: by default the engine applies an update between batches, so the requests it is
+running finish on the old weights and the ones queued start on the new ones (the update waits for
+in-flight requests). With `--partial-rollout` the rollout manager calls `before_weight_update`
+first: the worker stops taking prompts, the engines abort their requests, and every group with
+an unfinished sample goes back into the Data Buffer with its partial responses, to be resumed by
+the new weights (`--mask-offpolicy-in-partial-rollout` masks the tokens the old ones generated);
+`after_weight_update` lets the worker go on.
+
+Staleness bound: with `--max-weight-staleness N`, a group taken for rollout `r` that was generated
+by a version older than `r - N` is dropped (its prompt is not trained on) and counted in
+`rollout/fully_async/dropped_stale_groups`; the rollout takes other groups instead.
+
 Errors: a group whose generation or reward failed is FAILED by `generate_and_rm_group` and
 counted by the trainer; an exception in the worker itself stops it and is raised by the next
 `generate_rollout` call (or the one waiting for groups now).
@@ -40,7 +52,7 @@ from typing import Any
 
 from slime.errors import SlimeError
 from slime.rollout.base_types import RolloutFnTrainOutput
-from slime.rollout.sglang_rollout import GenerateState, engine_url, generate_and_rm_group
+from slime.rollout.sglang_rollout import GenerateState, abort_engines, engine_url, generate_and_rm_group
 from slime.rollout.sglang_rollout import generate_rollout as default_generate_rollout
 from slime.utils.http_utils import get
 from slime.utils.types import Sample
@@ -117,6 +129,10 @@ class AsyncRolloutWorker:
         self.error_traceback = ""
         self._inflight = 0
         self._stop = threading.Event()
+        self._paused = threading.Event()  # set around a weight update that aborts: no new prompts
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.groups_resumed = 0  # groups put back into the Data Buffer, partial, at a weight update
+        self.groups_dropped_stale = 0  # groups over --max-weight-staleness, never trained on
         self._engine_reports_versions: bool | None = None
         self.thread = threading.Thread(target=self._main, name="fully-async-rollout", daemon=True)
 
@@ -156,9 +172,32 @@ class AsyncRolloutWorker:
         return out
 
     # ------------------------------------------------------------------ worker thread
+    def pause_and_abort(self, timeout: float = 60.0) -> int:
+        """Before a weight update (--partial-rollout): stop taking prompts, abort the engines'
+        requests and wait until every in-flight group is back (in the Data Buffer when a sample
+        is unfinished). Returns how many groups went back."""
+        before = self.groups_resumed
+        self._paused.set()
+        state = GenerateState(self.args)
+        state.aborted = True  # requests not sent yet are not sent
+        if self.loop is not None and self.thread.is_alive():
+            asyncio.run_coroutine_threadsafe(abort_engines(self.args), self.loop).result(timeout)
+        t0 = time.monotonic()
+        while self._inflight and self.thread.is_alive():
+            if time.monotonic() - t0 > timeout:
+                raise SlimeError(f"fully async rollout: {self._inflight} groups still generating {timeout:g} s after "
+                                 f"the engines were asked to abort for a weight update")
+            time.sleep(0.01)
+        return self.groups_resumed - before
+
+    def resume(self) -> None:
+        GenerateState(self.args).aborted = False
+        self._paused.clear()
+
     def _main(self) -> None:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
+        self.loop = loop
         try:
             loop.run_until_complete(self._produce())
         except BaseException as e:  # noqa: BLE001 - kept and raised in the trainer's next rollout
@@ -177,7 +216,7 @@ class AsyncRolloutWorker:
             while not self._stop.is_set():
                 # Back-pressure: queued + in-flight groups stay within the queue size.
                 while (len(tasks) < self.max_inflight and self.queue.qsize() + len(tasks) < self.queue.maxsize
-                       and not self._stop.is_set()):
+                       and not self._stop.is_set() and not self._paused.is_set()):
                     group = self.data_source.get_samples(1)[0]
                     tasks.add(asyncio.create_task(self._one_group(group, state.sampling_params)))
                 self._inflight = len(tasks)
@@ -187,6 +226,7 @@ class AsyncRolloutWorker:
                 done, tasks = await asyncio.wait(tasks, timeout=0.2, return_when=asyncio.FIRST_COMPLETED)
                 for task in done:
                     task.result()  # an exception here is the worker's own: it stops the worker
+                self._inflight = len(tasks)
         finally:
             for task in tasks:
                 task.cancel()
@@ -206,6 +246,11 @@ class AsyncRolloutWorker:
     async def _one_group(self, group: list[Sample], sampling_params: dict[str, Any]) -> None:
         probed = await self._probe_version()
         group = await generate_and_rm_group(self.args, group, sampling_params)
+        if any(s.status == Sample.Status.ABORTED for s in group):  # aborted for a weight update
+            if self.args.partial_rollout:  # resumed, partial responses and all, by the new weights
+                self.data_source.add_samples([group])
+                self.groups_resumed += 1
+            return
         if self._engine_reports_versions is None and any(s.status != Sample.Status.FAILED for s in group):
             self._engine_reports_versions = any(s.weight_versions for s in group)
         version = group_weight_version(group, probed)
@@ -241,6 +286,26 @@ def reset_worker(timeout: float = 10.0) -> None:
         worker.stop(timeout)
 
 
+def too_stale(rollout_id: int, version: int | None, bound: int | None) -> bool:
+    """Over --max-weight-staleness: generated by a version older than `rollout_id - bound`
+    (a group whose version is unknown is kept)."""
+    return bound is not None and version is not None and rollout_id - version > bound
+
+
+def before_weight_update(args: Namespace) -> dict[str, float]:
+    """Called by the rollout manager before each weight sync. With --partial-rollout the in-flight
+    groups are aborted and go back to the Data Buffer; otherwise the engine finishes them first."""
+    worker = _worker
+    if worker is None or not args.partial_rollout or not worker.thread.is_alive():
+        return {}
+    return {f"{METRIC_PREFIX}/groups_resumed_at_update": float(worker.pause_and_abort())}
+
+
+def after_weight_update(args: Namespace) -> None:
+    if _worker is not None:
+        _worker.resume()
+
+
 def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
     """slime's rollout-function contract: `--rollout-batch-size` groups from the background queue."""
     if evaluation:  # evaluation is synchronous, on the current weights: the default rollout
@@ -249,7 +314,15 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
     worker.raise_if_failed()
     queued_at_request = worker.queue.qsize()
     t0 = time.perf_counter()
-    finished = worker.take(args.rollout_batch_size)
+    finished: list[FinishedGroup] = []
+    dropped = 0
+    while len(finished) < args.rollout_batch_size:
+        for group in worker.take(args.rollout_batch_size - len(finished)):
+            if too_stale(rollout_id, group.weight_version, args.max_weight_staleness):
+                dropped += 1
+            else:
+                finished.append(group)
+    worker.groups_dropped_stale += dropped
     wait = time.perf_counter() - t0
     if args.num_rollout is not None and rollout_id + 1 >= args.num_rollout:
         worker.stop()  # the last rollout: nothing more to generate for, leave the cores to the trainer
@@ -261,11 +334,18 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
         f"{METRIC_PREFIX}/groups_from_queue": float(len(finished)),
         f"{METRIC_PREFIX}/groups_generated_total": float(worker.groups_generated),
         f"{METRIC_PREFIX}/wait_time": wait,
+        f"{METRIC_PREFIX}/dropped_stale_groups": float(dropped),
+        f"{METRIC_PREFIX}/dropped_stale_groups_total": float(worker.groups_dropped_stale),
+        f"{METRIC_PREFIX}/groups_resumed_total": float(worker.groups_resumed),
         f"{METRIC_PREFIX}/group_age_mean": sum(time.time() - f.finished_at for f in finished) / max(1, len(finished)),
     }
     metrics.update(staleness_metrics(rollout_id, [f.weight_version for f in finished]))
     return RolloutFnTrainOutput(samples=[f.samples for f in finished], metrics=metrics)
 
+
+# The rollout manager calls these around every weight sync (a rollout function's optional hooks).
+generate_rollout.before_weight_update = before_weight_update
+generate_rollout.after_weight_update = after_weight_update
 
 # slime's name for it
 generate_rollout_fully_async = generate_rollout

@@ -24,6 +24,7 @@ OPEN_PATHS = frozenset({"/health", "/health_generate"})
 # ADMIN_OPTIONAL level); without an admin key the API key does.
 ADMIN_PATHS = frozenset({
     "/update_weights_from_tensor", "/update_weights_from_disk", "/update_weights_from_distributed",
+    "/update_weights_from_shared_memory", "/pull_weights",
     "/init_weights_update_group", "/destroy_weights_update_group", "/update_weight_version",
     "/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation",
     "/abort_request", "/flush_cache",

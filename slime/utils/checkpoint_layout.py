@@ -171,6 +171,42 @@ def check_complete(directory: Path, what: str, needs: tuple[str, ...] = ()) -> N
                              f"to resume")
 
 
+# --------------------------------------------------------------------------- same model, same run
+# The fields of a Hugging Face config that decide what function the weights compute (Megatron's
+# check_checkpoint_args compares the same things: layers, widths, heads, vocabulary, positions).
+# Two of them differing with every tensor shape equal (heads, rope base, norm epsilon) would load
+# silently into another model.
+ARCHITECTURE_FIELDS = (
+    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "layer_norm_eps",
+    "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "tie_word_embeddings",
+    "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+)
+
+
+def architecture_of(config: dict) -> dict:
+    """The `ARCHITECTURE_FIELDS` a config (as `config.json` holds it) sets."""
+    return {k: config[k] for k in ARCHITECTURE_FIELDS if k in config}
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    """`field: checkpoint X, this run Y` for each field of either dict whose values differ (a field
+    only one side has counts as differing)."""
+    missing = object()
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key, missing), current.get(key, missing)
+        if isinstance(a, list) and isinstance(b, list) and a != b and all(isinstance(x, str) for x in a + b):
+            only_saved, only_here = [x for x in a if x not in b], [x for x in b if x not in a]
+            out.append(f"{key}: {len(a)} in the checkpoint, {len(b)} in this run"
+                       + (f"; only in the checkpoint: {', '.join(only_saved[:3])}" if only_saved else "")
+                       + (f"; only in this run: {', '.join(only_here[:3])}" if only_here else ""))
+        elif a != b:
+            out.append(f"{key}: checkpoint {'(none)' if a is missing else repr(a)}, "
+                       f"this run {'(none)' if b is missing else repr(b)}")
+    return out
+
+
 def _part(name: str) -> str:
     if name.endswith(".safetensors"):
         return PARTS["*.safetensors"]

@@ -246,3 +246,13 @@ def log_eval_rollout(rollout_id, args, data, extra_metrics):
 
 def log_missing_time(rollout_id, args, samples, rollout_extra_metrics):
     return True
+
+
+def update_weight_post_write(args, version_dir, rollout_engines):
+    """--custom-update-weight-post-write-path (slime's signature)."""
+    CALLS.setdefault("post_write", []).append((version_dir, list(rollout_engines)))
+
+
+async def agent(base_url, api_key, sample):
+    """--agent-function-path (slime.agent.generate): the agent's reward, or None for the reward model."""
+    return None

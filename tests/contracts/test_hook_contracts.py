@@ -264,6 +264,8 @@ GOOD = {
     "custom_tis_function_path": "custom_tis", "custom_pg_loss_reducer_function_path": "pg_loss_reducer",
     "rollout_sample_hook_path": "sample_hook", "rollout_all_samples_process_path": "all_samples_process",
     "custom_rollout_log_function_path": "log_rollout", "custom_eval_rollout_log_function_path": "log_eval_rollout",
+    "custom_update_weight_post_write_path": "update_weight_post_write",
+    "agent_function_path": "agent",
 }
 
 

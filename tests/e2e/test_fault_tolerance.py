@@ -41,7 +41,9 @@ def _args(tiny_model_dir, task_dir, run_dir, engines: int, *extra: str):
         "--rollout-batch-size", str(BATCH), "--n-samples-per-prompt", str(N), "--rollout-max-response-len", "48",
         "--rollout-num-gpus", str(engines), "--sglang-step-delay-ms", "40",  # a rollout of a few seconds
         "--use-fault-tolerance", "--rollout-health-check-interval", str(INTERVAL),
-        "--rollout-health-check-timeout", str(TIMEOUT), "--run-dir", str(run_dir), *extra)
+        "--rollout-health-check-timeout", str(TIMEOUT), "--run-dir", str(run_dir),
+        "--debug-rollout-only",  # engines only (no trainer slot): two engines fit a 2-core machine
+        *extra)
 
 
 class Fleet:

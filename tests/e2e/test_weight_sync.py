@@ -34,7 +34,9 @@ def _actor(tiny_model_dir, tmp_path, *extra):
 
 
 def test_logprob_parity_after_sync(engine, tiny_model_dir, tmp_path):
-    actor = _actor(tiny_model_dir, tmp_path)
+    """Colocated on the CPU (the default nccl transport): through the shared-memory buffer."""
+    actor = _actor(tiny_model_dir, tmp_path, "--colocate")
+    assert actor.weight_sync_path(actor.full_state_dict()) == "shm"
     seq = list(range(5, 40))
     assert actor.check_weight_parity(engine.url, seq) < 1e-4  # same checkpoint on both sides
 
@@ -50,7 +52,9 @@ def test_logprob_parity_after_sync(engine, tiny_model_dir, tmp_path):
     stale = actor.check_weight_parity(engine.url, seq)
     assert stale > 1e-3, "training should have changed the log-probs"
 
-    actor.update_weights([engine.url], weight_version="1")
+    metrics = actor.update_weights([engine.url], weight_version="1")
+    assert metrics["perf/update_weights_time"] > 0 and metrics["perf/weight_sync_bytes"] > 0
+    assert actor._shm is not None and actor._dist_sync is None
     assert actor.check_weight_parity(engine.url, seq) < 1e-4
 
     # And the engine's own generation log-probs now come from the new weights.
@@ -64,6 +68,11 @@ def test_logprob_parity_after_sync(engine, tiny_model_dir, tmp_path):
     data = {"tokens": [full], "response_lengths": [len(out["output_ids"])], "loss_masks": [[1] * 6]}
     trainer_lp = torch.cat(actor._forward_only(data, [0], actor.model))
     assert (engine_lp - trainer_lp).abs().mean() < 1e-4
+    path = actor._shm.path
+    actor._shm.close()
+    import os
+
+    assert not os.path.exists(path)
 
 
 def test_distributed_update_serves_the_trainers_new_weights(engine, tiny_model_dir, tmp_path):
@@ -73,6 +82,7 @@ def test_distributed_update_serves_the_trainers_new_weights(engine, tiny_model_d
 
     actor = _actor(tiny_model_dir, tmp_path, "--update-weight-transport", "nccl",
                    "--update-weight-buffer-size", "30000")
+    assert actor.weight_sync_path(actor.full_state_dict()) == "collective"  # not colocated
     seq = list(range(5, 40))
     data = {"tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11], [12, 13, 14, 15], [12, 13, 16, 17]],
             "response_lengths": [2, 2, 2, 2], "loss_masks": [[1, 1]] * 4, "rewards": [-1.0, 1.0, -0.5, 0.5]}

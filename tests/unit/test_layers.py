@@ -18,13 +18,13 @@ LAYERS = [
     ("ground", ("slime", "slime.errors", "slime.utils", "slime.algorithms", "slime.observability")),
     ("engine", ("slime.engine",)),
     ("arguments", ("slime.arguments",)),
-    ("data and rollout", ("slime.data", "slime.rollout")),
+    ("data and rollout", ("slime.data", "slime.rollout", "slime.agent")),
     ("weight sync", ("slime.sync",)),
     ("trainer", ("slime.backends",)),
     ("fleet", ("slime.ray",)),
-    ("top", ("slime.preflight", "slime.checkpoint_sources", "slime.train", "slime.default_job", "slime.cli", "slime.__main__")),
+    ("top", ("slime.preflight", "slime.checkpoint_sources", "slime.train", "slime.train_async", "slime.default_job", "slime.cli", "slime.__main__")),
 ]
-TRAINER_SIDE = ("slime.arguments", "slime.data", "slime.rollout", "slime.sync", "slime.backends", "slime.ray",
+TRAINER_SIDE = ("slime.arguments", "slime.data", "slime.rollout", "slime.agent", "slime.sync", "slime.backends", "slime.ray",
                 "slime.preflight", "slime.train", "slime.default_job", "slime.algorithms", "slime.observability")
 
 

@@ -43,13 +43,12 @@ def test_rollout_backend_default_and_choice(monkeypatch):
     assert parse_args(BASE).rollout_backend == "builtin"
 
 
-def test_weight_update_mode_follows_the_backend():
-    """SGLang cannot take the built-in engine's tensor payload: its backend defaults to the
-    distributed path and refuses 'tensor' at parse time, naming both arguments."""
-    assert parse_args(BASE).update_weight_transport == "tensor"
+def test_weight_update_transport_is_slimes():
+    """slime's nccl is the default with either backend; the earlier slime-rl 'tensor' is refused,
+    naming what replaced it."""
+    assert parse_args(BASE).update_weight_transport == "nccl"
     assert parse_args(BASE + ["--rollout-backend", "sglang"]).update_weight_transport == "nccl"
-    assert parse_args(BASE + ["--update-weight-transport", "nccl"]).update_weight_transport == "nccl"
-    with pytest.raises(SlimeError, match="--update-weight-transport tensor.*--rollout-backend sglang"):
+    with pytest.raises(SlimeError, match="--update-weight-transport tensor.*is gone"):
         parse_args(BASE + ["--rollout-backend", "sglang", "--update-weight-transport", "tensor"])
 
 
@@ -59,9 +58,9 @@ def test_update_weight_mode_has_slimes_meaning():
     assert parse_args(BASE).update_weight_mode == "full"
     with pytest.raises(SlimeError, match="--update-weight-transport nccl"):
         parse_args(BASE + ["--update-weight-mode", "distributed"])
-    with pytest.raises(SlimeError, match="delta is not built yet"):
+    with pytest.raises(SlimeError, match="delta requires --update-weight-transport=disk"):
         parse_args(BASE + ["--update-weight-mode", "delta"])
-    with pytest.raises(SlimeError, match="disk is not built yet"):
+    with pytest.raises(SlimeError, match="disk requires --update-weight-disk-dir"):
         parse_args(BASE + ["--update-weight-transport", "disk"])
 
 

@@ -31,7 +31,10 @@ from transformers import AutoModelForCausalLM
 from slime.algorithms.losses import reduce_loss, sft_loss
 from slime.backends.torch import checkpoint
 from slime.backends.torch.batching import (
-    build_micro_batch, make_micro_batch, plan_micro_batches, response_log_probs, training_precision,
+    build_micro_batch, make_micro_batch, plan_micro_batches, response_log_probs,
+)
+from slime.backends.torch.device import (
+    autocast, memory_metrics, process_group_backend, reset_peak_memory, select_device, to_device, to_host,
 )
 from slime.backends.torch.critic import Critic
 from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
@@ -39,24 +42,33 @@ from slime.backends.torch.optim import build_optimizer, reset_adam_state, select
 from slime.observability.ci_checks import check_logprob_diff, check_train_step, save_or_check_grad_norm
 from slime.observability.debug_data import save_train_data
 from slime.observability.profile_utils import TrainProfiler
+from slime.observability.sample_log import write_advantages
 from slime.sync.distributed import DistributedWeightSync
 from slime.engine.client import set_default_timeout as set_engine_timeout
-from slime.sync.tensor import dedupe_tied, engine_sequence_log_probs, push_weights
+from slime.sync.disk import DiskWeightSync
+from slime.sync.shm import SharedMemoryWeightSync
+from slime.sync.tensor import dedupe_tied, engine_sequence_log_probs
 from slime.utils.api_keys import register as register_keys
 from slime.utils.checkpoint_layout import write_weight_snapshot
 from slime.utils.misc import load_function
 from slime.utils.seqlen_balancing import balanced_order
+from slime.utils.accelerator import check_bf16
 from slime.utils.threads import configure_torch_threads
+from slime.utils.cores import pin_to_cores
+from slime.backends.torch.offload import TrainOffload
 
 logger = logging.getLogger(__name__)
 
 
 class TrainActor:
     def __init__(self, args: Namespace, rank: int, world_size: int, master_addr: str, master_port: int,
-                 num_threads: int) -> None:
+                 num_threads: int, device: str | None = None) -> None:
         self.args, self.rank, self.world_size = args, rank, world_size
         self.master_addr, self.master_port, self.num_threads = master_addr, master_port, num_threads
+        self.requested_device = device  # None: CUDA (one GPU per rank) when torch sees one, else the CPU
         self._dist_sync: DistributedWeightSync | None = None  # --update-weight-transport nccl, built on first use
+        self._shm: SharedMemoryWeightSync | None = None  # nccl transport, colocated on the CPU
+        self._disk: DiskWeightSync | None = None  # --update-weight-transport disk
 
     # ------------------------------------------------------------------ set-up
     def init(self) -> int:
@@ -67,16 +79,21 @@ class TrainActor:
         if self.args.deterministic_mode:  # as slime's Megatron initialisation
             torch.use_deterministic_algorithms(True)
         self.prof = TrainProfiler(self.args, self.rank)  # --use-pytorch-profiler
+        self.device = select_device(self.rank, self.requested_device)
+        if self.args.bf16:  # before any weight is loaded: a device without bf16 stops here
+            check_bf16(self.device)
         if self.world_size > 1:
             os.environ.update(MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
             # a collective waits --distributed-timeout-minutes (slime: 10) for a rank that died, not gloo's 30
-            dist.init_process_group("gloo", rank=self.rank, world_size=self.world_size,
+            dist.init_process_group(process_group_backend(self.device), rank=self.rank, world_size=self.world_size,
                                     timeout=timedelta(minutes=self.args.distributed_timeout_minutes))
         set_engine_timeout(self.args.engine_control_timeout_secs)
 
         # the initial policy is --ref-load's weights (= --hf-checkpoint unless given), as slime's
         # training starts from --ref-load when --load holds no checkpoint
         self.model = AutoModelForCausalLM.from_pretrained(self.args.ref_load, dtype=torch.float32)
+        if self.device.type != "cpu":  # fp32 master weights on the rank's GPU (before sharding)
+            self.model.to(self.device)
         self.model.train()
         self.model.config.use_cache = False
         if self.args.recompute_granularity is not None:  # Megatron's --recompute-*: activations recomputed in backward
@@ -88,7 +105,8 @@ class TrainActor:
             self._shard(self.model)
 
         def frozen(path: str) -> torch.nn.Module:
-            return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+            m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+            return m.to(self.device) if self.device.type != "cpu" else m
 
         self.ref_model = frozen(a.ref_load) if (a.use_kl_loss or a.kl_coef != 0.0) else None
         self.teacher_model = frozen(a.opd_teacher_load) if (a.use_opd and a.opd_type == "megatron") else None
@@ -141,7 +159,7 @@ class TrainActor:
                                   a.max_tokens_per_gpu if a.use_dynamic_batch_size else None)
 
     def _micro_batch(self, data: dict[str, Any], indices: list[int]):
-        return build_micro_batch(data, indices, self.args.use_dynamic_batch_size, self.pad_id)
+        return to_device(build_micro_batch(data, indices, self.args.use_dynamic_batch_size, self.pad_id), self.device)
 
     @torch.no_grad()
     def _forward_only(self, data: dict[str, Any], indices: list[int], model: torch.nn.Module,
@@ -154,6 +172,7 @@ class TrainActor:
             mb = self._micro_batch(data, mb_indices)
             lp, ent = response_log_probs(model, mb, self.args.rollout_temperature, with_entropy=entropy_out is not None,
                                          chunk_size=self.args.log_probs_chunk_size)
+            lp, ent = to_host(lp), to_host(ent)  # per-token values live on the host (no-op on the CPU)
             out += list(torch.split(lp, mb.response_lengths))
             if entropy_out is not None:
                 entropy_out += list(torch.split(ent, mb.response_lengths))
@@ -179,10 +198,16 @@ class TrainActor:
             entropy = None
             if args.get_mismatch_metrics:  # slime: one more forward pass for the trainer's own log-probs
                 data["mismatch_log_probs"] = dict(zip(mine, self._forward_only(data, mine, self.model)))
+        elif self._reuse_training_forward:
+            # one optimizer step and nothing reads the old log-probs before it: they are the training
+            # forward's own, detached (the policy loss's default), and the values here are never read
+            # (only their lengths: no KL in the reward, no OPD, no custom estimator)
+            old = [torch.zeros(int(data["response_lengths"][i])) for i in mine]
         else:
             old = self._forward_only(data, mine, self.old_actor if self.old_actor is not None else self.model, entropy)
             data["train_log_probs"] = dict(zip(mine, old))
-        data["old_log_probs"] = dict(zip(mine, old))
+        if not self._reuse_training_forward:
+            data["old_log_probs"] = dict(zip(mine, old))
         if self.ref_model is not None:
             data["ref_log_probs"] = dict(zip(mine, self._forward_only(data, mine, self.ref_model, ref_entropy)))
         else:
@@ -211,6 +236,7 @@ class TrainActor:
         compute_advantages_and_returns(args, rollout_data, self._sum_over_ranks)
         self._postprocess(data, mine, rollout_id, rollout_data)
         data["advantages"] = dict(zip(mine, rollout_data["advantages"]))
+        write_advantages(args, rollout_id, data, mine, self.rank)  # the report's logged samples, this rank's share
         data["returns"] = dict(zip(mine, rollout_data["returns"]))
         token_mean = self._token_mean(rollout_data["loss_masks"])
         for key in ("entropy", "ref_entropy"):
@@ -226,10 +252,43 @@ class TrainActor:
             extra["rollout/values"] = token_mean(rollout_data["values"])
         if "opd_reverse_kl" in rollout_data:
             extra["train/opd_reverse_kl"] = token_mean(rollout_data["opd_reverse_kl"])
-        if "rollout_log_probs" in data:
+        if "rollout_log_probs" in data and not self._reuse_training_forward:  # else: after the training forward
             diffs = [(o - r).abs() for o, r in zip(old, rollout_data["rollout_log_probs"])]
             extra["train/train_rollout_logprob_abs_diff"] = token_mean(diffs)
         return extra
+
+    # Issue 16: one forward where one suffices. Tests and bench/train_step.py set it False to force
+    # the separate old-log-prob pass and compare.
+    reuse_training_forward = True
+    _reuse_training_forward = False  # decided per rollout by _train
+
+    def _can_reuse_training_forward(self, num_steps: int, critic_only: bool) -> bool:
+        """Whether the old log-probs may be the training forward's own (detached: ratio exactly 1):
+        one optimizer step in the rollout, the policy trains, the old policy is the current one, and
+        nothing reads the old log-probs before the training forward or besides it."""
+        a = self.args
+        if not self.reuse_training_forward or num_steps != 1 or critic_only:
+            return False
+        if a.loss_type != "policy_loss" or a.use_rollout_logprobs or self.old_actor is not None:
+            return False
+        needs_old_before = (a.use_tis, a.use_opsm, a.get_mismatch_metrics, a.use_rollout_entropy, a.kl_coef != 0.0,
+                            a.use_opd, a.custom_advantage_function_path, a.rollout_data_postprocess_path,
+                            a.save_debug_train_data is not None)
+        if any(needs_old_before):
+            return False
+        # dropout: the training forward (train mode) would not be the old policy's (eval mode)
+        config = self.model.config.to_dict()
+        return not any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+                       for k, v in config.items() if "dropout" in k)
+
+    def _reused_forward_metrics(self, data: dict[str, Any], mine: list[int]) -> dict[str, float]:
+        """What the separate pass would have reported, from the training forward's log-probs."""
+        if "rollout_log_probs" not in data:
+            return {}
+        token_mean = self._token_mean([data["loss_masks"][i] for i in mine])
+        own = data["training_forward_log_probs"]
+        diffs = [(own[i] - torch.as_tensor(data["rollout_log_probs"][i], dtype=torch.float32)).abs() for i in mine]
+        return {"train/train_rollout_logprob_abs_diff": token_mean(diffs)}
 
     def _postprocess(self, data: dict[str, Any], mine: list[int], rollout_id: int, rollout_data: dict[str, Any]) -> None:
         """slime's ``--rollout-data-postprocess-path`` (after advantages, before training). Its
@@ -274,8 +333,11 @@ class TrainActor:
 
     def train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         """One rollout's worth of optimizer steps. Returns rank-averaged metrics."""
-        with training_precision(self.args):  # Megatron's --bf16 / --fp16
-            return self._train(rollout_id, data)
+        reset_peak_memory(self.device)
+        with autocast(self.device, self.args.bf16, self.args.fp16):  # Megatron's --bf16 / --fp16
+            metrics = self._train(rollout_id, data)
+        metrics.update(memory_metrics(self.device))  # GPU memory of this rank (nothing on the CPU)
+        return metrics
 
     def _train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         args = self.args
@@ -294,6 +356,10 @@ class TrainActor:
         if own_denoms:  # per-sample mean denominators, fixed before any hook edits the masks
             data["rollout_mask_sums"] = [float(sum(m)) for m in data["loss_masks"]]
         extra: dict[str, float] = {}
+        critic_only = self.critic is not None and rollout_id < args.num_critic_only_steps
+        per_rank_gbs = args.global_batch_size // self.world_size
+        self._reuse_training_forward = self._can_reuse_training_forward(
+            len(range(0, len(mine), per_rank_gbs)), critic_only)
         if args.loss_type != "sft_loss" and args.compute_advantages_and_returns:
             with self.prof.phase("train_log_probs"):
                 extra = self._prepare_rl_data(data, mine, rollout_id)
@@ -301,10 +367,8 @@ class TrainActor:
             self._prepare_without_advantages(data, mine, rollout_id)
         if args.save_debug_train_data is not None:
             self._save_debug_train_data(rollout_id, data, mine)
-        critic_only = self.critic is not None and rollout_id < args.num_critic_only_steps
 
         sums: dict[str, float] = {}
-        per_rank_gbs = args.global_batch_size // self.world_size
         with self.prof.phase("train_actor"):
             for step_start in range(0, len(mine), per_rank_gbs):
                 step_indices = mine[step_start : step_start + per_rank_gbs]
@@ -319,6 +383,8 @@ class TrainActor:
                     sums[k] = sums.get(k, 0.0) + v
         steps = max(1, len(mine) // per_rank_gbs)
         metrics = {k: v / steps for k, v in sums.items()}
+        if self._reuse_training_forward:
+            extra.update(self._reused_forward_metrics(data, mine))
         metrics.update(extra)
         metrics = self._all_reduce_mean(metrics)
         check_logprob_diff(args, rollout_id, metrics)  # --ci-test
@@ -327,7 +393,7 @@ class TrainActor:
         metrics["perf/train_time"] = time.perf_counter() - t0
         self.prof.step()
         for key in ("old_log_probs", "train_log_probs", "ref_log_probs", "advantages", "returns", "values",
-                    "mismatch_log_probs", *(("rollout_mask_sums",) if own_denoms else ())):
+                    "mismatch_log_probs", "training_forward_log_probs", *(("rollout_mask_sums",) if own_denoms else ())):
             data.pop(key, None)
         return metrics
 
@@ -385,6 +451,10 @@ class TrainActor:
             masks = mb.loss_masks
             log_probs, entropy = response_log_probs(self.model, mb, args.rollout_temperature, with_entropy=True,
                                                     chunk_size=args.log_probs_chunk_size)
+            log_probs, entropy = to_host(log_probs), to_host(entropy)  # the losses run on the host
+            if self._reuse_training_forward:  # the old log-probs of this rollout's single step
+                data.setdefault("training_forward_log_probs", {}).update(
+                    zip(mb.indices, torch.split(log_probs.detach(), mb.response_lengths)))
             denoms = [float(data["rollout_mask_sums"][i]) for i in mb.indices]
 
             def red(x: torch.Tensor) -> torch.Tensor:
@@ -447,26 +517,70 @@ class TrainActor:
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def reset_weight_sync(self) -> None:
-        """--use-fault-tolerance restarted an engine: the next distributed update builds a new group."""
+        """--use-fault-tolerance restarted an engine: the next distributed update builds a new group
+        (the shared-memory and disk paths need nothing: each update names everything it needs)."""
         if self._dist_sync is not None:
             self._dist_sync.close()
 
-    def update_weights(self, engine_urls: list[str], weight_version: str) -> float:
-        """Push the current weights into every engine (rank 0 sends; all ranks gather)."""
+    def weight_sync_path(self, state: dict[str, torch.Tensor]) -> str:
+        """Which path a full sync takes: `disk`, `shm` (colocated, CPU, built-in engine: the trainer
+        writes into a buffer the engines map), `ipc` (colocated on a GPU: SGLang's handles) or
+        `collective` (the gloo/NCCL group; slime's nccl transport)."""
+        a = self.args
+        if a.update_weight_transport == "disk":
+            return "disk"
+        if a.colocate and a.rollout_external_engine_addrs is None:
+            if any(t.is_cuda for t in state.values()):
+                return "ipc"
+            if a.rollout_backend == "builtin" and SharedMemoryWeightSync.available():
+                return "shm"
+        return "collective"
+
+    def _disk_sync(self) -> DiskWeightSync:
+        a = self.args
+        hook = None
+        if a.custom_update_weight_post_write_path:
+            fn = load_function(a.custom_update_weight_post_write_path, arg_name="--custom-update-weight-post-write-path")
+
+            def hook(version_dir: str, engines: list[str]) -> None:
+                fn(a, version_dir, engines)
+        return DiskWeightSync(disk_dir=a.update_weight_disk_dir, mode=a.update_weight_mode,
+                              local_dir=a.update_weight_local_checkpoint_dir, keep_files=a.update_weight_disk_keep_files,
+                              encoding=a.update_weight_delta_encoding, checksum=a.update_weight_delta_checksum,
+                              base_checkpoint=a.hf_checkpoint, post_write=hook)
+
+    def update_weights(self, engine_urls: list[str], weight_version: str) -> dict[str, float]:
+        """Push the current weights into every engine (rank 0 sends; all ranks gather). Returns
+        the sync's metrics: perf/update_weights_time, and for disk syncs the bytes written and
+        the deltas refused (each followed by a full sync)."""
         t0 = time.perf_counter()
         register_keys(engine_urls, self.args.engine_api_key, self.args.engine_admin_api_key)
         state = self.full_state_dict()
-        if self.is_rank0():
-            if self.args.update_weight_transport == "nccl":
+        metrics: dict[str, float] = {}
+        if self.is_rank0() and engine_urls:
+            path = self.weight_sync_path(state)
+            if path == "disk":
+                if self._disk is None:
+                    self._disk = self._disk_sync()
+                metrics.update(self._disk.push(engine_urls, state, weight_version=weight_version))
+            elif path == "shm":
+                if self._shm is None:
+                    self._shm = SharedMemoryWeightSync()
+                metrics["perf/weight_sync_bytes"] = float(self._shm.push(engine_urls, state,
+                                                                         weight_version=weight_version))
+            elif path == "ipc":
+                from slime.sync.ipc import push_weights_ipc  # noqa: PLC0415 - GPU colocated only
+
+                push_weights_ipc(engine_urls, state, weight_version=weight_version)
+            else:
                 if self._dist_sync is None:
                     self._dist_sync = DistributedWeightSync(buffer_size=self.args.update_weight_buffer_size)
                 self._dist_sync.push(engine_urls, state, weight_version=weight_version)
-            else:
-                push_weights(engine_urls, state, weight_version=weight_version)
             if self.args.use_fault_tolerance:  # what an engine restarted later loads (see checkpoint_layout)
                 write_weight_snapshot(self.args.run_dir, dedupe_tied(state), weight_version)
         self._snapshot_old_actor()  # the engines now serve these weights
-        return time.perf_counter() - t0
+        metrics["perf/update_weights_time"] = time.perf_counter() - t0
+        return metrics
 
     def check_weight_parity(self, engine_url: str, token_ids: list[int]) -> float:
         """Mean |engine - trainer| log-prob of a fixed sequence (call right after a sync)."""
@@ -476,8 +590,8 @@ class TrainActor:
         with torch.no_grad():
             data = {"tokens": [token_ids], "response_lengths": [len(token_ids) - 1],
                     "loss_masks": [[1] * (len(token_ids) - 1)]}
-            mb = make_micro_batch(data, [0], self.pad_id)
-            mine, _ = response_log_probs(self.model, mb, 1.0)
+            mb = to_device(make_micro_batch(data, [0], self.pad_id), self.device)
+            mine = to_host(response_log_probs(self.model, mb, 1.0)[0])
         self.model.train()
         return float((mine - engine_lp).abs().mean())
 
@@ -487,6 +601,28 @@ class TrainActor:
     def weights_checksum(self) -> float:
         """Sum of |w| over all parameters (tests use it to see that training changed the weights)."""
         return float(sum(v.double().abs().sum() for v in self.full_state_dict().values()))
+
+    # ------------------------------------------------------------------ placement, --offload-train
+    def pin_cores(self, cores: list[int] | None, num_threads: int) -> dict[str, Any]:
+        """Bind this rank to its placement's cores (called before `init`, so its threads follow)."""
+        self.num_threads = num_threads
+        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
+                "cores": list(pin_to_cores(cores)), "threads": num_threads}
+
+    def _offload_state(self) -> TrainOffload:
+        if "_train_offload" not in self.__dict__:
+            self._train_offload = TrainOffload(os.path.join(self.args.run_dir, "offload"))
+        return self._train_offload
+
+    def offload(self) -> dict[str, float]:
+        """--offload-train: optimizer state (critic's too) to a file, gradients dropped, until `onload`."""
+        optimizers = [self.optimizer] + ([self.critic.optimizer] if self.critic is not None else [])
+        modules = [self.model] + ([self.critic.model] if self.critic is not None else [])
+        return self._offload_state().offload(optimizers, modules)
+
+    def onload(self) -> dict[str, float]:
+        """The offloaded optimizer state back in memory, bit-identical (a no-op when not offloaded)."""
+        return self._offload_state().onload()
 
 
 def enable_activation_checkpointing(model: torch.nn.Module) -> None:

@@ -7,11 +7,18 @@ tensors and plain types only and is read with `torch.load(weights_only=True)`.
 `--no-save-optim` (slime's, Megatron's meaning) leaves the optimizer states out (policy and
 critic); the LR schedule's position, RNG and rollout id are still saved. Loading such a
 checkpoint starts a fresh optimizer and says so.
+
+Exact resume: every rank's RNG states (torch and Python) are saved and each rank gets its own back
+(same world size; otherwise rank 0's, with a warning). The checkpoint also records what it was
+saved by: the model's architecture (its config) and the run's shape (critic or not, which parameters
+train); `load` refuses a checkpoint whose record differs from this run's, naming each differing field.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import shutil
 from argparse import Namespace
 from pathlib import Path
@@ -26,7 +33,9 @@ from torch.distributed.checkpoint.state_dict import (
 from transformers import AutoTokenizer
 
 from slime.errors import SlimeError
-from slime.utils.checkpoint_layout import TRAINER_STATE_FILE, check_complete, halt_point, latest_dir, staging_dir
+from slime.utils.checkpoint_layout import (
+    TRAINER_STATE_FILE, architecture_of, check_complete, config_differences, halt_point, latest_dir, staging_dir,
+)
 
 CRITIC_STATE_FILE = "critic_state.pt"
 logger = logging.getLogger(__name__)
@@ -55,7 +64,8 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     with_optim = not actor.args.no_save_optim
     trainer_state: dict[str, Any] = {"rollout_id": rollout_id, "scheduler": actor.scheduler.state_dict(),
-                                     "rng": torch.get_rng_state()}
+                                     "rng": torch.get_rng_state(), "rng_per_rank": _rng_of_every_rank(actor),
+                                     "run_config": run_config(actor)}
     if with_optim:  # a collective when sharded: every rank gathers, rank 0 writes
         trainer_state["optimizer"] = get_optimizer_state_dict(actor.model, actor.optimizer, options=opts)
     critic_state = None
@@ -83,6 +93,7 @@ def load(actor: Checkpointable, load_path: str) -> int:
     what = f"--load {load_path}"
     ckpt = latest_dir(load_path)
     check_complete(ckpt, what, needs=("config.json", "*.safetensors", TRAINER_STATE_FILE))
+    check_same_architecture(actor.model, ckpt, what)
     weights: dict[str, torch.Tensor] = {}
     for f in sorted(ckpt.glob("*.safetensors")):
         try:
@@ -95,6 +106,17 @@ def load(actor: Checkpointable, load_path: str) -> int:
     if missing:
         raise SlimeError(f"{what}: {ckpt / TRAINER_STATE_FILE} is not a slime-rl trainer state "
                          f"(it has no {', '.join(missing)})")
+    if "run_config" in state:  # (checkpoints written before it was recorded are not checked)
+        saved = dict(state["run_config"])
+        if "optimizer" not in state:  # no optimizer state to fit: which parameters train may change
+            saved.pop("trainable_parameters", None)
+        current = {k: v for k, v in run_config(actor).items() if k in saved}
+        differences = config_differences(saved, current)
+        if differences:
+            raise SlimeError(
+                f"{what}: {ckpt} was saved by a run of another configuration, so this run cannot resume from it: "
+                f"{'; '.join(differences)}. Resume with the options it was saved with, or start a new run from its "
+                f"weights with --hf-checkpoint {ckpt} (without --load)")
     opts = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(actor.model, weights, options=opts)
     if "optimizer" in state:
@@ -102,7 +124,7 @@ def load(actor: Checkpointable, load_path: str) -> int:
     elif actor.is_rank0():
         logger.warning("--load %s: %s has no optimizer state (saved with --no-save-optim); "
                        "starting a fresh optimizer", load_path, ckpt)
-    torch.set_rng_state(state["rng"])
+    _restore_rng(actor, state, what)
     if "scheduler" in state:
         actor.scheduler.load_state_dict(state["scheduler"])
     if actor.critic is not None and (ckpt / CRITIC_STATE_FILE).exists():
@@ -125,6 +147,64 @@ def load_state_file(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise SlimeError(f"{what}: {path} holds a {type(state).__name__}, not a slime-rl state dict")
     return state
+
+
+def run_config(actor: Checkpointable) -> dict[str, Any]:
+    """What a resumed run must share with the run that saved: the critic (its state is part of the
+    checkpoint, or is not) and the parameters the optimizer state belongs to."""
+    return {
+        "critic (--advantage-estimator ppo)": actor.critic is not None,
+        "trainable_parameters (--only-train-params-name-list / --freeze-params-name-list)":
+            [n for n, p in actor.model.named_parameters() if p.requires_grad],
+    }
+
+
+def _plain_config(config: Any) -> dict[str, Any]:
+    """A config's fields as `config.json` spells them (JSON types: tuples become lists)."""
+    return json.loads(config.to_json_string(use_diff=False))
+
+
+def check_same_architecture(model: torch.nn.Module, ckpt: Path, what: str) -> None:
+    """The checkpoint's `config.json` describes this model (Megatron's check_checkpoint_args): every
+    architecture field it sets that differs is named, with both values (a field it leaves out is
+    not compared: the tensors' names and shapes are, after this)."""
+    path = ckpt / "config.json"
+    try:
+        saved = architecture_of(json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError) as e:
+        raise SlimeError(f"{what}: cannot read {path} as a model config ({type(e).__name__}: {e})") from e
+    current = architecture_of(_plain_config(model.config))
+    differences = config_differences(saved, {k: current.get(k) for k in saved})
+    if differences:
+        raise SlimeError(f"{what}: {ckpt} holds another model than --hf-checkpoint's ({'; '.join(differences)}); "
+                         f"point --load at a checkpoint of this model, or --hf-checkpoint at the checkpoint's model")
+
+
+def _rng_of_every_rank(actor: Checkpointable) -> list[dict[str, Any]]:
+    """Each rank's torch and Python RNG states, rank order (a collective when sharded)."""
+    version, internal, gauss = random.getstate()
+    mine = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
+    if actor.world_size == 1:
+        return [mine]
+    every: list[Any] = [None] * actor.world_size
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def _restore_rng(actor: Checkpointable, state: dict[str, Any], what: str) -> None:
+    per_rank = state.get("rng_per_rank")
+    rank = dist.get_rank() if actor.world_size > 1 else 0
+    if per_rank is None or len(per_rank) != actor.world_size:
+        if per_rank is not None and actor.is_rank0():
+            logger.warning("%s: saved by %d trainer rank(s), resumed by %d: every rank restarts from rank 0's RNG "
+                           "state (a resume that matches the uninterrupted run needs the same count)",
+                           what, len(per_rank), actor.world_size)
+        torch.set_rng_state(state["rng"])
+        return
+    mine = per_rank[rank]
+    torch.set_rng_state(mine["torch"])
+    version, internal, gauss = mine["python"]
+    random.setstate((version, tuple(internal), gauss))
 
 
 def check_same_model(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:

@@ -8,6 +8,7 @@ from fastapi import FastAPI
 from slime.engine.http import error_response, route
 from slime.engine.sampling import BadRequest
 from slime.engine.state import EngineState
+from slime.utils.memory import trim_heap
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 
@@ -90,6 +91,7 @@ def _add_memory_routes(app: FastAPI, state: EngineState) -> None:
             state.release_tags = list(tags or ["kv_cache", "weights"])
             if "kv_cache" in state.release_tags:
                 state.runner.clear_prefix_cache()
+                trim_heap()  # the cached KV's pages back to the system (--offload-rollout)
 
         await state.control(release)
         return {"success": True, "message": "memory released; generation waits for resume"}

@@ -12,17 +12,22 @@ from __future__ import annotations
 import asyncio
 import base64
 import math
+import mmap
 import os
+import stat
+import warnings
 
 import torch
 from fastapi import FastAPI
 from safetensors.torch import load as load_safetensors
 
+from slime.engine import weight_delta
 from slime.engine.http import error_response, route
 from slime.engine.model_runner import ModelRunner, WeightUpdateError
 from slime.engine.sampling import BadRequest
 from slime.engine.state import EngineState
 from slime.engine.weight_group import DEFAULT_GROUP_NAME, create_gloo_group, parse_dtype
+from slime.utils import tensor_ipc
 
 
 def add_weight_routes(app: FastAPI, state: EngineState) -> None:
@@ -33,13 +38,16 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
         if not isinstance(blobs, list) or not blobs or not all(isinstance(b, str) for b in blobs):
             raise BadRequest("serialized_named_tensors must be a non-empty list of base64 strings")
         fmt = body.get("load_format")
-        if fmt not in (None, "safetensors", "safetensors_base64"):
-            raise BadRequest(f"load_format {fmt!r} is not supported (base64 safetensors only)")
+        if fmt not in (None, "safetensors", "safetensors_base64", tensor_ipc.LOAD_FORMAT):
+            raise BadRequest(f"load_format {fmt!r} is not supported (base64 safetensors, or "
+                             f"{tensor_ipc.LOAD_FORMAT!r}: torch IPC handles from a process on this machine)")
+        # torch_ipc: CUDA IPC handles / shared-memory names of the sender's tensors (slime.utils.tensor_ipc)
+        read = tensor_ipc.loads if fmt == tensor_ipc.LOAD_FORMAT else load_safetensors
 
         def decode():
             named = {}
             for b in blobs:
-                named.update(load_safetensors(base64.b64decode(b)))
+                named.update(read(base64.b64decode(b)))
             return named
 
         try:
@@ -68,6 +76,8 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
     route(app, "/update_weights_from_tensor", update_weights_from_tensor, allow_empty=False)
     route(app, "/update_weights_from_disk", update_weights_from_disk, allow_empty=False)
     _add_group_routes(app, state)
+    _add_shared_memory_route(app, state)
+    _add_pull_route(app, state)
 
 
 def disk_load_allowed(state: EngineState, path: str) -> bool:
@@ -223,3 +233,93 @@ def _add_group_routes(app: FastAPI, state: EngineState) -> None:
     route(app, "/init_weights_update_group", init_weights_update_group, allow_empty=False)
     route(app, "/destroy_weights_update_group", destroy_weights_update_group)
     route(app, "/update_weights_from_distributed", update_weights_from_distributed, allow_empty=False)
+
+
+# ------------------------------------------------------------------------------ shared memory
+SHM_DIR = "/dev/shm"
+SHM_PREFIX = "slime-weights-"
+
+
+def _add_shared_memory_route(app: FastAPI, state: EngineState) -> None:
+    """`/update_weights_from_shared_memory {path, size, names, dtypes, shapes, offsets, weight_version,
+    flush_cache}`: the trainer on this machine wrote the weights into a file under /dev/shm; the
+    engine maps it (once per buffer, kept between updates) and copies the tensors into its model
+    between batches. Only the control message crosses HTTP."""
+    mapped: dict = {}  # the current buffer: {"key": (path, size, inode), "map": mmap, "bytes": uint8 tensor}
+
+    def buffer_for(path: str, size: int) -> torch.Tensor:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise BadRequest(f"path {path!r} is not a regular file")
+            if st.st_size != size:
+                raise BadRequest(f"path {path!r} holds {st.st_size} bytes, the update announces {size}")
+            key = (path, size, st.st_ino)
+            if mapped.get("key") != key:
+                old = mapped.pop("map", None)
+                mapped.clear()
+                if old is not None:
+                    old.close()
+                mm = mmap.mmap(fd, size, prot=mmap.PROT_READ)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")  # read-only buffer: the engine never writes it
+                    mapped.update(key=key, map=mm, bytes=torch.frombuffer(mm, dtype=torch.uint8))
+            return mapped["bytes"]
+        finally:
+            os.close(fd)
+
+    async def update_weights_from_shared_memory(body: dict):
+        path = body.get("path")
+        if not isinstance(path, str) or os.path.dirname(path) != SHM_DIR or \
+                not os.path.basename(path).startswith(SHM_PREFIX) or os.path.realpath(path) != path:
+            raise BadRequest(f"path must be a file {SHM_DIR}/{SHM_PREFIX}*, got {path!r}")
+        size = _int_field(body, "size", 1)
+        specs = _tensor_specs(body)
+        offsets = body.get("offsets")
+        if not isinstance(offsets, list) or len(offsets) != len(specs) or \
+                not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
+            raise BadRequest("offsets must be a list of non-negative integers, one per name")
+        _check_announced_size(state, specs)
+        for (n, dt, sh), off in zip(specs, offsets):
+            if off % dt.itemsize or off + math.prod(sh) * dt.itemsize > size:
+                raise BadRequest(f"{n!r} at offset {off} does not fit a buffer of {size} bytes (or is misaligned)")
+        try:
+            buf = buffer_for(path, size)
+        except FileNotFoundError:
+            raise BadRequest(f"no shared-memory buffer {path!r} on this machine (the trainer must run on the "
+                             "engine's machine for this transport)") from None
+        named = {n: buf[off:off + math.prod(sh) * dt.itemsize].view(dt).view(sh)
+                 for (n, dt, sh), off in zip(specs, offsets)}
+        return await apply_update(state, named, body, "update_weights_from_shared_memory")
+
+    route(app, "/update_weights_from_shared_memory", update_weights_from_shared_memory, allow_empty=False)
+
+
+# ------------------------------------------------------------------------------ disk versions
+def _add_pull_route(app: FastAPI, state: EngineState) -> None:
+    """`/pull_weights {local_checkpoint_dir, source_dir, target_version}` (slime's sglang patch):
+    bring the local checkpoint up to the published version (copy a full one, patch deltas in
+    place, check each patched tensor's checksum); the engine then reloads it with
+    `/update_weights_from_disk`. Both directories must be --weight-load-dirs of this server."""
+    lock = asyncio.Lock()
+
+    async def pull_weights(body: dict):
+        local, source = body.get("local_checkpoint_dir"), body.get("source_dir")
+        for key, v in (("local_checkpoint_dir", local), ("source_dir", source)):
+            if not isinstance(v, str) or not v:
+                raise BadRequest(f"{key} must be a directory path")
+            if not disk_load_allowed(state, v):
+                return error_response(f"pull_weights: {key} {v!r} is not under a --weight-load-dirs directory of "
+                                      "this server", 403)
+        target = _int_field(body, "target_version", 0)
+        async with lock:
+            try:
+                done = await asyncio.to_thread(weight_delta.pull, local, state.args.model_path, source, target)
+            except weight_delta.DeltaChecksumError as e:
+                return error_response(f"pull_weights: {e}", 409)
+            except (weight_delta.DeltaError, OSError, KeyError, ValueError) as e:
+                return error_response(f"pull_weights: {type(e).__name__}: {e}", 400)
+        return {"success": True, "message": f"local checkpoint at version {done['version']}", **done}
+
+    route(app, "/pull_weights", pull_weights, allow_empty=False)

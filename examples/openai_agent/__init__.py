@@ -1,0 +1,1 @@
+"""An OpenAI-SDK calculator agent, trained unmodified through slime's agent adapter."""

@@ -1,0 +1,419 @@
+"""`slime report RUN_DIR`: one self-contained HTML file that shows a run.
+
+    slime report runs/20260101-120000            # writes runs/20260101-120000/report.html
+    slime report RUN_DIR --output /tmp/r.html --max-rollouts 50
+
+The file opens from disk (no server, no network: its CSS, JS and SVG are inline) and holds
+
+* curves over the step (each metrics row's rollout id; the global step across the stages of a
+  run): reward (and passrate/*), every eval metric (pass@k included), response length,
+  truncation ratio, pg_clipfrac, ppo_kl, entropy, grad norm, train/rollout log-prob difference,
+  the step time split into rollout / train / weight sync / eval, and the staleness of async modes;
+  drag to zoom (all curves together), double-click to reset, hover for values; any other metric
+  from a menu;
+* a rollout browser over the sample log (slime.observability.sample_log): for a chosen rollout
+  (or evaluation) every logged group with its prompt and samples (reward, status, advantage,
+  weight version); a click on a sample shows its response tokens coloured by loss mask (trained
+  vs environment/tool tokens) and shaded by the engine's log-prob, turn by turn for multi-turn
+  trajectories; filters by status and reward;
+* the run's facts: the resolved arguments (args.json), package versions (torch, transformers,
+  ray), the machine, and the wall time of each stage.
+
+It is written at the end of every run and at each --save-interval (slime.train). What cannot be
+read is said in a note at the top and the rest is rendered: a directory that is not a run
+directory, a torn last metrics line, no eval points, FAILED samples. `collect` returns the data the
+page shows (tested on its own); `render` turns it into the HTML.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from slime.errors import SlimeError
+from slime.observability.metrics import METRICS_FILE, RESERVED_KEYS
+from slime.observability.plots import global_steps
+from slime.observability.report_assets import PAGE_CSS, PAGE_JS
+from slime.observability.sample_log import (
+    RUN_FACTS_FILE,
+    SAMPLES_DIR,
+    read_sample_log,
+    run_facts,
+)
+
+__all__ = [
+    "PANELS",
+    "REPORT_FILE",
+    "collect",
+    "main",
+    "panel_keys",
+    "read_metrics_lenient",
+    "render",
+    "write_report",
+]
+
+REPORT_FILE = "report.html"
+DEFAULT_MAX_BYTES = 40_000_000  # sample logs embedded beyond this are thinned (a note says which)
+
+# (panel id, title, exact keys, key patterns): a panel shows the keys present in metrics.jsonl
+PANELS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
+    ("reward", "Reward", ("rollout/raw_reward", "rollout/rewards"), (r"^passrate/",)),
+    ("eval", "Evaluation (incl. pass@k)", (), (r"^eval/(?!.*(/response_len/|/failed$|/dropped_long_prompts$|/error_cat/))",)),
+    ("response_len", "Response length", ("rollout/response_len/mean", "rollout/response_len/max"), ()),
+    ("truncated", "Truncation ratio", ("rollout/truncated_ratio",), ()),
+    ("clipfrac", "pg_clipfrac", ("train/pg_clipfrac",), ()),
+    ("kl", "ppo_kl / kl_loss", ("train/ppo_kl", "train/kl_loss"), ()),
+    ("entropy", "Entropy", ("train/entropy_loss", "rollout/entropy"), ()),
+    ("grad_norm", "Grad norm", ("train/grad_norm",), ()),
+    ("logprob_diff", "Train / rollout log-prob difference",
+     ("train/train_rollout_logprob_abs_diff", "train/weight_sync_logprob_abs_diff", "train/mis_log_ppl_abs_diff"), ()),
+    ("time", "Step time: rollout / train / weight sync / eval (s)",
+     ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/eval_time", "perf/step_time"), ()),
+    ("staleness", "Staleness (async)", (), (r"staleness",)),
+]
+STAGE_TIME_KEYS = ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/eval_time")
+_LOG_NAME = re.compile(r"^(rollout|eval)_(-?\d+)\.json$")  # eval_-00001: the eval before training
+_ADV_NAME = re.compile(r"^rollout_(\d+)\.adv\.rank(\d+)\.json$")
+
+
+def read_metrics_lenient(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The records of a metrics.jsonl and notes on what was skipped (a torn last line, a bad line),
+    never an exception for the content: the report renders what is there."""
+    notes: list[str] = []
+    try:
+        raw = path.read_bytes()
+    except OSError as e:
+        return [], [f"{path}: not readable ({e})"]
+    text = raw.decode("utf-8", errors="replace")
+    lines = text.split("\n")
+    records: list[dict[str, Any]] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            if lineno == len(lines) and not text.endswith("\n"):
+                notes.append(f"{path.name}: the last line (line {lineno}, {len(line)} characters) is torn, "
+                             "a write cut short (crash or kill?); it is left out, the rows before it are shown")
+            else:
+                notes.append(f"{path.name}:{lineno}: not valid JSON ({e.msg}); line left out")
+            continue
+        if not isinstance(obj, dict):
+            notes.append(f"{path.name}:{lineno}: a {type(obj).__name__}, not a JSON object; line left out")
+            continue
+        records.append(obj)
+    return records, notes
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def panel_keys(keys: Sequence[str]) -> dict[str, list[str]]:
+    """panel id -> the metric keys (of `keys`) it plots, in PANELS order."""
+    out: dict[str, list[str]] = {}
+    for pid, _, exact, patterns in PANELS:
+        chosen = [k for k in exact if k in keys]
+        for k in sorted(keys):
+            if k not in chosen and any(re.search(p, k) for p in patterns):
+                chosen.append(k)
+        out[pid] = chosen
+    return out
+
+
+def _series(records: list[dict[str, Any]]) -> tuple[dict[str, list[list[Any]]], list[int | None]]:
+    """key -> [[x, y, rollout_id, stage], ...] over the records with a finite number for key."""
+    xs = global_steps(records)
+    series: dict[str, list[list[Any]]] = {}
+    for r, x in zip(records, xs):
+        if x is None:
+            continue
+        for k, v in r.items():
+            if k in RESERVED_KEYS or not _is_number(v):
+                continue
+            series.setdefault(k, []).append([x, float(v), r.get("rollout_id"), r.get("stage")])
+    for pts in series.values():
+        pts.sort(key=lambda p: p[0])
+    return series, xs
+
+
+def _stage_times(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per stage (in order of appearance): rows, steps, wall time (the last row's `time`: seconds
+    since the stage's logger started) and the sum of each perf/*_time."""
+    stages: dict[str, dict[str, Any]] = {}
+    for r in records:
+        name = r.get("stage") or "(run)"
+        st = stages.setdefault(name, {"stage": name, "rows": 0, "first_step": None, "last_step": None,
+                                      "wall_s": None, **{k: 0.0 for k in STAGE_TIME_KEYS}})
+        st["rows"] += 1
+        rid = r.get("rollout_id")
+        if _is_number(rid):
+            st["first_step"] = rid if st["first_step"] is None else min(st["first_step"], rid)
+            st["last_step"] = rid if st["last_step"] is None else max(st["last_step"], rid)
+        if _is_number(r.get("time")):
+            st["wall_s"] = max(st["wall_s"] or 0.0, float(r["time"]))
+        for k in STAGE_TIME_KEYS:
+            if _is_number(r.get(k)):
+                st[k] += float(r[k])
+    return list(stages.values())
+
+
+def _evenly(items: list[int], n: int) -> list[int]:
+    """n of items, evenly spaced, first and last included (n == 1: the last)."""
+    if n >= len(items):
+        return list(items)
+    if n <= 1:
+        return [items[-1]]
+    return [items[round(j * (len(items) - 1) / (n - 1))] for j in range(n)]
+
+
+def _read_json(path: Path, notes: list[str]) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        notes.append(f"{path.name}: not readable ({type(e).__name__}: {e}); left out")
+        return None
+
+
+def _sample_logs(run_dir: Path, notes: list[str], max_rollouts: int | None, max_bytes: int) -> list[dict[str, Any]]:
+    """Every sample log under <run_dir>/samples (stage folders too), advantages merged in, thinned
+    evenly (first and last kept) past `max_rollouts` or `max_bytes`."""
+    base = run_dir / SAMPLES_DIR
+    if not base.is_dir():
+        return []
+    found: list[tuple[str | None, str, int, Path]] = []
+    adv_files: dict[tuple[str | None, int], list[Path]] = {}
+    for d in [base, *sorted(p for p in base.iterdir() if p.is_dir())]:
+        stage = None if d == base else d.name
+        for f in sorted(d.iterdir()):
+            m = _LOG_NAME.match(f.name)
+            if m:
+                found.append((stage, m.group(1), int(m.group(2)), f))
+                continue
+            m = _ADV_NAME.match(f.name)
+            if m:
+                adv_files.setdefault((stage, int(m.group(1))), []).append(f)
+    found.sort(key=lambda t: (t[0] or "", t[2], t[1]))
+    sizes = [f.stat().st_size for *_, f in found]
+    keep = list(range(len(found)))
+    limit = len(found) if max_rollouts is None else max(1, max_rollouts)
+    if len(keep) > limit:
+        keep = _evenly(keep, limit)
+    while len(keep) > 1 and sum(sizes[i] for i in keep) > max_bytes:
+        total = sum(sizes[i] for i in keep)
+        keep = _evenly(keep, min(len(keep) - 1, max(1, len(keep) * max_bytes // max(total, 1))))
+    if len(keep) < len(found):
+        notes.append(f"{len(found)} sample logs in {base}; {len(keep)} are embedded (evenly spaced, the last "
+                     f"included; --max-rollouts / size limit). The others stay on disk as JSON.")
+    logs = []
+    for i in keep:
+        stage, kind, rid, f = found[i]
+        obj, why = read_sample_log(f)
+        if obj is None:
+            notes.append(f"{why}; left out")
+            continue
+        adv: dict[str, Any] = {}
+        if kind == "rollout":
+            for af in adv_files.get((stage, rid), []):
+                a = _read_json(af, notes)
+                if isinstance(a, dict) and isinstance(a.get("advantages"), dict):
+                    adv.update(a["advantages"])
+        n_failed = 0
+        for g in obj["groups"]:
+            for s in g.get("samples") or []:
+                ti = s.get("train_index")
+                if ti is not None and str(ti) in adv:
+                    s["advantages"] = adv[str(ti)]
+                n_failed += s.get("status") == "failed"
+        logs.append({"key": f"{stage or ''}:{kind}:{rid}", "stage": stage, "kind": kind, "rollout_id": rid,
+                     "num_groups": obj.get("num_groups"), "num_samples": obj.get("num_samples"),
+                     "num_failed_logged": n_failed, "has_advantages": bool(adv), "groups": obj["groups"]})
+    return logs
+
+
+def collect(run_dir: str | Path, *, max_rollouts: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+    """Everything the report shows, read from a run directory (see the module doc). Raises
+    SlimeError only when `run_dir` is not a directory; anything else unreadable becomes a note."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise SlimeError(f"slime report: {run_dir} is not a directory (give a run directory: the --run-dir of a run, "
+                         "holding metrics.jsonl and args.json)")
+    notes: list[str] = []
+    metrics_path = run_dir / METRICS_FILE
+    args_files = sorted(run_dir.glob("args*.json"))
+    if not metrics_path.is_file() and not args_files:
+        notes.append(f"{run_dir} is not a run directory: it has no {METRICS_FILE} and no args.json "
+                     "(a run's --run-dir has both). Showing what is there.")
+    records: list[dict[str, Any]] = []
+    if metrics_path.is_file():
+        records, more = read_metrics_lenient(metrics_path)
+        notes += more
+        if not records:
+            notes.append(f"{METRICS_FILE} has no metrics rows yet: no curves")
+    elif args_files:
+        notes.append(f"no {METRICS_FILE} yet (the run has not finished a step): no curves")
+    series, _ = _series(records)
+    panels = panel_keys(list(series))
+    if records and not panels["eval"]:
+        notes.append("no evaluation points in metrics.jsonl (run without --eval-prompt-data, or no eval step "
+                     "yet): the evaluation panel is empty")
+    failed_rows = [r.get("rollout_id") for r in records if _is_number(r.get("rollout/status/failed"))
+                   and r["rollout/status/failed"] > 0]
+    if failed_rows:
+        notes.append(f"FAILED samples (never trained on) in the rollouts of steps {_ids(failed_rows)}: see "
+                     "rollout/status/failed and the browser's status filter")
+
+    args_json = {}
+    for f in args_files:
+        obj = _read_json(f, notes)
+        if isinstance(obj, dict):
+            args_json[f.name] = obj
+    facts_file = run_dir / RUN_FACTS_FILE
+    facts = _read_json(facts_file, notes) if facts_file.is_file() else None
+    facts_source = f"recorded by the run ({RUN_FACTS_FILE})"
+    if not isinstance(facts, dict):
+        facts, facts_source = run_facts(), "this machine when the report was written (the run recorded none)"
+
+    rollouts = _sample_logs(run_dir, notes, max_rollouts, max_bytes)
+    if (run_dir / SAMPLES_DIR).is_dir() and not rollouts:
+        notes.append(f"{SAMPLES_DIR}/ holds no readable sample log")
+    elif not (run_dir / SAMPLES_DIR).is_dir() and (metrics_path.is_file() or args_files):
+        notes.append(f"no sample log ({SAMPLES_DIR}/): the rollout browser is empty (the run predates it, or "
+                     "ran with --report-groups-per-rollout 0)")
+    failed_logged = sum(r["num_failed_logged"] for r in rollouts)
+    if failed_logged:
+        notes.append(f"{failed_logged} logged samples are FAILED (kept, counted, never trained on): shown with "
+                     "their error in the rollout browser")
+
+    return {
+        "run_dir": str(run_dir.resolve()),
+        "notes": notes,
+        "num_records": len(records),
+        "series": series,
+        "panels": [{"id": pid, "title": title, "keys": panels[pid]} for pid, title, _, _ in PANELS],
+        "all_keys": sorted(series),
+        "stages": _stage_times(records),
+        "args": args_json,
+        "facts": facts,
+        "facts_source": facts_source,
+        "rollouts": rollouts,
+        "files": sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir())[:200],
+    }
+
+
+def _ids(ids: list[Any]) -> str:
+    shown = ", ".join(str(i) for i in ids[:10])
+    return shown + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+
+
+def _json_for_script(obj: Any) -> str:
+    """JSON that is safe inside <script>: `<`, `>`, `&` only as \\u escapes (they occur in strings
+    only), so no `</script>` or `<!--` in the data can end the block; still valid JSON."""
+    text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str)
+    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _sanitize(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _sanitize(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_sanitize(v) for v in obj]
+    return obj
+
+
+def render(data: dict[str, Any]) -> str:
+    """The HTML page of `collect`'s data: one file, inline CSS/JS, no network."""
+    title = f"slime run report: {Path(data['run_dir']).name}"
+    notes = "".join(f"<li>{html.escape(n)}</li>" for n in data["notes"])
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        f"<title>{html.escape(title)}</title>"
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
+        "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
+        f"<style>{PAGE_CSS}</style></head><body>"
+        f"<header><h1>{html.escape(title)}</h1><div class=\"sub\">{html.escape(data['run_dir'])} · "
+        f"{data['num_records']} metrics rows · {len(data['rollouts'])} sample logs</div>"
+        "<nav><a href=\"#curves\">Curves</a> <a href=\"#browser\">Rollout browser</a> "
+        "<a href=\"#facts\">Run facts</a></nav></header>"
+        + (f"<section id=\"notes\" class=\"notes\"><h2>Notes</h2><ul>{notes}</ul></section>" if notes else "")
+        + "<section id=\"curves\"><h2>Curves</h2><div class=\"hint\">x: step (a metrics row's rollout id; "
+        "the global step across stages). Drag across a chart to zoom all charts, double-click or "
+        "<button id=\"reset-zoom\" type=\"button\">reset zoom</button>; hover for values.</div>"
+        "<div id=\"charts\" class=\"charts\"></div>"
+        "<div class=\"any\"><label>Any metric: <select id=\"any-metric\"></select></label>"
+        "<div id=\"any-chart\" class=\"charts\"></div></div></section>"
+        "<section id=\"browser\"><h2>Rollout browser</h2><div class=\"controls\">"
+        "<label>Rollout: <select id=\"rollout-select\"></select></label> "
+        "<span id=\"status-filters\"></span> "
+        "<label>reward ≥ <input id=\"reward-min\" type=\"number\" step=\"any\" size=\"6\"></label> "
+        "<label>reward ≤ <input id=\"reward-max\" type=\"number\" step=\"any\" size=\"6\"></label> "
+        "<span class=\"legend\"><span class=\"tok m1\">trained token</span> "
+        "<span class=\"tok m0\">environment / tool token</span> darker = lower log-prob</span></div>"
+        "<div id=\"rollout-note\" class=\"rollout-note\"></div>"
+        "<div class=\"browser\"><div id=\"groups\" class=\"groups\"></div>"
+        "<div id=\"sample-detail\" class=\"detail\"><em>Click a sample to see its tokens.</em></div></div></section>"
+        "<section id=\"facts\"><h2>Run facts</h2><div id=\"facts-body\"></div></section>"
+        "<div id=\"tooltip\" class=\"tooltip\"></div>"
+        f"<script id=\"report-data\" type=\"application/json\">{_json_for_script(_sanitize(data))}</script>"
+        f"<script>{PAGE_JS}</script></body></html>\n"
+    )
+
+
+def write_report(run_dir: str | Path, output: str | Path | None = None, *, max_rollouts: int | None = None,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Path, list[str]]:
+    """Write the report (default `<run_dir>/report.html`, via a temporary file and a rename);
+    returns its path and the notes it shows."""
+    data = collect(run_dir, max_rollouts=max_rollouts, max_bytes=max_bytes)
+    out = Path(output) if output is not None else Path(run_dir) / REPORT_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(render(data), encoding="utf-8")
+    tmp.replace(out)
+    return out, data["notes"]
+
+
+def report_run(run_dir: str | Path) -> Path | None:
+    """The training loop's call (end of a run, each save): write the report, say where; a failure
+    to write it is a warning, never the end of a run."""
+    try:
+        out, _ = write_report(run_dir)
+    except Exception as e:
+        print(f"[slime] report not written ({type(e).__name__}: {e})", flush=True)
+        return None
+    print(f"[slime] report:  {out.resolve()}", flush=True)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="slime report",
+                                description="Write a self-contained HTML report of a run directory "
+                                            "(curves, rollout browser, run facts); opens from disk.")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's --run-dir (metrics.jsonl, args.json, samples/)")
+    p.add_argument("--output", "-o", default=None, help="where to write the HTML (default: RUN_DIR/report.html)")
+    p.add_argument("--max-rollouts", type=int, default=None,
+                   help="embed at most this many sample logs (evenly spaced, the last included; default: all "
+                        f"that fit in {DEFAULT_MAX_BYTES // 1_000_000} MB)")
+    a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
+    if a.max_rollouts is not None and a.max_rollouts < 1:
+        print(f"slime report: error: --max-rollouts must be >= 1, got {a.max_rollouts}", file=sys.stderr)
+        return 2
+    try:
+        out, notes = write_report(a.run_dir, a.output, max_rollouts=a.max_rollouts)
+    except SlimeError as e:
+        print(f"slime: error: {e}", file=sys.stderr)
+        return 2
+    for n in notes:
+        print(f"slime report: note: {n}", file=sys.stderr)
+    print(f"slime report: wrote {out.resolve()}")
+    return 0

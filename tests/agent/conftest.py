@@ -1,0 +1,94 @@
+"""Fixtures for the agent-adapter tests: a real engine server (with an API key the agents never
+see), adapters served from their own threads, the tiny model loaded directly for reference
+log-probs (`tiny_model_dir` comes from tests/conftest.py)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import warnings
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+ENGINE_KEY = "engine-key-the-agent-never-sees"
+
+
+def start_engine(model_dir, log_dir):
+    from slime.ray.engine_process import EngineProcess
+
+    eng = EngineProcess.start(model_dir, num_threads=1, log_path=log_dir / "engine.log",
+                              extra_args=["--random-seed", "0", "--api-key", ENGINE_KEY])
+    try:
+        eng.wait_until_healthy(timeout=120)
+    except BaseException:
+        eng.stop()
+        raise
+    return eng
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    eng = start_engine(tiny_model_dir, tmp_path_factory.mktemp("agent_engine"))
+    yield eng
+    eng.stop()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_model(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+def serve(adapter):
+    from slime.agent.aiohttp_threaded import run_app_in_thread
+
+    return run_app_in_thread(adapter.app)
+
+
+@pytest.fixture(scope="module")
+def openai_adapter(engine, tokenizer):
+    from slime.agent.adapters import OpenAIAdapter
+
+    adapter = OpenAIAdapter(tokenizer=tokenizer, sglang_url=engine.url, engine_api_key=ENGINE_KEY,
+                            max_turns_per_sid=4)
+    handle = serve(adapter)
+    adapter.base_url = handle.url + "/v1"
+    yield adapter
+    handle.stop()
+
+
+@pytest.fixture(scope="module")
+def anthropic_adapter(engine, tokenizer):
+    from slime.agent.adapters import AnthropicAdapter
+
+    adapter = AnthropicAdapter(tokenizer=tokenizer, sglang_url=engine.url, engine_api_key=ENGINE_KEY,
+                               max_turns_per_sid=4)
+    handle = serve(adapter)
+    adapter.base_url = handle.url
+    yield adapter
+    handle.stop()
+
+
+@torch.no_grad()
+def reference_logprobs(model, tokens: list[int], positions: list[int]) -> list[float]:
+    """log_softmax of the logits at position p - 1 for token p, from one forward over `tokens`."""
+    logits = model(input_ids=torch.tensor([tokens])).logits[0].float()
+    lp = torch.log_softmax(logits, dim=-1)
+    return [lp[p - 1, tokens[p]].item() for p in positions]

@@ -1,0 +1,129 @@
+"""One forward where one suffices (issue 16): with one optimizer step per rollout and no option that
+reads the old log-probs before the training forward, the old log-probs are that forward's own,
+detached (ratio exactly 1), and the separate no-grad pass is skipped. Forcing the separate pass
+(`TrainActor.reuse_training_forward = False`) gives the same losses, metrics and updated weights;
+with several steps per rollout, or an option that needs the old log-probs first, the pass runs once
+per rollout either way. The real actor, in-process (no Ray)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from slime.arguments import parse_args
+from slime.backends.torch.actor import TrainActor
+
+N = 8
+
+
+def _data(seed: int) -> dict:
+    """8 samples with rollout log-probs (what the engine reports), uneven lengths and masks."""
+    rng = random.Random(seed)
+    out: dict = {"tokens": [], "response_lengths": [], "loss_masks": [], "rewards": [], "rollout_log_probs": []}
+    for i in range(N):
+        p, r = rng.randint(2, 6), rng.randint(2, 5)
+        out["tokens"].append([rng.randint(8, 300) for _ in range(p + r)])
+        out["response_lengths"].append(r)
+        out["loss_masks"].append([1] * (r - 1) + [i % 2])
+        out["rewards"].append(rng.uniform(-1, 1))
+        out["rollout_log_probs"].append([-rng.uniform(3, 7) for _ in range(r)])
+    return out
+
+
+def _actor(model_dir, run_dir, extra, reuse: bool) -> TrainActor:
+    args = parse_args(["--hf-checkpoint", str(model_dir), "--run-dir", str(run_dir), "--rollout-batch-size", "4",
+                       "--n-samples-per-prompt", "2", "--num-rollout", "2", "--lr", "1e-3", "--micro-batch-size", "2",
+                       # a smooth Adam update (see test_train_actor): equal weights mean equal gradients
+                       "--adam-eps", "1e-2", *extra])
+    actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
+    actor.init()
+    actor.reuse_training_forward = reuse
+    calls: list[int] = []
+    forward_only = actor._forward_only
+
+    def counted(data, indices, model, entropy_out=None):
+        if model is actor.model or model is actor.old_actor:  # the old-log-prob pass (not the reference's)
+            calls.append(len(indices))
+        return forward_only(data, indices, model, entropy_out)
+
+    actor._forward_only = counted
+    actor.old_pass_calls = calls
+    return actor
+
+
+ONE_STEP = ["--global-batch-size", str(N)]
+CASES = {
+    "default": [],
+    "kl_loss_unbiased_per_token": ["--use-kl-loss", "--kl-loss-coef", "0.1", "--use-unbiased-kl",
+                                   "--calculate-per-token-loss"],
+    "gspo_entropy_whiten": ["--advantage-estimator", "gspo", "--entropy-coef", "0.01", "--normalize-advantages"],
+    "cispo": ["--advantage-estimator", "cispo", "--eps-clip", "1.0", "--eps-clip-high", "4.0"],
+    "ppo_critic": ["--advantage-estimator", "ppo"],
+    "packed": ["--use-dynamic-batch-size", "--max-tokens-per-gpu", "24"],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_one_step_reuses_the_training_forward_with_the_same_numbers(tiny_model_dir, tmp_path, case):
+    extra = [*ONE_STEP, *CASES[case]]
+    on, off = _actor(tiny_model_dir, tmp_path / "on", extra, True), _actor(tiny_model_dir, tmp_path / "off", extra, False)
+    for rollout_id in range(2):
+        m_on, m_off = on.train(rollout_id, _data(rollout_id)), off.train(rollout_id, _data(rollout_id))
+        keys = sorted(k for k in m_off if not k.startswith("perf/"))
+        assert sorted(k for k in m_on if not k.startswith("perf/")) == keys
+        assert "train/train_rollout_logprob_abs_diff" in keys and "train/pg_loss" in keys
+        for key in keys:
+            assert m_on[key] == pytest.approx(m_off[key], rel=1e-5, abs=1e-6), (rollout_id, key)
+        assert m_on["train/ppo_kl"] == 0.0 and m_on["train/pg_clipfrac"] == 0.0  # ratio exactly 1
+    assert on.old_pass_calls == [] and off.old_pass_calls == [N, N]  # the separate pass: only when forced
+    a, b = on.full_state_dict(), off.full_state_dict()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-7, msg=k)
+    if on.critic is not None:
+        ca, cb = on.critic.model.state_dict(), off.critic.model.state_dict()
+        for k in ca:
+            torch.testing.assert_close(ca[k], cb[k], rtol=1e-5, atol=1e-7, msg=k)
+
+
+def test_the_logprob_diff_is_the_training_forwards(tiny_model_dir, tmp_path):
+    """train/train_rollout_logprob_abs_diff from the reused forward, against a plain HF forward here."""
+    actor = _actor(tiny_model_dir, tmp_path, ONE_STEP, True)
+    data = _data(0)
+    with torch.no_grad():
+        total, count = 0.0, 0
+        for toks, r, mask, rlp in zip(data["tokens"], data["response_lengths"], data["loss_masks"],
+                                      data["rollout_log_probs"]):
+            logp = torch.log_softmax(actor.model(torch.tensor([toks])).logits[0].double(), -1)
+            for j in range(r):
+                if mask[j]:
+                    pos = len(toks) - r + j
+                    total += abs(float(logp[pos - 1, toks[pos]]) - rlp[j])
+                    count += 1
+    metrics = actor.train(0, data)
+    assert actor.old_pass_calls == []
+    assert metrics["train/train_rollout_logprob_abs_diff"] == pytest.approx(total / count, rel=1e-5)
+
+
+@pytest.mark.parametrize("extra", [
+    ["--global-batch-size", str(N // 2)],  # two steps: the second is off-policy, old log-probs needed
+    [*ONE_STEP, "--use-tis"],
+    [*ONE_STEP, "--use-opsm"],
+    [*ONE_STEP, "--keep-old-actor"],
+    [*ONE_STEP, "--get-mismatch-metrics"],
+    [*ONE_STEP, "--use-rollout-entropy"],
+    [*ONE_STEP, "--advantage-estimator", "reinforce_plus_plus", "--kl-coef", "0.1"],
+], ids=["two_steps", "tis", "opsm", "keep_old_actor", "mismatch_metrics", "rollout_entropy", "kl_in_reward"])
+def test_options_that_need_the_old_log_probs_keep_one_batched_pass(tiny_model_dir, tmp_path, extra):
+    actor = _actor(tiny_model_dir, tmp_path, extra, True)
+    actor.train(0, _data(0))
+    assert actor.old_pass_calls == [N]  # once per rollout, over all of the rollout's samples
+
+
+def test_dropout_keeps_the_separate_pass(tiny_model_dir, tmp_path):
+    """In train mode dropout would make the training forward differ from the old policy's."""
+    actor = _actor(tiny_model_dir, tmp_path, ONE_STEP, True)
+    assert actor._can_reuse_training_forward(1, False)
+    actor.model.config.attention_dropout = 0.1
+    assert not actor._can_reuse_training_forward(1, False)
