@@ -41,3 +41,11 @@ if ! command -v chromedriver >/dev/null 2>&1 || ! { command -v chromium >/dev/nu
     echo "  sudo apt-get update && sudo apt-get install -y chromium chromium-driver" >&2
   fi
 fi
+# Hugging Face TRL, the peer of bench/vs_trl.py and tests/unit/test_vs_trl_consistency.py, lives in its own
+# venv .venv-trl (torch pinned by constraints.txt; ~1.5 min, ~1.5 GB). SLIME_SKIP_TRL=1 skips it; a failure
+# only leaves that test skipped.
+if [ "${SLIME_SKIP_TRL:-0}" != 1 ] && ! .venv-trl/bin/python -c "import trl" >/dev/null 2>&1; then
+  echo "setup: creating .venv-trl (TRL, for bench/vs_trl.py and its consistency test)" >&2
+  .venv/bin/python bench/vs_trl.py --install-only >&2 \
+    || { echo "setup: could not create .venv-trl; the TRL consistency test will be skipped" >&2; rm -rf .venv-trl; }
+fi

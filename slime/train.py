@@ -272,10 +272,10 @@ def run_cli(body: Callable[[], None]) -> int:
         shutdown()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, max_lag: int = 0) -> int:
     def body() -> None:
         args = parse_args(argv)
-        train(args)
+        train(args, max_lag=max_lag)
         finish_run(args)
 
     return run_cli(body)

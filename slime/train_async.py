@@ -21,8 +21,7 @@ import sys
 from argparse import Namespace
 from typing import Sequence
 
-from slime.arguments import parse_args
-from slime.train import finish_run, run_cli
+from slime.train import main as train_main
 from slime.train import train as train_loop
 
 POLICY_LAG = 1  # rollouts generated ahead of the step that trains (slime's train_async: one)
@@ -34,12 +33,7 @@ def train(args: Namespace) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def body() -> None:
-        args = parse_args(argv)
-        train(args)
-        finish_run(args)
-
-    return run_cli(body)
+    return train_main(argv, max_lag=POLICY_LAG)
 
 
 if __name__ == "__main__":

@@ -48,32 +48,39 @@ def _cpu_flags() -> str:
     return ""
 
 
-def build(cc: str | None = None) -> Path:
-    """Compile the kernels (unless a build for this source/flags/compiler/CPU is cached); returns
-    the shared library's path. Raises RuntimeError with the compiler's message on failure."""
+def build_library(source_path: Path, flags: tuple[str, ...], name: str, cc: str | None = None,
+                  libs: tuple[str, ...] = ()) -> Path:
+    """Compile `source_path` into a shared library in the cache (unless a build for this
+    source/flags/compiler/CPU is there); returns its path. Raises RuntimeError with the compiler's
+    message on failure. Every C file of the engine is built this way."""
     cc = cc or os.environ.get("CC") or "gcc"
     exe = shutil.which(cc)
     if exe is None:
         raise RuntimeError(f"no C compiler {cc!r} on PATH")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(FLAGS).encode(), "".join(version).encode(),
+    source = source_path.read_bytes()
+    key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), "".join(version).encode(),
                                      _cpu_flags().encode()])).hexdigest()[:16]
-    out = cache_dir() / f"decode_kernels-{key}.so"
+    out = cache_dir() / f"{name}-{key}.so"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
     os.close(fd)
     try:
-        proc = subprocess.run([exe, *FLAGS, str(SOURCE), "-o", tmp, "-lm"], capture_output=True, text=True)
+        proc = subprocess.run([exe, *flags, str(source_path), "-o", tmp, *libs], capture_output=True, text=True)
         if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed to build {SOURCE.name}: {proc.stderr.strip()[-2000:]}")
+            raise RuntimeError(f"{cc} failed to build {source_path.name}: {proc.stderr.strip()[-2000:]}")
         os.replace(tmp, out)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
+
+
+def build(cc: str | None = None) -> Path:
+    """The decode kernels' shared library (see `build_library`)."""
+    return build_library(SOURCE, FLAGS, "decode_kernels", cc, libs=("-lm",))
 
 
 def load() -> "DecodeKernels | None":

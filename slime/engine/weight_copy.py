@@ -12,12 +12,8 @@ compiler: torch's copy). Everything else is `dst.copy_(src)`.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
 import os
-import shutil
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
@@ -35,31 +31,6 @@ _lib = None
 _tried = False
 
 
-def _build() -> Path:
-    cc = os.environ.get("CC") or "gcc"
-    exe = shutil.which(cc)
-    if exe is None:
-        raise RuntimeError(f"no C compiler {cc!r} on PATH")
-    version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    key = hashlib.sha256(b"\0".join([SOURCE.read_bytes(), " ".join(FLAGS).encode(), "".join(version).encode(),
-                                     kernels._cpu_flags().encode()])).hexdigest()[:16]
-    out = kernels.cache_dir() / f"weight_copy-{key}.so"
-    if out.exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
-    os.close(fd)
-    try:
-        proc = subprocess.run([exe, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{cc} failed to build {SOURCE.name}: {proc.stderr.strip()[-2000:]}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
-
-
 def _load():
     global _lib, _tried
     with _lock:
@@ -68,7 +39,7 @@ def _load():
             if os.environ.get("SLIME_DISABLE_KERNELS", "") not in ("", "0"):
                 return None
             try:
-                lib = ctypes.CDLL(str(_build()))
+                lib = ctypes.CDLL(str(kernels.build_library(SOURCE, FLAGS, "weight_copy")))
                 lib.transpose_copy_32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 5
                 lib.transpose_copy_32.restype = None
                 _lib = lib

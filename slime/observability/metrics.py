@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from argparse import Namespace
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -102,6 +102,25 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def parse_metrics_lines(text: str) -> Iterator[tuple[int, dict[str, Any] | None, str | None, bool]]:
+    """(line number, record or None, what is wrong or None, whether it is a torn last line) for
+    every non-blank line of a metrics.jsonl's text. A torn last line is one without its newline
+    that does not parse (a crash mid-write)."""
+    lines = text.split("\n")
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            yield lineno, None, f"not valid JSON ({e.msg})", lineno == len(lines) and not text.endswith("\n")
+            continue
+        if not isinstance(obj, dict):
+            yield lineno, None, f"expected a JSON object, got {type(obj).__name__}", False
+            continue
+        yield lineno, obj, None, False
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """All records of a ``metrics.jsonl`` (or of ``<run_dir>/metrics.jsonl``), in file order.
 
@@ -109,21 +128,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     malformed line raises ``ValueError`` naming file and line.
     """
     p = _metrics_path(path)
-    text = p.read_text(encoding="utf-8")
-    lines = text.split("\n")
     records: list[dict[str, Any]] = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            is_unterminated_last = lineno == len(lines) and not text.endswith("\n")
-            if is_unterminated_last:
-                break
-            raise ValueError(f"{p}:{lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(obj, dict):
-            raise ValueError(f"{p}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    for lineno, obj, problem, torn in parse_metrics_lines(p.read_text(encoding="utf-8")):
+        if torn:
+            break
+        if problem:
+            raise ValueError(f"{p}:{lineno}: {problem}")
         records.append(obj)
     return records
 

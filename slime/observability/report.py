@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.errors import SlimeError
-from slime.observability.metrics import METRICS_FILE, RESERVED_KEYS
+from slime.observability.metrics import METRICS_FILE, RESERVED_KEYS, parse_metrics_lines
 from slime.observability.plots import global_steps
 from slime.observability.report_assets import PAGE_CSS, PAGE_JS
 from slime.observability.sample_log import (
@@ -92,24 +92,15 @@ def read_metrics_lenient(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     except OSError as e:
         return [], [f"{path}: not readable ({e})"]
     text = raw.decode("utf-8", errors="replace")
-    lines = text.split("\n")
     records: list[dict[str, Any]] = []
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            if lineno == len(lines) and not text.endswith("\n"):
-                notes.append(f"{path.name}: the last line (line {lineno}, {len(line)} characters) is torn, "
-                             "a write cut short (crash or kill?); it is left out, the rows before it are shown")
-            else:
-                notes.append(f"{path.name}:{lineno}: not valid JSON ({e.msg}); line left out")
-            continue
-        if not isinstance(obj, dict):
-            notes.append(f"{path.name}:{lineno}: a {type(obj).__name__}, not a JSON object; line left out")
-            continue
-        records.append(obj)
+    for lineno, obj, problem, torn in parse_metrics_lines(text):
+        if torn:
+            notes.append(f"{path.name}: the last line (line {lineno}) is torn, a write cut short (crash or kill?); "
+                         "it is left out, the rows before it are shown")
+        elif problem:
+            notes.append(f"{path.name}:{lineno}: {problem}; line left out")
+        else:
+            records.append(obj)
     return records, notes
 
 

@@ -96,6 +96,9 @@ def _configure_auth(joining: bool) -> bool:
     from ray._raylet import AuthenticationTokenLoader, Config
 
     Config.initialize("")  # Ray caches its config: make this process see the mode now
+    # ...and its token: a process that ran a local cluster before (an earlier stage, a test) would
+    # otherwise present that cluster's token to the one RAY_ADDRESS / RAY_AUTH_TOKEN_PATH name now
+    AuthenticationTokenLoader.instance().reset_cache()
     if joining and not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
         raise RuntimeError(
             "RAY_ADDRESS is set and Ray token authentication is on, but no token was found. Copy the "

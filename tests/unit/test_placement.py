@@ -263,3 +263,26 @@ def test_offload_takes_optimizer_state_read_from_a_checkpoint(tmp_path):
     off.onload()
     back = [{k: _bits(v) for k, v in st.items()} for st in opt.state.values()]
     assert all(torch.equal(a[k], b[k]) for a, b in zip(saved, back) for k in a)
+
+
+def test_joining_a_cluster_presents_the_token_the_environment_names_now(tmp_path, monkeypatch):
+    """Ray caches the auth token per process: a driver that used one token (an earlier local
+    cluster) and then joins another cluster (RAY_AUTH_TOKEN_PATH) must present the new one."""
+    from ray._raylet import AuthenticationTokenLoader
+
+    from slime.ray.placement_group import _configure_auth
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.write_text("1" * 32)
+    second.write_text("2" * 32)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(first))
+    try:
+        assert _configure_auth(joining=True)
+        assert "1" * 32 in str(AuthenticationTokenLoader.instance().get_token_for_http_header())
+        monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(second))
+        assert _configure_auth(joining=True)
+        assert "2" * 32 in str(AuthenticationTokenLoader.instance().get_token_for_http_header())
+    finally:
+        monkeypatch.undo()
+        AuthenticationTokenLoader.instance().reset_cache()  # later tests read their own token

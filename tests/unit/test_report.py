@@ -155,7 +155,7 @@ def test_metrics_lenient_reader_notes_a_torn_last_line_and_bad_lines(tmp_path):
     assert [r["rollout_id"] for r in records] == [1, 2]
     assert any("line 5" in n and "torn" in n for n in notes)
     assert any("metrics.jsonl:2: not valid JSON" in n for n in notes)
-    assert any("metrics.jsonl:3" in n and "not a JSON object" in n for n in notes)
+    assert any("metrics.jsonl:3" in n and "expected a JSON object" in n for n in notes)
 
 
 def test_panels_pick_the_issue_metrics():

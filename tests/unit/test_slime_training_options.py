@@ -571,10 +571,12 @@ def test_train_env_vars_reach_the_training_actors(monkeypatch):
         @staticmethod
         def options(**kw):
             seen.append(kw)
-            return SimpleNamespace(remote=lambda *a: object())
+            # the group then asks each rank to bind itself to its cores (pin_cores)
+            return SimpleNamespace(remote=lambda *a: SimpleNamespace(pin_cores=SimpleNamespace(remote=lambda *a: None)))
 
     monkeypatch.setattr(train_group, "RayTrainActor", FakeActor)
-    placement = SimpleNamespace(actor_cpus=0.5, actor_bundles=[0], strategy=lambda b: f"bundle{b}")
+    monkeypatch.setattr(train_group.ray, "get", lambda refs: [None] * len(refs))
+    placement = SimpleNamespace(actor_cpus=0.5, actor_bundles=[0], actors=[], strategy=lambda b: f"bundle{b}")
     args = parse_args(BASE + ["--train-env-vars", '{"PYTORCH_TEST_VAR": "1", "N": 2}'])
     train_group.RayTrainGroup(args, placement)
     assert seen[0]["runtime_env"]["env_vars"] == {"PYTORCH_TEST_VAR": "1", "N": "2"}
