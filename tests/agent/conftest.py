@@ -21,16 +21,10 @@ ENGINE_KEY = "engine-key-the-agent-never-sees"
 
 
 def start_engine(model_dir, log_dir):
-    from slime.ray.engine_process import EngineProcess
+    """The engine tests' server, with the key only the adapter holds."""
+    from tests.engine.engine_test_utils import start_engine as start_engine_server
 
-    eng = EngineProcess.start(model_dir, num_threads=1, log_path=log_dir / "engine.log",
-                              extra_args=["--random-seed", "0", "--api-key", ENGINE_KEY])
-    try:
-        eng.wait_until_healthy(timeout=120)
-    except BaseException:
-        eng.stop()
-        raise
-    return eng
+    return start_engine_server(model_dir, "--api-key", ENGINE_KEY, log_dir=log_dir)
 
 
 @pytest.fixture(scope="module")
