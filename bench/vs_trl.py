@@ -68,9 +68,15 @@ INSTALL_HOWTO = (
 )
 CHECK_TOL = 1e-5
 
-# The shared job (issue 16): the default job's RL stage.
+# The shared job (issue 16): the default job's RL stage; `--model 25m` changes the model and the batch.
 JOB = dict(prompts=32, samples=8, new_tokens=8, lr=3e-4, eps_clip=0.2, temperature=1.0, adam_beta1=0.9,
            adam_beta2=0.999, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0, threads=2)
+# The issue's second row: a ~25M-parameter Qwen2-style model (random init, the default job's tokenizer),
+# 8 prompts x 8 samples, 32 new tokens. No SFT stage (it would take longer than the benchmark): the row
+# is about speed; its held-out accuracy stays ~0 for every system.
+MODEL_25M = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                 intermediate_size=1536)
+MODELS = {"tiny": {}, "25m": dict(prompts=8, samples=8, new_tokens=32)}
 
 # GRPOConfig fields this script sets, and GRPOTrainer methods the consistency check calls: the API probe.
 TRL_CONFIG_FIELDS = ["use_cpu", "bf16", "fp16", "use_vllm", "gradient_checkpointing", "report_to", "save_strategy",
@@ -463,8 +469,9 @@ def print_check(rows: list[dict]) -> None:
 
 # ---- the benchmark -------------------------------------------------------------------------------
 
-def build_assets(work: Path, sft_steps: int, seed: int) -> tuple[Path, Path]:
-    """The default job's tiny model after (a possibly shorter) SFT stage, and its data; cached in `work`."""
+def build_assets(work: Path, sft_steps: int, seed: int, model: str = "tiny") -> tuple[Path, Path]:
+    """The default job's tiny model after (a possibly shorter) SFT stage, or the ~25M model as
+    initialised, and the data; cached in `work`."""
     from slime.arguments import to_argv
     from slime.data.arithmetic import write_arithmetic_dataset
     from slime.data.tiny_model import build_tiny_model
@@ -474,6 +481,11 @@ def build_assets(work: Path, sft_steps: int, seed: int) -> tuple[Path, Path]:
     data_dir = work / "data"
     if not (data_dir / "eval.jsonl").exists():
         write_arithmetic_dataset(data_dir, **TASK)
+    if model == "25m":
+        path = work / "model-25m"
+        if not (path / "config.json").exists():
+            build_tiny_model(path, **MODEL_25M)
+        return path, data_dir
     sft_root = work / f"sft-{sft_steps}-seed{seed}"
     ckpt = iter_dir(sft_root / "checkpoints", sft_steps - 1)
     if (Path(ckpt) / "config.json").exists():
@@ -587,9 +599,12 @@ def summarise(runs: list[dict], acc_before: float) -> list[dict]:
     return out
 
 
-def print_table(summary: list[dict], steps: int, rounds: int, sft_steps: int, bf16: bool) -> None:
+def print_table(summary: list[dict], steps: int, rounds: int, sft_steps: int, bf16: bool, model: str = "tiny",
+                params: int = 0) -> None:
     trl = next((s for s in summary if s["system"].startswith("TRL")), None)
-    print(f"\nvs TRL: default job's model after {sft_steps} SFT steps (0.12M parameters), {JOB['prompts']} prompts x "
+    what = (f"default job's model after {sft_steps} SFT steps" if model == "tiny"
+            else "~25M Qwen2-style model as initialised (no SFT)")
+    print(f"\nvs TRL: {what} ({params / 1e6:.2f}M parameters), {JOB['prompts']} prompts x "
           f"{JOB['samples']} samples, {JOB['new_tokens']} new tokens, lr {JOB['lr']:g}, no KL, per-sample loss, "
           f"{steps} steps x {rounds} round(s), alternating; {os.cpu_count()} cores"
           f"{' (avx512_bf16)' if bf16 else ' (no avx512_bf16)'}, fp32, {JOB['threads']} threads each")
@@ -624,6 +639,9 @@ def main() -> None:
     p.add_argument("--systems", nargs="+", default=["trl", "sync", "async"], choices=["trl", "sync", "async"])
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "vs_trl",
                    help="where the SFT model, data and runs go (the SFT model is reused)")
+    p.add_argument("--model", choices=sorted(MODELS), default="tiny",
+                   help="tiny: the default job's model after SFT, 32 prompts x 8, 8 new tokens; 25m: a ~25M "
+                        "Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens (the issue's two rows)")
     p.add_argument("--check", action="store_true", help="only the loss/advantage consistency check")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--no-install", action="store_true", help="do not create .venv-trl; say how instead")
@@ -646,6 +664,7 @@ def main() -> None:
         raise SystemExit(0 if all(r["ok"] for r in rows) else 1)
     if a.quick:
         a.steps, a.rounds, a.sft_steps = 6, 1, 20
+    JOB.update(MODELS[a.model])
     if "trl" in a.systems:
         require_trl(install=not a.no_install)
     import torch
@@ -654,7 +673,7 @@ def main() -> None:
     bf16 = "avx512_bf16" in subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     work = a.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    model, data_dir = build_assets(work, a.sft_steps, a.seed)
+    model, data_dir = build_assets(work, a.sft_steps, a.seed, a.model)
     acc_before = heldout_accuracy(model, data_dir / "eval.jsonl", JOB["new_tokens"])
     print(f"[vs_trl] starting model {model}: held-out accuracy {acc_before:.3f}", flush=True)
     order = {"trl": None, "sync": "slime-rl sync", "async": "slime-rl train_async"}
@@ -677,7 +696,10 @@ def main() -> None:
                   f"{r['acc_after']:.3f}, wall {r['wall_s']:.0f} s", flush=True)
             runs.append(r)
     summary = summarise(runs, acc_before)
-    print_table(summary, a.steps, a.rounds, a.sft_steps, bf16)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).parameters())
+    print_table(summary, a.steps, a.rounds, a.sft_steps, bf16, a.model, params)
     print("\nconfigurations")
     if trl_config_used:
         print("TRL GRPOConfig:", json.dumps(trl_config_used, sort_keys=True))

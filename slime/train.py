@@ -126,16 +126,20 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup | None,
                 # the engine frees its KV cache while the trainer uses the cores (not while it generates ahead)
                 offload_rollout = args.offload_rollout and not rollouts.asked
                 if offload_rollout:
-                    ray.get(rollout_manager.offload.remote())
+                    with timer("rollout_offload", metrics, accumulate=True):
+                        ray.get(rollout_manager.offload.remote())
                 progress.phase("train")  # --offload-train: the trainer's optimizer state is back for the step only
-                metrics.update(actor_model.train(rollout_id, rollout_data_ref))
+                with timer("train_wait", metrics):  # the trainer's train_time plus moving the data and the call
+                    metrics.update(actor_model.train(rollout_id, rollout_data_ref))
                 if offload_rollout:
-                    ray.get(rollout_manager.onload.remote())
+                    with timer("rollout_offload", metrics, accumulate=True):
+                        ray.get(rollout_manager.onload.remote())
 
             if trains and serves and _sync_due(args, rollout_id, eval_now):
                 progress.phase("sync")
                 rollouts.wait_in_flight()  # slime: never update the weights in the middle of a generation
-                metrics.update(_sync_weights(args, rollout_manager, actor_model, str(rollout_id + 1), parity_tokens))
+                with timer("sync_wait", metrics):  # update_weights_time plus the engines' pause and resume
+                    metrics.update(_sync_weights(args, rollout_manager, actor_model, str(rollout_id + 1), parity_tokens))
 
             if save_now:
                 progress.phase("save")

@@ -129,12 +129,11 @@ def expand_to_tokens(sample_advantages: Tensor | Sequence[float], response_lengt
         raise ValueError(
             f"{adv.shape[0]} sample advantages but {len(response_lengths)} response lengths"
         )
-    out = []
-    for a, length in zip(adv, response_lengths):
-        if int(length) < 0:
-            raise ValueError(f"response length must be >= 0, got {length}")
-        out.append(a.expand(int(length)).clone())
-    return out
+    lengths = [int(n) for n in response_lengths]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"response length must be >= 0, got {min(lengths)}")
+    # one repeat and one split: views of a single tensor, not one tensor op per sample
+    return list(torch.repeat_interleave(adv, torch.as_tensor(lengths, dtype=torch.long)).split(lengths))
 
 
 def rloo_rewards(rewards: Tensor | Sequence[float], group_size: int,

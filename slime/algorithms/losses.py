@@ -115,8 +115,25 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = Non
     return xz.sum(dim=dim) / w.sum(dim=dim).clamp_min(1)
 
 
-def _split(x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]):
-    """Split packed ``x`` by sample, pairing each slice with its boolean mask (validated)."""
+def _packed_mask(loss_masks: Sequence[Tensor | Sequence[int]], lengths: list[int], device) -> Tensor:
+    """The masks as one packed boolean ``[total_tokens]`` tensor, each checked against its length."""
+    for i, (m, n) in enumerate(zip(loss_masks, lengths)):
+        shape = tuple(m.shape) if isinstance(m, Tensor) else (len(m),)
+        if shape != (n,):
+            raise ValueError(f"loss mask {i} has shape {shape}, expected ({n},)")
+    if not lengths:
+        return torch.zeros(0, dtype=torch.bool, device=device)
+    if all(isinstance(m, Tensor) for m in loss_masks):
+        return torch.cat(list(loss_masks)).to(device=device, dtype=torch.bool)
+    return torch.as_tensor([bool(v) for m in loss_masks for v in m], dtype=torch.bool, device=device)
+
+
+def _segments(x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
+              ) -> tuple[Tensor, Tensor, list[int]]:
+    """Validate packed ``x`` against the lengths and masks; return ``(mask [T] bool, sample id [T], lengths)``.
+
+    One vectorised pass over every sample (no per-sample tensor ops: with hundreds of short
+    samples per micro-batch those loops, and their autograd nodes, cost more than the model)."""
     if x.dim() != 1:
         raise ValueError(f"packed per-token tensor must be 1-D [total_tokens], got shape {tuple(x.shape)}")
     lengths = [int(n) for n in response_lengths]
@@ -124,17 +141,18 @@ def _split(x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tens
         raise ValueError(f"{len(lengths)} response lengths but {len(loss_masks)} loss masks")
     if sum(lengths) != x.shape[0]:
         raise ValueError(f"response lengths sum to {sum(lengths)} but the packed tensor has {x.shape[0]} tokens")
-    pairs = []
-    for i, (x_i, m_i) in enumerate(zip(torch.split(x, lengths), loss_masks)):
-        m_i = torch.as_tensor(m_i, device=x.device)
-        if m_i.shape != (lengths[i],):
-            raise ValueError(f"loss mask {i} has shape {tuple(m_i.shape)}, expected ({lengths[i]},)")
-        pairs.append((x_i, m_i.to(torch.bool)))
-    return pairs
+    mask = _packed_mask(loss_masks, lengths, x.device)
+    sample = torch.repeat_interleave(torch.arange(len(lengths), device=x.device),
+                                     torch.as_tensor(lengths, dtype=torch.long, device=x.device))
+    return mask, sample, lengths
 
 
-def _masked_sum(x_i: Tensor, m_i: Tensor) -> Tensor:
-    return torch.where(m_i, x_i, torch.zeros_like(x_i)).sum()
+def _per_sample_sums(x: Tensor, mask: Tensor, sample: Tensor, num: int) -> tuple[Tensor, Tensor]:
+    """Per-sample ``sum_t mask_t x_t`` (differentiable) and ``sum_t mask_t``; masked-out NaN/inf ignored."""
+    kept = torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device))
+    sums = x.new_zeros(num).index_add(0, sample, kept)
+    counts = torch.zeros(num, dtype=x.dtype, device=x.device).index_add(0, sample, mask.to(x.dtype))
+    return sums, counts
 
 
 def sum_of_sample_mean(
@@ -150,14 +168,13 @@ def sum_of_sample_mean(
     The caller divides by the number of samples of the global batch (see :func:`reduce_loss`).
     Empty or fully-masked samples contribute exactly 0.
     """
-    pairs = _split(x, response_lengths, loss_masks)
-    if sample_denoms is not None and len(sample_denoms) != len(pairs):
-        raise ValueError(f"{len(sample_denoms)} sample denominators but {len(pairs)} samples")
-    total = x.new_zeros(())
-    for i, (x_i, m_i) in enumerate(pairs):
-        denom = m_i.sum() if sample_denoms is None else torch.as_tensor(float(sample_denoms[i]))
-        total = total + _masked_sum(x_i, m_i) / denom.clamp_min(1).to(x.dtype)
-    return total
+    mask, sample, lengths = _segments(x, response_lengths, loss_masks)
+    if sample_denoms is not None and len(sample_denoms) != len(lengths):
+        raise ValueError(f"{len(sample_denoms)} sample denominators but {len(lengths)} samples")
+    sums, counts = _per_sample_sums(x, mask, sample, len(lengths))
+    denoms = counts if sample_denoms is None else torch.as_tensor(
+        [float(d) for d in sample_denoms], dtype=x.dtype, device=x.device)
+    return (sums / denoms.clamp_min(1)).sum()
 
 
 def sum_of_token(
@@ -167,10 +184,8 @@ def sum_of_token(
 
     The caller divides by the number of unmasked tokens of the global batch (see :func:`reduce_loss`).
     """
-    total = x.new_zeros(())
-    for x_i, m_i in _split(x, response_lengths, loss_masks):
-        total = total + _masked_sum(x_i, m_i)
-    return total
+    mask, _, _ = _segments(x, response_lengths, loss_masks)
+    return torch.where(mask, x, torch.zeros((), dtype=x.dtype, device=x.device)).sum()
 
 
 def reduce_loss(
@@ -294,8 +309,11 @@ def cispo_loss(
 
 def _per_sample_masked_mean(
     x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
-) -> list[Tensor]:
-    return [_masked_sum(x_i, m_i) / m_i.sum().clamp_min(1).to(x.dtype) for x_i, m_i in _split(x, response_lengths, loss_masks)]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Each sample's masked mean of packed ``x`` (``[num_samples]``), with the packed mask and sample ids."""
+    mask, sample, lengths = _segments(x, response_lengths, loss_masks)
+    sums, counts = _per_sample_sums(x, mask, sample, len(lengths))
+    return sums / counts.clamp_min(1), mask, sample
 
 
 def sequence_ppo_kl(
@@ -309,9 +327,8 @@ def sequence_ppo_kl(
     Packed ``[total_tokens]`` in, packed out; gradients flow through every trained token of the sample.
     A fully masked sample gets 0 (ratio 1).
     """
-    means = _per_sample_masked_mean(old_log_probs - log_probs, response_lengths, loss_masks)
-    parts = [m.expand(int(n)) for m, n in zip(means, response_lengths)]
-    return torch.cat(parts) if parts else log_probs.new_zeros(0)
+    means, _, sample = _per_sample_masked_mean(old_log_probs - log_probs, response_lengths, loss_masks)
+    return means[sample]
 
 
 def tis_weights(
@@ -344,12 +361,9 @@ def opsm_mask(
     Such a sample has drifted too far from the policy that generated it for its negative signal to be
     trusted. Returned packed and detached; the fraction of zeros is ``train/opsm_clipfrac``.
     """
-    seq_kl = _per_sample_masked_mean((old_log_probs - log_probs).detach(), response_lengths, loss_masks)
-    pieces = []
-    for (a_i, m_i), kl_i in zip(_split(advantages.detach(), response_lengths, loss_masks), seq_kl):
-        drop = (a_i < 0) & m_i & bool(kl_i > delta)
-        pieces.append(1.0 - drop.to(log_probs.dtype))
-    return torch.cat(pieces) if pieces else log_probs.new_zeros(0)
+    seq_kl, mask, sample = _per_sample_masked_mean((old_log_probs - log_probs).detach(), response_lengths, loss_masks)
+    drop = (advantages.detach() < 0) & mask & (seq_kl > delta)[sample]
+    return 1.0 - drop.to(log_probs.dtype)
 
 
 def value_loss_clipped(

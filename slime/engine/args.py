@@ -27,6 +27,14 @@ if TYPE_CHECKING:  # torch is imported where a device is resolved, not by the ar
 MODEL_IMPLS = ("auto", "native", "sglang", "transformers")
 
 
+def server_threads(args: argparse.Namespace) -> int:
+    """Torch threads of the server: `--num-threads`, else every core this process may run on (a
+    server started on its own has the machine; inside a run the launcher passes the run's budget)."""
+    from slime.utils.threads import available_cores
+
+    return args.num_threads if args.num_threads and args.num_threads > 0 else available_cores()
+
+
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m slime.engine.server",
@@ -42,7 +50,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
                    help="cpu, cuda or cuda:N (SGLang's flag; default: cuda when torch sees a GPU, else cpu). On "
                         "CUDA the model, KV pool and forward run on the GPU (the torch path; the C kernels are "
                         "CPU-only) and --mem-fraction-static is a share of that GPU's memory")
-    p.add_argument("--num-threads", type=int, default=1, help="torch threads of this server")
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch threads of this server (default: every core this process may run on; a "
+                        "training run passes its own budget)")
     p.add_argument("--random-seed", type=int, default=0, help="seed of sampling without sampling_seed")
     p.add_argument("--max-running-requests", type=int, default=256, help="rows in one batch at most")
     p.add_argument("--context-length", type=int, default=None,

@@ -1,7 +1,7 @@
 """The built-in inference engine: an HTTP server speaking a subset of SGLang's native API.
 
     python -m slime.engine.server --model-path DIR [--host 127.0.0.1] [--port 30000]
-        [--dtype auto|float32|bfloat16] [--num-threads 1] [--random-seed 0]
+        [--dtype auto|float32|bfloat16] [--num-threads N (all cores)] [--random-seed 0]
         [--max-running-requests 256] [--context-length N] [--parent-pid PID] [--log-level info]
 
 Endpoints (SGLang names and shapes):
@@ -44,7 +44,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from slime.engine.args import build_arg_parser, check_model_dir, resolve_device
+from slime.engine.args import build_arg_parser, check_model_dir, resolve_device, server_threads
 from slime.engine.guard import Policy, guarded
 from slime.engine.http import generate_ahead_of
 from slime.engine.routes.control import add_control_routes
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.parent_pid:
         start_parent_watchdog(args.parent_pid)
-    configure_torch_threads(args.num_threads)
+    configure_torch_threads(server_threads(args))
     # The worker thread and the event loop share the GIL; hand it over quickly.
     sys.setswitchinterval(0.001)
     state = EngineState(args)

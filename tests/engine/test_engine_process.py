@@ -93,6 +93,21 @@ def test_server_arg_parser_knows_passthrough_names():
         build_arg_parser().parse_args(["--model-path", "m", "--no-such-flag", "1"])
 
 
+def test_server_alone_uses_every_core_a_run_passes_its_budget(monkeypatch):
+    """issue 16: `slime serve` started on its own uses all the cores it may run on; a run's engines
+    get --num-threads from the run's thread budget (EngineProcess always passes it)."""
+    import inspect
+
+    from slime.engine.args import build_arg_parser, server_threads
+    from slime.ray.engine_process import EngineProcess
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 5}, raising=False)
+    alone = build_arg_parser().parse_args(["--model-path", "m"])
+    assert alone.num_threads is None and server_threads(alone) == 4
+    assert server_threads(build_arg_parser().parse_args(["--model-path", "m", "--num-threads", "1"])) == 1
+    assert '"--num-threads", str(num_threads)' in inspect.getsource(EngineProcess.start)
+
+
 def test_sigterm_answers_in_flight_requests(tiny_model_dir, tmp_path):
     import concurrent.futures
 

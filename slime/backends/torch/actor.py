@@ -31,7 +31,7 @@ from transformers import AutoModelForCausalLM
 from slime.algorithms.losses import reduce_loss, sft_loss
 from slime.backends.torch import checkpoint
 from slime.backends.torch.batching import (
-    build_micro_batch, make_micro_batch, plan_micro_batches, response_log_probs,
+    build_micro_batch, make_micro_batch, pack, plan_micro_batches, response_log_probs,
 )
 from slime.backends.torch.device import (
     autocast, memory_metrics, process_group_backend, reset_peak_memory, select_device, to_device, to_host,
@@ -246,7 +246,7 @@ class TrainActor:
         adv = rollout_data["advantages"]
         mean = token_mean(adv)
         extra["rollout/advantages"] = mean
-        extra["rollout/advantages_std"] = max(token_mean([(a - mean) ** 2 for a in adv]), 0.0) ** 0.5
+        extra["rollout/advantages_std"] = max(token_mean([(pack(adv, range(len(adv))) - mean) ** 2]), 0.0) ** 0.5
         extra["rollout/returns"] = token_mean(rollout_data["returns"])
         if self.critic is not None:
             extra["rollout/values"] = token_mean(rollout_data["values"])
@@ -286,9 +286,8 @@ class TrainActor:
         if "rollout_log_probs" not in data:
             return {}
         token_mean = self._token_mean([data["loss_masks"][i] for i in mine])
-        own = data["training_forward_log_probs"]
-        diffs = [(own[i] - torch.as_tensor(data["rollout_log_probs"][i], dtype=torch.float32)).abs() for i in mine]
-        return {"train/train_rollout_logprob_abs_diff": token_mean(diffs)}
+        diff = (pack(data["training_forward_log_probs"], mine) - pack(data["rollout_log_probs"], mine)).abs()
+        return {"train/train_rollout_logprob_abs_diff": token_mean([diff])}
 
     def _postprocess(self, data: dict[str, Any], mine: list[int], rollout_id: int, rollout_data: dict[str, Any]) -> None:
         """slime's ``--rollout-data-postprocess-path`` (after advantages, before training). Its
@@ -321,12 +320,13 @@ class TrainActor:
                 data[key] = dict(zip(mine, rollout_data[key]))
 
     def _token_mean(self, loss_masks: list[Any]):
-        """Mean of per-token values over the trained tokens of every rank."""
-        masks = [torch.as_tensor(m).to(torch.bool) for m in loss_masks]
+        """Mean of per-token values over the trained tokens of every rank (one packed sum, float64)."""
+        mask = pack(loss_masks, range(len(loss_masks)), torch.bool)
+        count = float(mask.sum())
 
         def token_mean(xs: list[torch.Tensor]) -> float:
-            s = self._sum_over_ranks(torch.tensor([sum(float(x[m].sum()) for x, m in zip(xs, masks)),
-                                                   float(sum(int(m.sum()) for m in masks))], dtype=torch.float64))
+            total = float(pack(xs, range(len(xs)), torch.float64)[mask].sum()) if count else 0.0
+            s = self._sum_over_ranks(torch.tensor([total, count], dtype=torch.float64))
             return float(s[0] / max(float(s[1]), 1.0))
 
         return token_mean
@@ -449,8 +449,10 @@ class TrainActor:
         for mb_indices in self._plan(data, indices):
             mb = self._micro_batch(data, mb_indices)
             masks = mb.loss_masks
+            # the entropy is always logged; it needs a graph only when it is in the loss
             log_probs, entropy = response_log_probs(self.model, mb, args.rollout_temperature, with_entropy=True,
-                                                    chunk_size=args.log_probs_chunk_size)
+                                                    chunk_size=args.log_probs_chunk_size,
+                                                    entropy_grad=args.entropy_coef != 0.0)
             log_probs, entropy = to_host(log_probs), to_host(entropy)  # the losses run on the host
             if self._reuse_training_forward:  # the old log-probs of this rollout's single step
                 data.setdefault("training_forward_log_probs", {}).update(
@@ -492,7 +494,7 @@ class TrainActor:
         not divided by the temperature); ``batch`` holds this micro-batch's per-sample lists.
         """
         fn = load_function(self.args.custom_loss_function_path, arg_name="--custom-loss-function-path")
-        logits = mb.forward(self.model)[mb.rows, mb.cols]
+        logits = mb.response_logits(self.model)
         batch = {"response_lengths": mb.response_lengths, "loss_masks": mb.loss_masks,
                  "response_tokens": list(torch.split(mb.targets, mb.response_lengths)),
                  **{k: [data[k][i] for i in mb.indices] for k in ("old_log_probs", "ref_log_probs", "advantages",

@@ -15,8 +15,9 @@ rollout temperature exactly as the engine does when it reports sampling log-prob
 from __future__ import annotations
 
 import contextlib
-
+import inspect
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any, Sequence
 
 import torch
@@ -39,12 +40,11 @@ class MicroBatch:
 
     def __post_init__(self) -> None:
         if self.rows is None:  # padded: sample i is row i, its response starts at prompt_length
-            rows, cols = [], []
-            for row, (p, r) in enumerate(zip(self.prompt_lengths, self.response_lengths)):
-                rows += [row] * r
-                cols += range(p - 1, p + r - 1)
-            self.rows = torch.as_tensor(rows, dtype=torch.long)
-            self.cols = torch.as_tensor(cols, dtype=torch.long)
+            resp = torch.as_tensor(self.response_lengths, dtype=torch.long)
+            self.rows = torch.repeat_interleave(torch.arange(len(self.response_lengths)), resp)
+            first = torch.cumsum(resp, 0) - resp  # where each sample's tokens start in the packed order
+            offset = torch.arange(int(resp.sum())) - torch.repeat_interleave(first, resp)
+            self.cols = torch.repeat_interleave(torch.as_tensor(self.prompt_lengths, dtype=torch.long) - 1, resp) + offset
 
     @property
     def size(self) -> int:
@@ -54,11 +54,36 @@ class MicroBatch:
     def targets(self) -> Tensor:
         return self.input_ids[self.rows, self.cols + 1]
 
-    def forward(self, model: torch.nn.Module) -> Tensor:
+    def forward(self, model: torch.nn.Module, **extra: Any) -> Tensor:
         """Model output ``[B, L, ...]`` (logits, or values for a critic) for this layout."""
         kw = {"position_ids": self.position_ids} if self.position_ids is not None else {}
-        out = model(input_ids=self.input_ids, attention_mask=self.attention_mask, use_cache=False, **kw)
+        out = model(input_ids=self.input_ids, attention_mask=self.attention_mask, use_cache=False, **kw, **extra)
         return out.logits if hasattr(out, "logits") else out
+
+    def response_logits(self, model: torch.nn.Module) -> Tensor:
+        """``[sum R_i, V]``: the logits of the positions that predict response tokens, in packed order.
+        The output layer runs on those positions only where the model can be told (transformers'
+        ``logits_to_keep`` with a boolean mask): prompts are most of a sequence, and the output
+        layer is a large share of a small model's work."""
+        if not _keeps_logits(model):
+            return self.forward(model)[self.rows, self.cols]
+        keep = torch.zeros(self.input_ids.shape, dtype=torch.bool, device=self.input_ids.device)
+        keep[self.rows, self.cols] = True  # rows/cols are in row-major order: the flattened output's order
+        return self.forward(model, logits_to_keep=keep)
+
+
+def _keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs do)."""
+    cls = type(model)
+    if cls not in _KEEPS_LOGITS:
+        try:
+            _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
+        except (TypeError, ValueError):
+            _KEEPS_LOGITS[cls] = False
+    return _KEEPS_LOGITS[cls]
+
+
+_KEEPS_LOGITS: dict[type, bool] = {}
 
 
 def training_precision(args: Any) -> contextlib.AbstractContextManager:
@@ -73,20 +98,30 @@ def training_precision(args: Any) -> contextlib.AbstractContextManager:
 def make_micro_batch(data: dict[str, Any], indices: Sequence[int], pad_id: int = 0) -> MicroBatch:
     tokens = [data["tokens"][i] for i in indices]
     resp = [int(data["response_lengths"][i]) for i in indices]
-    max_len = max(len(t) for t in tokens)
+    lengths = [len(t) for t in tokens]
+    max_len = max(lengths)
+    # one scatter of every token into the padded grid, not one copy per row
+    lengths_t = torch.as_tensor(lengths, dtype=torch.long)
+    att = (torch.arange(max_len)[None, :] < lengths_t[:, None]).to(torch.long)
     ids = torch.full((len(tokens), max_len), pad_id, dtype=torch.long)
-    att = torch.zeros((len(tokens), max_len), dtype=torch.long)
-    for row, t in enumerate(tokens):
-        ids[row, : len(t)] = torch.as_tensor(t, dtype=torch.long)
-        att[row, : len(t)] = 1
+    ids[att.bool()] = pack(tokens, range(len(tokens)), torch.long)
     return MicroBatch(
         input_ids=ids,
         attention_mask=att,
-        prompt_lengths=[len(t) - r for t, r in zip(tokens, resp)],
+        prompt_lengths=[n - r for n, r in zip(lengths, resp)],
         response_lengths=resp,
-        loss_masks=[torch.as_tensor(data["loss_masks"][i], dtype=torch.float32) for i in indices],
+        loss_masks=loss_mask_column(data, indices, resp),
         indices=list(indices),
     )
+
+
+def loss_mask_column(data: dict[str, Any], indices: Sequence[int], response_lengths: list[int]) -> list[Tensor]:
+    """Each sample's loss mask as a float tensor (views of one packed tensor), its length checked."""
+    for i, n in zip(indices, response_lengths):
+        if len(data["loss_masks"][i]) != n:
+            raise ValueError(f"sample {i}: loss mask has {len(data['loss_masks'][i])} entries, "
+                             f"its response {n} tokens")
+    return list(torch.split(pack(data["loss_masks"], indices), response_lengths))
 
 
 def make_packed_micro_batch(data: dict[str, Any], indices: Sequence[int]) -> MicroBatch:
@@ -109,7 +144,7 @@ def make_packed_micro_batch(data: dict[str, Any], indices: Sequence[int]) -> Mic
         attention_mask=mask,
         prompt_lengths=[n - r for n, r in zip(lengths, resp)],
         response_lengths=resp,
-        loss_masks=[torch.as_tensor(data["loss_masks"][i], dtype=torch.float32) for i in indices],
+        loss_masks=loss_mask_column(data, indices, resp),
         indices=list(indices),
         rows=torch.zeros(len(cols), dtype=torch.long),
         cols=torch.as_tensor(cols, dtype=torch.long),
@@ -143,17 +178,31 @@ def build_micro_batch(data: dict[str, Any], indices: Sequence[int], packed: bool
 
 def response_log_probs(
     model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False,
-    chunk_size: int | None = None,
+    chunk_size: int | None = None, entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
-    """Packed [sum R_i] log-probs (and entropies) of every sample's response tokens."""
+    """Packed [sum R_i] log-probs (and entropies) of every sample's response tokens. With
+    ``entropy_grad=False`` the entropy is a metric only (no graph: ``--entropy-coef 0``)."""
     # Only response positions matter; gather their logits before the (fp32) softmax.
-    picked = mb.forward(model)[mb.rows, mb.cols]  # [T, V]
+    picked = mb.response_logits(model)  # [T, V]
     chunk = chunk_size if chunk_size and chunk_size > 0 else None
     log_probs = compute_log_probs(picked, mb.targets, temperature=temperature, chunk_size=chunk)
-    entropy = compute_entropy(picked, temperature=temperature) if with_entropy else None
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = compute_entropy(picked if entropy_grad else picked.detach(), temperature=temperature)
     return log_probs, entropy
 
 
-def pack(per_sample: Sequence[Sequence[float]] | Sequence[Tensor], indices: Sequence[int]) -> Tensor:
-    parts = [torch.as_tensor(per_sample[i], dtype=torch.float32) for i in indices]
-    return torch.cat(parts) if parts else torch.zeros(0)
+def pack(per_sample: Sequence[Sequence[float]] | Sequence[Tensor] | dict, indices: Sequence[int],
+         dtype: torch.dtype = torch.float32) -> Tensor:
+    """Samples ``indices`` of a per-sample column, concatenated into one flat tensor: one ``cat`` for
+    tensors, one ``tensor`` call for Python lists (no per-sample tensor ops)."""
+    parts = [per_sample[i] for i in indices]
+    if not parts:
+        return torch.zeros(0, dtype=dtype)
+    if all(isinstance(p, Tensor) and p.dim() == 1 for p in parts):
+        return torch.cat(parts).to(dtype)
+    if all(isinstance(p, Tensor) for p in parts):
+        return torch.cat([p.reshape(-1) for p in parts]).to(dtype)
+    return torch.as_tensor(list(chain.from_iterable(
+        p.reshape(-1).tolist() if isinstance(p, Tensor) else p for p in parts)), dtype=dtype)

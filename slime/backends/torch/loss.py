@@ -44,12 +44,13 @@ def compute_advantages_and_returns(
     policy), ``ref_log_probs``, ``values`` (ppo), ``teacher_log_probs`` (OPD), ``loss_masks``.
     """
     log_probs: list[Tensor] = rollout_data["log_probs"]
-    masks = [torch.as_tensor(m, dtype=torch.float32) for m in rollout_data["loss_masks"]]
+    lengths = [lp.numel() for lp in log_probs]
+    masks = list(pack(rollout_data["loss_masks"], range(len(lengths))).split(lengths))
     rewards = [float(r) for r in rollout_data["rewards"]]
     if args.kl_coef != 0.0:
         kl = [compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, rollout_data["ref_log_probs"])]
     else:
-        kl = [torch.zeros_like(lp, dtype=torch.float32) for lp in log_probs]
+        kl = list(torch.zeros(sum(lengths)).split(lengths))
     rollout_data["kl"] = kl
 
     est = args.advantage_estimator
@@ -57,7 +58,7 @@ def compute_advantages_and_returns(
         load_function(args.custom_advantage_function_path, arg_name="--custom-advantage-function-path")(args, rollout_data)
         advantages, returns = rollout_data["advantages"], rollout_data["returns"]
     elif est in ("grpo", "gspo", "cispo", "rloo"):
-        advantages = expand_to_tokens(torch.tensor(rewards), [lp.numel() for lp in log_probs])
+        advantages = expand_to_tokens(torch.tensor(rewards), lengths)
         returns = advantages
     elif est == "reinforce_plus_plus":
         advantages = reinforce_plus_plus_returns(rewards, kl, masks, args.kl_coef, args.gamma)
