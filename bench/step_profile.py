@@ -186,32 +186,43 @@ RAY_PARTS = [("perf/rollout_wait_time", "rollout (the loop waiting for it)"),
              ("perf/step_time", "the whole step")]
 
 
-def through_ray(root: Path, steps: int) -> None:
+def _ray_run(root: Path, steps: int, name: str, offload: bool) -> dict[str, float]:
+    """Medians of the perf/* metrics of a real colocated run (first step: warm-up; last: the checkpoint)."""
     sys.path.insert(0, str(REPO / "bench"))
     import vs_trl
 
-    run = root / "ray-run"
+    run = root / f"ray-run-{name}"
     shutil.rmtree(run, ignore_errors=True)
     command, extra = vs_trl.SLIME_MODES["slime-rl sync"]
+    if offload:
+        extra = [x for x in extra if x not in ("--no-offload-train", "--no-offload-rollout")]
     argv = vs_trl.slime_argv(root / "model", root / "data", steps, 1, run) + extra
     proc = subprocess.run([sys.executable, "-m", "slime", command, *argv], cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"[step_profile] the Ray run failed:\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    rows = [r for r in rows if "perf/step_time" in r][1:-1]  # first step warms up, the last saves
+    rows = [r for r in rows if "perf/step_time" in r][1:-1]
     med = {k: statistics.median([r[k] for r in rows if k in r]) for k, _ in RAY_PARTS if any(k in r for r in rows)}
-    print(f"through Ray: `slime {command} --colocate` on the same job, {steps} steps (median of steps 2..{steps - 1})")
-    print("| part | median s per step |")
-    print("|---|---|")
-    for key, label in RAY_PARTS:
-        if key in med:
-            print(f"| {label} | {med[key]:.4f} |")
-    explained = sum(med.get(k, 0.0) for k in ("perf/rollout_wait_time", "perf/train_wait_time",
-                                               "perf/rollout_offload_time", "perf/sync_wait_time"))
-    print(f"| the loop itself (step - the four waits above) | {med['perf/step_time'] - explained:.4f} |")
-    moving = med["perf/train_wait_time"] - med["perf/train_time"] - med.get("perf/train_offload_time", 0.0) \
+    waits = ("perf/rollout_wait_time", "perf/train_wait_time", "perf/rollout_offload_time", "perf/sync_wait_time")
+    med["loop"] = med["perf/step_time"] - sum(med.get(k, 0.0) for k in waits)
+    med["moving"] = med["perf/train_wait_time"] - med["perf/train_time"] - med.get("perf/train_offload_time", 0.0) \
         - med.get("perf/train_onload_time", 0.0)
-    print(f"moving the rollout data to the trainer and the Ray calls: {moving:.4f} s per step")
+    return med
+
+
+def through_ray(root: Path, steps: int) -> None:
+    """The same colocated job twice: as `--colocate` sets it up (slime's rule: both offloads on) and
+    with `--no-offload-train --no-offload-rollout` (what bench/vs_trl.py runs)."""
+    cols = {"--colocate (offload on)": _ray_run(root, steps, "offload", True),
+            "--colocate --no-offload-*": _ray_run(root, steps, "no-offload", False)}
+    print(f"through Ray: `slime train --colocate` on the same job, {steps} steps each, one after the other "
+          f"(median of steps 2..{steps - 1})")
+    print("| part | " + " | ".join(cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for key, label in [*RAY_PARTS, ("loop", "the loop itself (step - rollout, train, offload and sync waits)"),
+                       ("moving", "moving the rollout data to the trainer, and the Ray calls")]:
+        if any(key in c for c in cols.values()):
+            print(f"| {label} | " + " | ".join(f"{c[key]:.4f}" if key in c else "-" for c in cols.values()) + " |")
 
 
 def main() -> None:

@@ -517,7 +517,11 @@ def slime_argv(model: Path, data_dir: Path, steps: int, seed: int, run_dir: Path
 
 
 SLIME_MODES = {
-    "slime-rl sync": ("train", ["--colocate", "--train-num-threads", "2", "--sglang-num-threads", "2"]),
+    # --colocate turns both offloads on (slime's rule, for GPU memory); on the CPU nothing needs that memory
+    # back and giving it to the system costs ~0.1 s a step in page faults (bench/step_profile.py): off, as
+    # a CPU user would run it
+    "slime-rl sync": ("train", ["--colocate", "--no-offload-train", "--no-offload-rollout",
+                                "--train-num-threads", "2", "--sglang-num-threads", "2"]),
     "slime-rl train_async": ("train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1"]),
 }
 

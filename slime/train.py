@@ -207,12 +207,13 @@ def _sync_weights(args: Namespace, rollout_manager, actor_model: RayTrainGroup, 
                   parity_tokens: list[int] | None = None) -> dict[str, float]:
     """The trainer's weights into every live engine (one that died was removed from the router by
     the engine watcher); --check-weight-update-equal and --ci-test check that they arrived."""
-    # --use-fault-tolerance: restart dead/hung engines first; a restarted one needs a new weight-update group
-    if ray.get(rollout_manager.recover_engines.remote()):
+    # --use-fault-tolerance: dead/hung engines are restarted first (a restarted one needs a new
+    # weight-update group); a rollout that generates across rollouts (fully async) finishes or aborts
+    # its requests (before_weight_update)
+    restarted, engine_urls, metrics = ray.get(rollout_manager.prepare_weight_update.remote())
+    if restarted:
         actor_model.reset_weight_sync()
-    actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
-    # a rollout that generates across rollouts (fully async) finishes or aborts its requests here
-    metrics = ray.get(rollout_manager.before_weight_update.remote())
+    actor_model.connect_rollout(engine_urls)
     try:
         metrics.update(actor_model.update_weights(weight_version=version))  # perf/update_weights_time, ...
     finally:

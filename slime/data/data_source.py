@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import enum
 import json
 import logging
 import random
@@ -75,6 +76,24 @@ class DataSource(abc.ABC):
     @abc.abstractmethod
     def __len__(self) -> int:
         """Prompts handed out per epoch."""
+
+
+_IMMUTABLE = (str, int, float, bool, bytes, type(None), enum.Enum)
+
+
+def independent_copy(sample: Sample) -> Sample:
+    """A copy sharing nothing mutable with `sample` (what `copy.deepcopy` gives), made field by field:
+    immutable values are shared, empty containers are new ones, only the rest is deep-copied. A
+    rollout makes one per sample; a generic deepcopy of each was a sixth of the rollout's Python time."""
+    new = copy.copy(sample)
+    for name, value in vars(sample).items():
+        if isinstance(value, _IMMUTABLE):
+            continue
+        if type(value) in (list, dict) and not value:
+            setattr(new, name, type(value)())
+        else:
+            setattr(new, name, copy.deepcopy(value))
+    return new
 
 
 class RolloutDataSource(DataSource):
@@ -171,7 +190,7 @@ class RolloutDataSource(DataSource):
         """`n_samples_per_prompt` independent copies, numbered by the running counters."""
         group = []
         for _ in range(self.n_samples_per_prompt):
-            s = copy.deepcopy(prompt_sample)
+            s = independent_copy(prompt_sample)
             s.group_index = self.group_counter
             s.index = self.sample_counter
             self.sample_counter += 1

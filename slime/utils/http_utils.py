@@ -14,6 +14,7 @@ import weakref
 from typing import Any
 
 import aiohttp
+import orjson
 
 from slime.errors import SlimeError
 from slime.utils.api_keys import auth_headers
@@ -124,8 +125,11 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
     while attempt < attempts:
         try:
             session = await _session()
-            async with session.request(method, url, json=payload, headers=headers) as resp:
-                text = await resp.text()
+            body_kw = {} if payload is None else {"data": _encode(payload),
+                                                  "headers": {"Content-Type": "application/json", **(headers or {})}}
+            async with session.request(method, url, **{"headers": headers, **body_kw}) as resp:
+                body = await resp.read()
+                text = body.decode("utf-8", errors="replace") if resp.status >= 400 else ""
                 if _queue_full(resp.status, resp.headers, text) and waited < QUEUE_FULL_WAIT_S:
                     # not a failure: wait (backing off) without using up an attempt
                     await asyncio.sleep(backoff)
@@ -138,12 +142,7 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
                     raise HTTPRequestError(f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}",
                                            resp.status, url)
                 else:
-                    if not text:
-                        return {}
-                    try:
-                        return await resp.json(content_type=None)
-                    except ValueError:
-                        return text
+                    return _decode(body)
         except HTTPRequestError:
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
@@ -154,6 +153,29 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
             await asyncio.sleep(retry_delay(attempt, retry_interval))
     raise HTTPRequestError(f"{method} {url} failed after {attempts} attempts: {last}", getattr(last, "status", None),
                            url)
+
+
+def _encode(payload: Any) -> bytes:
+    """JSON bytes of a request; orjson (several times faster than json on token-id lists), else json."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError:  # what orjson refuses (non-string keys, big ints, ...) json may take
+        return json.dumps(payload).encode()
+
+
+def _decode(body: bytes) -> Any:
+    """An answer: JSON (orjson; json for what only it reads, e.g. NaN), the text if it is not JSON,
+    {} if empty."""
+    if not body:
+        return {}
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError:
+        text = body.decode("utf-8", errors="replace")
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
 
 
 async def post(url: str, payload: Any = None, max_retries: int | None = None,

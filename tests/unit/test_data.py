@@ -267,3 +267,26 @@ def test_data_source_chat_template_and_errors(prompts, tiny_dir, tmp_path):
         RolloutDataSource(_args(empty))
     with pytest.raises(SlimeError, match="--prompt-data"):
         RolloutDataSource(_args(prompts, prompt_data=None)).get_samples(1)
+
+
+def test_group_copies_are_independent_like_deepcopy():
+    """The n copies of a prompt (issue 16: a field-by-field copy instead of copy.deepcopy) equal a
+    deepcopy and share nothing mutable with the prompt or with each other."""
+    import copy
+
+    from slime.data.data_source import independent_copy
+    from slime.utils.types import Sample
+
+    prompt = Sample(prompt=[{"role": "user", "content": "1+1="}], label="2", metadata={"k": [1, {"x": 2}]},
+                    tokens=[5, 6], apply_chat_template_kwargs={"enable_thinking": False})
+    a, b = independent_copy(prompt), independent_copy(prompt)
+    assert vars(a) == vars(copy.deepcopy(prompt)) == vars(prompt)
+    a.prompt[0]["content"] = "changed"
+    a.metadata["k"][1]["x"] = 3
+    a.tokens.append(7)
+    a.weight_versions.append("v1")
+    a.apply_chat_template_kwargs["enable_thinking"] = True
+    assert prompt.prompt[0]["content"] == "1+1=" and prompt.metadata == {"k": [1, {"x": 2}]}
+    assert prompt.tokens == [5, 6] and prompt.weight_versions == [] and b.weight_versions == []
+    assert prompt.apply_chat_template_kwargs == {"enable_thinking": False} == b.apply_chat_template_kwargs
+    assert b.prompt[0]["content"] == "1+1=" and b.status == prompt.status
