@@ -60,6 +60,9 @@ COMMON = dict(
     rm_type="math", rollout_max_response_len=8, eval_temperature=0.0, n_samples_per_eval_prompt=1,
     # the job's own optimizer settings, whatever the defaults
     colocate=True, adam_beta2=0.999, clip_grad=1.0, lr_decay_style="constant", weight_decay=0.0,
+    # --colocate turns both offloads on (slime's rule, for GPU memory); on a CPU nothing needs that memory
+    # back between the turns and returning it costs page faults every step (bench/step_profile.py)
+    no_offload_train=True, no_offload_rollout=True,
 )
 SFT = dict(
     stage="sft", loss_type="sft_loss", rollout_function_path="slime.rollout.sft_rollout.generate_rollout",
