@@ -127,3 +127,89 @@ def test_dropout_keeps_the_separate_pass(tiny_model_dir, tmp_path):
     assert actor._can_reuse_training_forward(1, False)
     actor.model.config.attention_dropout = 0.1
     assert not actor._can_reuse_training_forward(1, False)
+
+
+# ---- the lean step's pieces (issue 16, item 2), each against the plain way computed here ----------
+
+def _columns(n: int = 6, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    data: dict = {"tokens": [], "response_lengths": [], "loss_masks": []}
+    for _ in range(n):
+        p, r = rng.randint(2, 7), rng.randint(1, 5)
+        data["tokens"].append([rng.randrange(3, 300) for _ in range(p + r)])
+        data["response_lengths"].append(r)
+        data["loss_masks"].append([rng.randint(0, 1) for _ in range(r)])
+    return data
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_response_logits_only_on_response_positions_equal_the_full_output(tiny_model_dir, packed):
+    """The output layer runs only where a response token is predicted (transformers' logits_to_keep
+    with a boolean mask); the rows equal the full forward's at those positions, in the same order."""
+    from transformers import AutoModelForCausalLM
+
+    from slime.backends.torch.batching import build_micro_batch
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    mb = build_micro_batch(_columns(), [0, 2, 3, 5], packed=packed)
+    with torch.no_grad():
+        full = mb.forward(model)[mb.rows, mb.cols]
+        kept = mb.response_logits(model)
+    assert kept.shape == full.shape == (sum(mb.response_lengths), model.config.vocab_size)
+    torch.testing.assert_close(kept, full, rtol=1e-5, atol=1e-5)
+
+
+def test_padded_micro_batch_layout_matches_a_row_by_row_build():
+    from slime.backends.torch.batching import make_micro_batch
+
+    data = _columns(7, seed=3)
+    idx = [6, 1, 4]
+    mb = make_micro_batch(data, idx, pad_id=0)
+    width = max(len(data["tokens"][i]) for i in idx)
+    for row, i in enumerate(idx):
+        t, r = data["tokens"][i], data["response_lengths"][i]
+        assert mb.input_ids[row].tolist() == t + [0] * (width - len(t))
+        assert mb.attention_mask[row].tolist() == [1] * len(t) + [0] * (width - len(t))
+        assert mb.loss_masks[row].tolist() == [float(m) for m in data["loss_masks"][i]]
+    rows, cols = [], []
+    for row, i in enumerate(idx):
+        p, r = len(data["tokens"][i]) - data["response_lengths"][i], data["response_lengths"][i]
+        rows += [row] * r
+        cols += range(p - 1, p + r - 1)
+    assert mb.rows.tolist() == rows and mb.cols.tolist() == cols
+    assert mb.targets.tolist() == [t for i in idx for t in data["tokens"][i][-data["response_lengths"][i]:]]
+
+
+def test_a_loss_mask_of_the_wrong_length_is_refused_naming_the_sample():
+    from slime.backends.torch.batching import build_micro_batch
+
+    data = _columns(4)
+    data["loss_masks"][2] = data["loss_masks"][2] + [1]
+    for packed in (False, True):
+        with pytest.raises(ValueError, match="sample 2: loss mask has"):
+            build_micro_batch(data, [0, 1, 2, 3], packed=packed)
+
+
+def test_pack_is_a_plain_concatenation():
+    from slime.backends.torch.batching import pack
+
+    lists = [[0.5, 1.5], [], [2.0], [3.0, 4.0, 5.0]]
+    tensors = [torch.tensor(x) for x in lists]
+    expected = [v for i in (3, 0, 2) for v in lists[i]]
+    assert pack(lists, [3, 0, 2]).tolist() == expected == pack(tensors, [3, 0, 2]).tolist()
+    assert pack([torch.tensor([[1.0, 2.0]]), [3.0]], [0, 1]).tolist() == [1.0, 2.0, 3.0]  # mixed, 2-D
+    assert pack(lists, []).numel() == 0
+
+
+def test_entropy_as_a_metric_only_has_the_same_values_and_no_graph(tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    from slime.backends.torch.batching import build_micro_batch, response_log_probs
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    mb = build_micro_batch(_columns(), [0, 1, 2], packed=False)
+    lp, ent = response_log_probs(model, mb, 0.7, with_entropy=True)
+    lp2, ent2 = response_log_probs(model, mb, 0.7, with_entropy=True, entropy_grad=False)
+    assert ent.requires_grad and not ent2.requires_grad and lp2.requires_grad
+    torch.testing.assert_close(ent2, ent.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(lp2, lp, rtol=0, atol=0)
