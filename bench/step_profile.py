@@ -49,7 +49,7 @@ PARTS = [
 ]
 
 
-def _setup(root: Path, src: Path):
+def _setup(root: Path, src: Path, extra: tuple[str, ...] = ()):
     """An actor of the default job's RL stage on the tiny model, and one rollout's batch."""
     sys.path.insert(0, str(src))
     sys.path.insert(0, str(src / "bench"))
@@ -68,7 +68,8 @@ def _setup(root: Path, src: Path):
     rl = {k: v for k, v in RL.items() if k not in ("eval_interval", "stage")}
     common = {k: v for k, v in COMMON.items() if not k.startswith("eval_") and k != "n_samples_per_eval_prompt"}
     argv = to_argv(common) + to_argv(rl) + ["--hf-checkpoint", str(model_dir), "--prompt-data",
-                                            str(root / "data" / "train.jsonl"), "--run-dir", str(root / f"run-{os.getpid()}")]
+                                            str(root / "data" / "train.jsonl"), "--run-dir", str(root / f"run-{os.getpid()}"),
+                                            *extra]
     actor = TrainActor(parse_args(argv), rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=2)
     actor.init()
     batch = rollout_batch(model_dir, root / "data", RL["rollout_batch_size"], RL["n_samples_per_prompt"],
@@ -135,7 +136,14 @@ def in_process(root: Path, steps: int) -> None:
     print(f"| the rest (metrics, Python around the calls) | {rest:.4f} | {rest / total:.0%} |")
     wall = statistics.median(t for t, _ in timed)
     cpu = statistics.median(c for _, c in timed)
-    print(f"without the profiler: median {wall:.4f} s wall, {cpu:.4f} s CPU per call ({steps} calls)\n")
+    print(f"without the profiler: median {wall:.4f} s wall, {cpu:.4f} s CPU per call ({steps} calls)")
+    # padding-free packing (--use-dynamic-batch-size): one row, a block-diagonal causal mask
+    packed, _ = _setup(root, REPO, ("--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096"))
+    _one_call(packed, batch, 0)
+    pairs = [(_one_call(actor, batch, s)[0], _one_call(packed, batch, s)[0]) for s in range(max(3, steps // 4))]
+    pad_s, pack_s = statistics.median(p for p, _ in pairs), statistics.median(q for _, q in pairs)
+    print(f"padded (the default) vs packed (--use-dynamic-batch-size --max-tokens-per-gpu 4096), alternating: "
+          f"{pad_s:.4f} vs {pack_s:.4f} s per call ({pack_s / pad_s:.1f}x)\n")
 
 
 def against(root: Path, rev: str, steps: int) -> None:
