@@ -15,10 +15,10 @@ import re
 import openai
 
 MAX_TURNS = 3
-# partial credit, so a barely trained model gets a signal: a wrong answer that repeats the
-# calculator's result, else at least one call the calculator could evaluate
-REPEATED_TOOL = 0.25
-WELL_FORMED_CALL = 0.1
+# partial credit, so a half-trained model gets a signal it cannot game: a wrong (or missing) final
+# answer after a call whose expression is the problem's own (operands copied; then the calculator
+# said the right answer). Any other call earns nothing: no credit for merely well-formed calls.
+COPIED_CALL = 0.25
 TOOLS = [{
     "type": "function",
     "function": {
@@ -60,27 +60,34 @@ def question_of(sample) -> str:
     return prompt if isinstance(prompt, str) else prompt[-1]["content"]
 
 
+def expression_of(arguments: str) -> str | None:
+    """The call's expression without spaces (None when the arguments are not `{"expression": ...}`)."""
+    try:
+        return "".join(str(json.loads(arguments)["expression"]).split())
+    except Exception:
+        return None
+
+
 async def run(base_url: str, api_key: str, sample) -> float:
     """Ask, call the calculator as often as the model wants (up to MAX_TURNS model turns), and
-    grade the final `\\boxed{}` answer: 1.0 when it equals the label; partial credit 0.25 when it
-    is wrong but repeats what the calculator last said, else 0.1 when the calculator evaluated at
-    least one of its calls; else 0.0."""
+    grade the final `\\boxed{}` answer: 1.0 when it equals the label; else partial credit
+    COPIED_CALL (0.25) when one of its calls was the problem itself (e.g. `57+8` for `57+8=`);
+    else 0.0."""
+    question = question_of(sample)
+    problem = "".join(question.split()).rstrip("=")
     async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
-        messages = [{"role": "user", "content": question_of(sample)}]
-        tool_said, tool_ran = None, False
+        messages = [{"role": "user", "content": question}]
+        copied = False
         for _ in range(MAX_TURNS):
             reply = await client.chat.completions.create(model="policy", messages=messages, tools=TOOLS)
             message = reply.choices[0].message
             messages.append(message.model_dump(exclude_none=True))
             if not message.tool_calls:
-                answer = answer_of(message.content)
-                if answer == str(sample.label):
+                if answer_of(message.content) == str(sample.label):
                     return 1.0
-                if answer is not None and answer == tool_said:
-                    return REPEATED_TOOL
-                return WELL_FORMED_CALL if tool_ran else 0.0
+                return COPIED_CALL if copied else 0.0
             for call in message.tool_calls:
-                tool_said = calculator(call.function.arguments)
-                tool_ran = tool_ran or not tool_said.startswith("error")
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": tool_said})
-    return WELL_FORMED_CALL if tool_ran else 0.0
+                copied = copied or expression_of(call.function.arguments) == problem
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": calculator(call.function.arguments)})
+    return COPIED_CALL if copied else 0.0

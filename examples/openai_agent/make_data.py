@@ -24,6 +24,10 @@ def tool_call_text(expression: str) -> str:
     return "<tool_call>" + json.dumps(call, separators=(",", ":")) + "</tool_call>"
 
 
+# the call's fixed text before and after the expression: one token each in the example's model
+CALL_TOKENS = tuple(tool_call_text("@").split("@"))
+
+
 def write(out: Path, difficulty: int = 2, seed: int = 0) -> None:
     paths = write_arithmetic_dataset(out, difficulty=difficulty, seed=seed)
     rows = [json.loads(line) for line in Path(paths["train"]).read_text().splitlines()]

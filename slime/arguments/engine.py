@@ -307,12 +307,20 @@ def sort_passthrough(tokens: list[str], backend: str) -> tuple[list[str], list[s
     return forward, not_used
 
 
+# SGLang options that slime's agent adapter reads itself (slime.agent.generate parses the model's
+# output with them): with --agent-function-path the run uses them even where the engine does not.
+AGENT_PARSER_OPTIONS = ("--sglang-tool-call-parser", "--sglang-reasoning-parser")
+
+
 def unused_note(args: argparse.Namespace) -> str | None:
-    """One line naming the SGLang options set that the built-in engine does not use."""
-    if not getattr(args, "sglang_options_not_used", None):
+    """One line naming the SGLang options set that the built-in engine does not use (and nothing
+    else in the run does: the agent adapter's parser options are not named when it runs)."""
+    not_used = list(getattr(args, "sglang_options_not_used", None) or [])
+    if args.agent_function_path:
+        not_used = [o for o in not_used if o.split(" ", 1)[0].split("=", 1)[0] not in AGENT_PARSER_OPTIONS]
+    if not not_used:
         return None
-    return ("SGLang options accepted but not used by the built-in engine: "
-            + "; ".join(args.sglang_options_not_used))
+    return "SGLang options accepted but not used by the built-in engine: " + "; ".join(not_used)
 
 
 def split_passthrough(argv: list[str], known_options: set[str],

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
-from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import BPE
 from transformers import (
     AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, Qwen2Config, TokenizersBackend,
@@ -116,12 +116,24 @@ def _train_tokenizer(vocab_size: int, seed: int):
     return tok
 
 
-def build_tokenizer(*, vocab_size: int = 320, seed: int = 0, model_max_length: int = 256):
-    """The tiny model's tokenizer as a transformers tokenizer (not saved anywhere)."""
+def build_tokenizer(*, vocab_size: int = 320, seed: int = 0, model_max_length: int = 256,
+                    added_tokens: Sequence[str] = ()):
+    """The tiny model's tokenizer as a transformers tokenizer (not saved anywhere).
+
+    `added_tokens`: optional extra strings, each one ordinary (non-special) token after the trained
+    vocabulary, matched in text before the BPE (e.g. a tool call's fixed JSON boilerplate, so a
+    call is a few tokens); they decode back as themselves. None by default."""
     min_vocab = 256 + len(SPECIAL_TOKENS)
     if vocab_size < min_vocab:
         raise SlimeError(f"tiny model vocab_size={vocab_size} is too small: the byte-level tokenizer needs >= {min_vocab}")
     raw = _train_tokenizer(vocab_size, seed)
+    if added_tokens:
+        if len(set(added_tokens)) != len(added_tokens) or not all(isinstance(t, str) and t for t in added_tokens):
+            raise SlimeError(f"tiny model added_tokens must be distinct non-empty strings, got {list(added_tokens)!r}")
+        clash = [t for t in added_tokens if t in SPECIAL_TOKENS or t in raw.get_vocab()]
+        if clash:
+            raise SlimeError(f"tiny model added_tokens {clash!r} are already in the vocabulary")
+        raw.add_tokens([AddedToken(t, special=False, normalized=False) for t in added_tokens])
     return TokenizersBackend(
         tokenizer_object=raw,
         bos_token=None,
@@ -157,11 +169,13 @@ def build_tiny_model(
     tie_word_embeddings: bool = True,
     vocab_size: int = 320,
     seed: int = 0,
+    added_tokens: Sequence[str] = (),
 ) -> Path:
     """Write a randomly initialised HF causal LM plus tokenizer to `out_dir`; return the path.
 
     `vocab_size` bounds the tokenizer (256 byte tokens + 6 special tokens + learned merges); the
-    model's vocabulary is exactly the tokenizer's size.
+    model's vocabulary is exactly the tokenizer's size (plus `added_tokens`, if any: see
+    `build_tokenizer`; without them the files are exactly those of earlier versions).
     """
     _check_shape(arch, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
                  max_position_embeddings)
@@ -170,7 +184,8 @@ def build_tiny_model(
         raise SlimeError(f"--out {str(out)!r} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, model_max_length=max_position_embeddings)
+    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, model_max_length=max_position_embeddings,
+                                added_tokens=added_tokens)
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     end_id = tokenizer.convert_tokens_to_ids(END_TOKEN)
     common = dict(
@@ -197,7 +212,7 @@ def build_tiny_model(
     tok_cfg = json.loads(cfg_path.read_text())
     tok_cfg["tokenizer_class"] = _TOKENIZER_CLASS[arch]
     cfg_path.write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False) + "\n")
-    _check_round_trip(out, tokenizer, arch)
+    _check_round_trip(out, tokenizer, arch, extra_probes=tuple(added_tokens))
     return out
 
 
@@ -221,10 +236,11 @@ def _check_shape(arch: str, hidden_size: int, num_hidden_layers: int, num_attent
         raise SlimeError(f"--num-heads {num_attention_heads} must be divisible by --num-kv-heads {num_key_value_heads}")
 
 
-def _check_round_trip(out: Path, tokenizer, arch: str) -> None:
+def _check_round_trip(out: Path, tokenizer, arch: str, extra_probes: tuple[str, ...] = ()) -> None:
     """The round trip must be exact: ids from the saved directory == ids from the trained tokenizer."""
     loaded = AutoTokenizer.from_pretrained(str(out))
-    for text in _PROBE_TEXTS:
+    probes = _PROBE_TEXTS + tuple(f"<|assistant|>{t}12+3{t}<|end|>" for t in extra_probes)
+    for text in probes:
         want = tokenizer.encode(text, add_special_tokens=False)
         got = loaded.encode(text, add_special_tokens=False)
         if want != got or len(loaded) != len(tokenizer):

@@ -37,10 +37,37 @@ def statistics_mask(args: Namespace, samples: list[Sample]) -> tuple[list[bool],
     g = args.n_samples_per_prompt
     grouped = (args.loss_type != "sft_loss" and args.rewards_normalization
                and args.advantage_estimator in GROUP_ESTIMATORS and g > 1)
-    if all(valid) or not grouped or len(samples) % g != 0:
+    sizes = prompt_group_sizes(samples, g)
+    if all(valid) or not grouped or (sizes is None and len(samples) % g != 0):
         return valid, 0
-    kept, dropped = drop_thin_groups(valid, g)
-    return [bool(v) for v in kept.tolist()], dropped
+    if sizes is None:
+        kept, dropped = drop_thin_groups(valid, g)
+        return [bool(v) for v in kept.tolist()], dropped
+    out, dropped, start = [], 0, 0
+    for n in sizes:  # groups of several sizes: each judged on its own valid samples
+        part = valid[start:start + n]
+        thin = sum(part) < 2
+        out += [False] * n if thin else part
+        dropped, start = dropped + thin, start + n
+    return out, dropped
+
+
+def prompt_group_sizes(samples: list[Sample], n_samples_per_prompt: int) -> list[int] | None:
+    """The sizes of the prompt groups (consecutive samples with one `group_index`) when they are not all
+    `n_samples_per_prompt`, else None. A generate hook may return several samples for one (an agent
+    session whose history was rewritten becomes one sample per segment), so a group can hold more
+    than n samples; newer slime normalises such groups one by one, as here."""
+    if not samples or any(s.group_index is None for s in samples):
+        return None
+    sizes: list[int] = []
+    last = object()
+    for s in samples:
+        if s.group_index == last:
+            sizes[-1] += 1
+        else:
+            sizes.append(1)
+            last = s.group_index
+    return None if all(n == n_samples_per_prompt for n in sizes) else sizes
 
 
 def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[float], list[float]]:
@@ -65,13 +92,21 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
     if not args.rewards_normalization or est in ("ppo", "reinforce_plus_plus"):
         return raw, rewards
     t = torch.tensor(rewards, dtype=torch.float32)
-    if est in ("grpo", "gspo", "cispo"):  # cispo takes grpo's advantages
-        t = group_normalize_rewards(t, g, std_normalization=args.grpo_std_normalization, valid=valid)
-    elif est == "reinforce_plus_plus_baseline":
-        t = group_normalize_rewards(t, g, std_normalization=False, valid=valid)
-    elif est == "rloo":
-        t = rloo_rewards(t, g, valid=valid)
-    return raw, t.tolist()
+    sizes = prompt_group_sizes(samples, g)  # None: every group has n samples
+    starts = [sum(sizes[:i]) for i in range(len(sizes))] if sizes else []
+    parts = [(t, valid, g)] if sizes is None else [
+        (chunk, valid[start:start + len(chunk)], len(chunk)) for chunk, start in zip(t.split(sizes), starts)]
+    out = []
+    for chunk, ok, size in parts:
+        if est in ("grpo", "gspo", "cispo"):  # cispo takes grpo's advantages
+            out.append(group_normalize_rewards(chunk, size, std_normalization=args.grpo_std_normalization, valid=ok))
+        elif est == "reinforce_plus_plus_baseline":
+            out.append(group_normalize_rewards(chunk, size, std_normalization=False, valid=ok))
+        elif est == "rloo":
+            out.append(rloo_rewards(chunk, size, valid=ok))
+        else:
+            out.append(chunk)
+    return raw, torch.cat(out).tolist()
 
 
 def _hook(args: Namespace, name: str):

@@ -50,3 +50,37 @@ def test_group_normalisation_follows_slimes_flags(estimator, flags):
     assert raw == REWARDS
     assert rewards == pytest.approx(_reference(estimator, args.grpo_std_normalization, args.rewards_normalization),
                                     abs=1e-6)
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_a_group_with_extra_samples_is_normalised_on_its_own(estimator):
+    """An agent session split into segments gives its group more than n samples (one group of 5 here,
+    n = 4): each prompt group is normalised over its own samples, as newer slime does (before: 'number
+    of rewards (13) is not a multiple of group_size (4)'). A FAILED sample stays out of its group."""
+    from slime.rollout.train_data import prompt_group_sizes, statistics_mask
+
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1.0, 0.0, 0.0, 0.0, 1.0]
+    groups = [0] * 4 + [1] * 5 + [2] * 4
+    samples = [Sample(reward=r, status=Sample.Status.COMPLETED, response_length=3, index=i, group_index=gi)
+               for i, (r, gi) in enumerate(zip(rewards, groups))]
+    samples[2].status = Sample.Status.FAILED
+    args = make_args("--advantage-estimator", estimator, "--n-samples-per-prompt", "4", "--rollout-batch-size", "3")
+    assert prompt_group_sizes(samples, 4) == [4, 5, 4]
+    valid, dropped = statistics_mask(args, samples)
+    assert valid == [True, True, False] + [True] * 10 and dropped == 0
+    _, got = post_process_rewards(args, samples)
+    expected = []
+    for lo, hi in ((0, 4), (4, 9), (9, 13)):
+        grp = [(rewards[i], valid[i]) for i in range(lo, hi)]
+        ok = [r for r, v in grp if v]
+        mean = sum(ok) / len(ok)
+        for r, v in grp:
+            if not v:
+                expected.append(0.0)
+            elif estimator == "rloo":
+                expected.append(r - (sum(ok) - r) / (len(ok) - 1))
+            else:
+                expected.append((r - mean) / (statistics.stdev(ok) + 1e-6))
+    assert got == pytest.approx(expected, abs=1e-6)
+    # groups of exactly n: the sizes are not needed (the uniform path), whatever the indices
+    assert prompt_group_sizes(samples[:4] + samples[9:], 4) is None

@@ -230,6 +230,26 @@ def test_sglang_options_the_builtin_engine_cannot_use_are_named_not_forwarded():
         parse_args(BASE + ["--sglang-cuda-graph-bss", "1"])
 
 
+def test_agent_parser_options_are_not_named_unused_when_the_agent_adapter_reads_them():
+    """--sglang-tool-call-parser / --sglang-reasoning-parser: the built-in engine has no parser, but
+    slime's agent adapter (--agent-function-path) parses with them, so the note leaves them out then;
+    without an agent they are named like any other option nothing uses."""
+    from slime.agent.generate import engine_parser_option
+
+    parsers = ["--sglang-tool-call-parser", "qwen25", "--sglang-reasoning-parser=qwen3"]
+    agent = ["--custom-generate-function-path", "slime.agent.generate.generate",
+             "--agent-function-path", "examples.openai_agent.agent.run"]
+    a = parse_args(BASE + agent + parsers)
+    assert not [n for n in startup_notes(a) if n.startswith("SGLang options")]
+    assert engine_parser_option(a, "--tool-call-parser") == "qwen25"  # still reaches the adapter
+    assert engine_parser_option(a, "--reasoning-parser") == "qwen3"
+    note = next(n for n in startup_notes(parse_args(BASE + agent + parsers + ["--sglang-ep-size", "2"]))
+                if n.startswith("SGLang options"))
+    assert note.endswith("not used by the built-in engine: --sglang-ep-size 2")
+    plain = next(n for n in startup_notes(parse_args(BASE + parsers)) if n.startswith("SGLang options"))
+    assert "--sglang-tool-call-parser qwen25" in plain and "--sglang-reasoning-parser=qwen3" in plain
+
+
 def test_router_options_are_checked_against_sglang_routers_parser():
     from slime.ray.router import check_router_args
 

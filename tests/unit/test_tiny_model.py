@@ -128,3 +128,26 @@ def test_cli(tmp_path, capsys):
     assert "parameters" in out and "vocab" in out
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert cfg["model_type"] == "llama" and cfg["hidden_size"] == 32
+
+
+def test_added_tokens_are_single_ordinary_tokens(tmp_path):
+    """`added_tokens` (the agent example's tool-call boilerplate): each is one ordinary token after
+    the trained vocabulary, survives the save/load round trip and decodes back as itself; duplicates
+    and tokens already in the vocabulary are refused."""
+    from transformers import AutoTokenizer
+
+    from slime.data.tiny_model import build_tiny_model
+
+    extra = ('<tool_call>{"name":"calculator","arguments":{"expression":"', '"}}</tool_call>')
+    plain = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "plain", seed=0))
+    tok = AutoTokenizer.from_pretrained(build_tiny_model(tmp_path / "calls", seed=0, added_tokens=extra))
+    assert len(tok) == len(plain) + 2
+    text = f"{extra[0]}57+8{extra[1]}"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert ids[0] == tok.convert_tokens_to_ids(extra[0]) >= len(plain) and len(ids) <= 8
+    assert tok.decode(ids) == text
+    assert len(plain(text, add_special_tokens=False)["input_ids"]) > 30
+    assert "57+8" == tok.decode(ids[1:-1])
+    for bad in ((extra[0], extra[0]), ("<|end|>",)):
+        with pytest.raises(SlimeError):
+            build_tiny_model(tmp_path / "bad", added_tokens=bad)
