@@ -14,7 +14,11 @@ import weakref
 from typing import Any
 
 import aiohttp
-import orjson
+
+try:  # a declared dependency; an image without it (the GPU check's) falls back to json
+    import orjson
+except ImportError:  # pragma: no cover - exercised by scripts/gpu_check.sh's test
+    orjson = None
 
 from slime.errors import SlimeError
 from slime.utils.api_keys import auth_headers
@@ -157,10 +161,12 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
 
 def _encode(payload: Any) -> bytes:
     """JSON bytes of a request; orjson (several times faster than json on token-id lists), else json."""
-    try:
-        return orjson.dumps(payload)
-    except TypeError:  # what orjson refuses (non-string keys, big ints, ...) json may take
-        return json.dumps(payload).encode()
+    if orjson is not None:
+        try:
+            return orjson.dumps(payload)
+        except TypeError:  # what orjson refuses (non-string keys, big ints, ...) json may take
+            pass
+    return json.dumps(payload).encode()
 
 
 def _decode(body: bytes) -> Any:
@@ -169,8 +175,10 @@ def _decode(body: bytes) -> Any:
     if not body:
         return {}
     try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
+        if orjson is not None:
+            return orjson.loads(body)
+        raise ValueError
+    except ValueError:  # orjson.JSONDecodeError is a ValueError
         text = body.decode("utf-8", errors="replace")
         try:
             return json.loads(text)
