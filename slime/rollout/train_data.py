@@ -12,6 +12,7 @@ valid samples is dropped whole and counted in `rollout/dropped_groups`.
 
 from __future__ import annotations
 
+import itertools
 import math
 from argparse import Namespace
 from typing import Any
@@ -40,16 +41,20 @@ def statistics_mask(args: Namespace, samples: list[Sample]) -> tuple[list[bool],
     sizes = prompt_group_sizes(samples, g)
     if all(valid) or not grouped or (sizes is None and len(samples) % g != 0):
         return valid, 0
-    if sizes is None:
-        kept, dropped = drop_thin_groups(valid, g)
-        return [bool(v) for v in kept.tolist()], dropped
-    out, dropped, start = [], 0, 0
-    for n in sizes:  # groups of several sizes: each judged on its own valid samples
-        part = valid[start:start + n]
-        thin = sum(part) < 2
-        out += [False] * n if thin else part
-        dropped, start = dropped + thin, start + n
+    out, dropped = [], 0
+    for part, n in _groups(valid, sizes, g):  # groups of several sizes: each judged on its own samples
+        kept, thin = drop_thin_groups(part, n)
+        out += [bool(v) for v in kept.tolist()]
+        dropped += thin
     return out, dropped
+
+
+def _groups(values: list, sizes: list[int] | None, n_samples_per_prompt: int) -> list[tuple[list, int]]:
+    """`values` cut into prompt groups, with each group's size: `sizes`, or one piece of groups of n."""
+    if sizes is None:
+        return [(values, n_samples_per_prompt)]
+    starts = itertools.accumulate(sizes, initial=0)
+    return [(values[start:start + n], n) for start, n in zip(starts, sizes)]
 
 
 def prompt_group_sizes(samples: list[Sample], n_samples_per_prompt: int) -> list[int] | None:
@@ -91,13 +96,10 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
     est, g = args.advantage_estimator, args.n_samples_per_prompt
     if not args.rewards_normalization or est in ("ppo", "reinforce_plus_plus"):
         return raw, rewards
-    t = torch.tensor(rewards, dtype=torch.float32)
     sizes = prompt_group_sizes(samples, g)  # None: every group has n samples
-    starts = [sum(sizes[:i]) for i in range(len(sizes))] if sizes else []
-    parts = [(t, valid, g)] if sizes is None else [
-        (chunk, valid[start:start + len(chunk)], len(chunk)) for chunk, start in zip(t.split(sizes), starts)]
     out = []
-    for chunk, ok, size in parts:
+    for (chunk, size), (ok, _) in zip(_groups(rewards, sizes, g), _groups(valid, sizes, g)):
+        chunk = torch.tensor(chunk, dtype=torch.float32)
         if est in ("grpo", "gspo", "cispo"):  # cispo takes grpo's advantages
             out.append(group_normalize_rewards(chunk, size, std_normalization=args.grpo_std_normalization, valid=ok))
         elif est == "reinforce_plus_plus_baseline":
