@@ -40,6 +40,7 @@ PARTS = [
     ("backward", ("torch/_tensor.py", "backward")),
     ("optimizer step", ("torch/optim/optimizer.py", "wrapper")),
     ("model forward", ("slime/backends/torch/batching.py", "forward")),
+    ("model forward", ("slime/backends/torch/batching.py", "_shared_prompt_logits")),
     ("losses", ("slime/backends/torch/loss.py", "policy_loss")),
     ("log-softmax / entropy", ("slime/algorithms/losses.py", "compute_log_probs")),
     ("log-softmax / entropy", ("slime/algorithms/losses.py", "compute_entropy")),

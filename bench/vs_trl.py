@@ -523,6 +523,10 @@ SLIME_MODES = {
     "slime-rl sync": ("train", ["--colocate", "--no-offload-train", "--no-offload-rollout",
                                 "--train-num-threads", "2", "--sglang-num-threads", "2"]),
     "slime-rl train_async": ("train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1"]),
+    # the same without the engine lending its idle core and without one forward per prompt: what they bring
+    "slime-rl train_async, nothing lent or shared": (
+        "train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1", "--no-lend-idle-cores",
+                        "--no-share-prompt-forward"]),
 }
 
 
@@ -640,7 +644,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="runs of each system, alternating")
     p.add_argument("--sft-steps", type=int, default=140, help="SFT steps of the starting model (default job: 140)")
     p.add_argument("--seed", type=int, default=1, help="seed of round 0 (round r: seed + r, the same for all)")
-    p.add_argument("--systems", nargs="+", default=["trl", "sync", "async"], choices=["trl", "sync", "async"])
+    p.add_argument("--systems", nargs="+", default=["trl", "sync", "async"], choices=["trl", "sync", "async", "async-plain"],
+                   help="async-plain: train_async with --no-lend-idle-cores --no-share-prompt-forward")
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "vs_trl",
                    help="where the SFT model, data and runs go (the SFT model is reused)")
     p.add_argument("--model", choices=sorted(MODELS), default="tiny",
@@ -680,7 +685,8 @@ def main() -> None:
     model, data_dir = build_assets(work, a.sft_steps, a.seed, a.model)
     acc_before = heldout_accuracy(model, data_dir / "eval.jsonl", JOB["new_tokens"])
     print(f"[vs_trl] starting model {model}: held-out accuracy {acc_before:.3f}", flush=True)
-    order = {"trl": None, "sync": "slime-rl sync", "async": "slime-rl train_async"}
+    order = {"trl": None, "sync": "slime-rl sync", "async": "slime-rl train_async",
+             "async-plain": "slime-rl train_async, nothing lent or shared"}
     runs, trl_config_used, slime_argvs = [], None, {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for rnd in range(a.rounds):

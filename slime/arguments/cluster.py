@@ -37,6 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--train-backend", choices=TRAIN_BACKENDS, default="fsdp")
     g.add_argument("--train-num-threads", type=int, default=None,
                    help="torch threads per trainer process (default: cores shared without oversubscription).")
+    g.add_argument("--lend-idle-cores", action=argparse.BooleanOptionalAction, default=True,
+                   help="Disaggregated on the CPU: a built-in engine's cores go to a trainer rank on its node while "
+                        "the engine has nothing to run (the trainer re-pins itself and adds threads between decoder "
+                        "layers, and gives them back at the end of each train call). --no-lend-idle-cores keeps "
+                        "every process on its own share.")
 
 
 def finalize(args: argparse.Namespace) -> None:
@@ -56,7 +61,7 @@ def finalize(args: argparse.Namespace) -> None:
         )
     args.num_engines = args.rollout_num_gpus // args.rollout_num_gpus_per_engine
     # each engine's cores and threads, filled in by the placement (slime/ray/placement_group.py)
-    args.engine_cores = args.engine_threads = None
+    args.engine_cores = args.engine_threads = args.engine_lend_files = None
     if args.colocate and args.actor_num_nodes > 1 and args.actor_num_gpus_per_node % args.rollout_num_gpus_per_engine:
         raise SlimeError(
             f"--colocate over --actor-num-nodes {args.actor_num_nodes}: an engine is one process on one node, but "

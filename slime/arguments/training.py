@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--use-dynamic-batch-size", action="store_true",
                    help="Micro-batches packed (no padding) up to --max-tokens-per-gpu tokens; ignores --micro-batch-size.")
     g.add_argument("--max-tokens-per-gpu", type=int, default=None)
+    g.add_argument("--share-prompt-forward", action=argparse.BooleanOptionalAction, default=True,
+                   help="Padded micro-batches: samples with the same prompt (the --n-samples-per-prompt of one group) "
+                        "run that prompt once and reuse its keys and values, gradients summed; the same numbers, "
+                        "fewer tokens to compute. Off with gradient checkpointing or sliding-window attention.")
     g.add_argument("--balance-data", action="store_true",
                    help="Give each trainer rank an even share of the rollout's tokens (equal sample counts; the "
                         "responses of one prompt may land in different steps), as slime's.")

@@ -38,6 +38,7 @@ import torch
 from slime.engine.model_runner import ModelRunner
 from slime.engine.request import Req, check_stop_strings, input_logprobs
 from slime.engine.sampling import BatchSampler
+from slime.utils.core_lending import EngineLending
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,10 @@ class Scheduler:
         compact_fraction: float = 0.1,
         continuous: bool = True,
         max_total_tokens: int | None = None,
+        lending: EngineLending | None = None,
     ):
+        # disaggregated on the CPU: this engine's cores serve a trainer rank while it has nothing to run
+        self.lending = lending
         # KV budget in token positions of the padded batch cache (None: only max_running_requests)
         self.max_total_tokens = max_total_tokens
         self.peak_kv_tokens = 0  # the most the running batch ever reserved (rows x longest need)
@@ -255,11 +259,15 @@ class Scheduler:
         while True:
             with self._cv:
                 while not self._stopped and not self._controls and not self._can_start_batch():
+                    if self.lending is not None:
+                        self.lending.idle()
                     self._cv.wait()
                 if self._stopped:
                     break
                 controls = list(self._controls)
                 self._controls.clear()
+            if self.lending is not None:
+                self.lending.busy()
             if controls:
                 for fn, fut, _ in controls:
                     self._run_one_control(fn, fut)

@@ -15,6 +15,7 @@ from slime.engine.model_runner import ModelRunner
 from slime.engine.request import Req, parse_generate, result_of
 from slime.engine.sampling import BadRequest
 from slime.engine.scheduler import Scheduler
+from slime.utils.core_lending import EngineLending
 
 
 def _machine_memory_bytes() -> int:
@@ -80,7 +81,7 @@ class EngineState:
             self.runner, max_running_requests=args.max_running_requests, max_total_tokens=self.max_total_tokens,
             batch_wait_s=args.batch_wait_ms / 1000.0, seed=args.random_seed,
             deliver=self._deliver, weight_version=args.weight_version,
-            step_delay_s=args.step_delay_ms / 1000.0,
+            step_delay_s=args.step_delay_ms / 1000.0, lending=EngineLending.from_env(),
         )
         self.scheduler.start()
         self.load_time = time.perf_counter() - t0

@@ -35,6 +35,7 @@ from slime.errors import SlimeError
 from slime.ray.engine_process import EngineProcess
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
 from slime.utils.checkpoint_layout import weight_snapshot_dir
+from slime.utils.core_lending import ENV_LEND_FILE
 from slime.utils.cores import pin_to_cores
 from slime.utils.net import free_port
 
@@ -91,9 +92,12 @@ def start_engine(args: Namespace, rank: int, *, num_threads: int, base_gpu_id: i
     if args.update_weight_transport == "disk":  # the engine reads published versions (and patches its local copy)
         dirs = [d for d in (args.update_weight_disk_dir, args.update_weight_local_checkpoint_dir) if d]
         extra = _last_weight_load_dirs(extra + ["--weight-load-dirs", *map(str, dirs)])
+    env = key_env(args)
+    if args.engine_lend_files and args.engine_lend_files[rank]:  # its cores go to a trainer rank while it idles
+        env[ENV_LEND_FILE] = args.engine_lend_files[rank]
     return EngineProcess.start(args.hf_checkpoint, host=spec.host, port=port or spec.port,
                                num_threads=int(threads or num_threads),
-                               extra_args=extra, log_path=log_path, env=key_env(args))
+                               extra_args=extra, log_path=log_path, env=env)
 
 
 def _last_weight_load_dirs(extra: list[str]) -> list[str]:

@@ -19,6 +19,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from slime.engine.args import passthrough_value
 from slime.errors import SlimeError
+from slime.utils.core_lending import Lender, lending_file
 from slime.utils.cores import format_cores, node_cores, split_cores
 from slime.utils.threads import available_cores
 
@@ -176,13 +177,18 @@ class ProcessPlace:
     cores: tuple[int, ...] | None
     node_cores: tuple[int, ...]
     threads: int
+    lenders: list[Lender] = field(default_factory=list)  # a trainer rank: engines whose idle cores it borrows
 
     def describe(self) -> str:
         where = f"node {self.node_ip} ({self.node_id[:8]})"
         if self.cores is None:
             return (f"{self.role}: {where}, not pinned (shares cores {format_cores(self.node_cores)} with the "
                     f"node's other processes), {self.threads} thread(s)")
-        return f"{self.role}: {where}, cores {format_cores(self.cores)}, {self.threads} thread(s)"
+        borrows = ""
+        if self.lenders:
+            lent = format_cores([c for lender in self.lenders for c in lender.cores])
+            borrows = f", borrows cores {lent} while their engine is idle"
+        return f"{self.role}: {where}, cores {format_cores(self.cores)}, {self.threads} thread(s){borrows}"
 
 
 @dataclass
@@ -286,6 +292,7 @@ def create_placement(args: Namespace) -> Placement:
     placement.actors, placement.engines = places[:actors], places[actors:]
     args.engine_cores = [list(p.cores) if p.cores else None for p in placement.engines]
     args.engine_threads = [p.threads for p in placement.engines]
+    args.engine_lend_files = plan_core_lending(args, placement.actors, placement.engines)
     print("[slime] placement (on CPU a 'GPU' slot is a share of a node's cores):", flush=True)
     for line in placement.summary():
         print(f"[slime]   {line}", flush=True)
@@ -323,6 +330,23 @@ def _assign_cores(args: Namespace, units: list[tuple[str, str, list[int]]], bund
                     threads = int(user_engine_threads)
                 places[i] = ProcessPlace(role, node, ips.get(node, "?"), share, cores[node], threads)
     return [places[i] for i in range(len(units))]
+
+
+def plan_core_lending(args: Namespace, actors: list[ProcessPlace], engines: list[ProcessPlace]) -> list[str | None]:
+    """Disaggregated on the CPU (`slime.utils.core_lending`): each built-in engine lends its pinned
+    cores, while it is idle, to one trainer rank on its node (the node's ranks in turn). Sets each
+    rank's `lenders`; returns each engine's file (None: it lends nothing). Colocated, each side
+    already has every core while the other waits; an SGLang engine's slots are GPUs."""
+    files: list[str | None] = [None] * len(engines)
+    if args.colocate or args.rollout_backend == "sglang" or not args.lend_idle_cores:
+        return files
+    for node in dict.fromkeys(a.node_id for a in actors):
+        ranks = [a for a in actors if a.node_id == node and a.cores]
+        mine = [e for e, p in enumerate(engines) if p.node_id == node and p.cores]
+        for i, e in enumerate(mine if ranks else []):
+            files[e] = lending_file(args.run_dir, e)
+            ranks[i % len(ranks)].lenders.append(Lender(files[e], tuple(engines[e].cores)))
+    return files
 
 
 def thread_budget(args: Namespace) -> tuple[int, int]:

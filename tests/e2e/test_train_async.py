@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -90,6 +91,19 @@ def test_generation_overlaps_training(async_run):
     _, _, rows = async_run
     for r in rows[1:3]:
         assert r["perf/rollout_wait_time"] < r["perf/rollout_time"], r
+
+
+def test_the_engine_lends_its_core_to_the_trainer(async_run):
+    """Disaggregated on one machine: the engine's lending file is the one the placement named, and
+    every step reports the share of its check points that ran on the engine's borrowed core (how
+    much depends on which side finishes first: the mechanics are tests/unit/test_core_lending.py)."""
+    args, run_dir, rows = async_run
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one core: nothing to pin or lend")
+    assert args.engine_lend_files == [str(run_dir / "cores" / "engine_0.idle")]
+    assert (run_dir / "cores" / "engine_0.idle").read_bytes() in (b"\x00", b"\x01")
+    shares = [r["perf/borrowed_cores_share"] for r in rows if "perf/train_time" in r]
+    assert len(shares) == NUM_ROLLOUT and all(0.0 <= s <= 1.0 for s in shares), shares
 
 
 def test_train_async_refuses_colocate(tiny_model_dir, task_dir, capsys):

@@ -123,7 +123,7 @@ def _reference_sft_step(tiny_model_dir, args, data, bf16: bool):
     ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     with ctx:
         opt.zero_grad(set_to_none=True)
-        mb = make_micro_batch(data, idx, model.config.pad_token_id or 0)
+        mb = make_micro_batch(data, idx, model.config.pad_token_id or 0, share_prompts=args.share_prompt_forward)
         lp, _ = response_log_probs(model, mb, args.rollout_temperature, with_entropy=True)
         loss = sft_loss(lp, mb.response_lengths, mb.loss_masks, sample_denoms=denoms,
                         calculate_per_token_loss=False, num_samples=len(idx), num_tokens=num_tokens)
@@ -159,7 +159,8 @@ def test_cpu_old_log_probs_are_the_plain_forward(tiny_model_dir, tmp_path):
     got = actor._forward_only(_copy(DATA), [0, 1, 2, 3], actor.model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        want, _ = response_log_probs(model, make_micro_batch(DATA, [0, 1, 2, 3], model.config.pad_token_id or 0))
+        want, _ = response_log_probs(model, make_micro_batch(DATA, [0, 1, 2, 3], model.config.pad_token_id or 0,
+                                                             share_prompts=args.share_prompt_forward))
     assert all(g.device.type == "cpu" for g in got)
     assert torch.equal(torch.cat(got), want)
 

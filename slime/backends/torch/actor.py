@@ -53,6 +53,7 @@ from slime.utils.checkpoint_layout import write_weight_snapshot
 from slime.utils.misc import load_function
 from slime.utils.seqlen_balancing import balanced_order
 from slime.utils.accelerator import check_bf16
+from slime.utils.core_lending import CoreBorrower, Lender
 from slime.utils.threads import configure_torch_threads
 from slime.utils.cores import pin_to_cores
 from slime.backends.torch.offload import TrainOffload
@@ -69,6 +70,9 @@ class TrainActor:
         self._dist_sync: DistributedWeightSync | None = None  # --update-weight-transport nccl, built on first use
         self._shm: SharedMemoryWeightSync | None = None  # nccl transport, colocated on the CPU
         self._disk: DiskWeightSync | None = None  # --update-weight-transport disk
+        self.own_cores: tuple[int, ...] = ()  # the placement's share (pin_cores)
+        self.lenders: list[Lender] = []  # engines whose cores this rank may borrow while they idle
+        self.borrower: CoreBorrower | None = None
 
     # ------------------------------------------------------------------ set-up
     def init(self) -> int:
@@ -124,6 +128,9 @@ class TrainActor:
         if self.args.load:
             start = checkpoint.load(self, self.args.load)
         self._snapshot_old_actor()
+        if self.lenders and self.own_cores and self.device.type == "cpu":
+            self.borrower = CoreBorrower(self.own_cores, self.num_threads, self.lenders)
+            self.borrower.install(self.model)
         self.prof.on_init_end()
         return start
 
@@ -159,7 +166,9 @@ class TrainActor:
                                   a.max_tokens_per_gpu if a.use_dynamic_batch_size else None)
 
     def _micro_batch(self, data: dict[str, Any], indices: list[int]):
-        return to_device(build_micro_batch(data, indices, self.args.use_dynamic_batch_size, self.pad_id), self.device)
+        a = self.args
+        return to_device(build_micro_batch(data, indices, a.use_dynamic_batch_size, self.pad_id,
+                                           a.share_prompt_forward), self.device)
 
     @torch.no_grad()
     def _forward_only(self, data: dict[str, Any], indices: list[int], model: torch.nn.Module,
@@ -334,8 +343,16 @@ class TrainActor:
     def train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         """One rollout's worth of optimizer steps. Returns rank-averaged metrics."""
         reset_peak_memory(self.device)
-        with autocast(self.device, self.args.bf16, self.args.fp16):  # Megatron's --bf16 / --fp16
-            metrics = self._train(rollout_id, data)
+        if self.borrower is not None:  # idle engines' cores, from the first check point on
+            self.borrower.check()
+        try:
+            with autocast(self.device, self.args.bf16, self.args.fp16):  # Megatron's --bf16 / --fp16
+                metrics = self._train(rollout_id, data)
+        finally:
+            if self.borrower is not None:  # back before the weight sync: the engines run next
+                self.borrower.give_back()
+        if self.borrower is not None:
+            metrics.update(self.borrower.take_metrics())
         metrics.update(memory_metrics(self.device))  # GPU memory of this rank (nothing on the CPU)
         return metrics
 
@@ -605,9 +622,13 @@ class TrainActor:
         return float(sum(v.double().abs().sum() for v in self.full_state_dict().values()))
 
     # ------------------------------------------------------------------ placement, --offload-train
-    def pin_cores(self, cores: list[int] | None, num_threads: int) -> dict[str, Any]:
-        """Bind this rank to its placement's cores (called before `init`, so its threads follow)."""
+    def pin_cores(self, cores: list[int] | None, num_threads: int,
+                  lenders: list[Lender] | None = None) -> dict[str, Any]:
+        """Bind this rank to its placement's cores (called before `init`, so its threads follow).
+        `lenders`: engines on this node whose cores it may borrow while they are idle (CPU only)."""
         self.num_threads = num_threads
+        self.own_cores = tuple(cores or ())
+        self.lenders = list(lenders or [])
         return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
                 "cores": list(pin_to_cores(cores)), "threads": num_threads}
 

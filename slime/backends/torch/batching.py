@@ -37,6 +37,9 @@ class MicroBatch:
     rows: Tensor | None = None  # [sum R_i]: output row that predicts each response token
     cols: Tensor | None = None  # [sum R_i]: output position that predicts it
     position_ids: Tensor | None = None  # packed only
+    # padded only: each sample's prompt among the batch's distinct prompts, when some repeat (the n
+    # samples of a prompt): their prompt is then run once (`_shared_prompt_logits`); None: no repeats
+    prompt_of: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.rows is None:  # padded: sample i is row i, its response starts at prompt_length
@@ -67,9 +70,78 @@ class MicroBatch:
         layer is a large share of a small model's work."""
         if not _keeps_logits(model):
             return self.forward(model)[self.rows, self.cols]
+        if self.prompt_of is not None and _can_share_prompts(model):
+            return self._shared_prompt_logits(model)
         keep = torch.zeros(self.input_ids.shape, dtype=torch.bool, device=self.input_ids.device)
         keep[self.rows, self.cols] = True  # rows/cols are in row-major order: the flattened output's order
         return self.forward(model, logits_to_keep=keep)
+
+
+    def _shared_prompt_logits(self, model: torch.nn.Module) -> Tensor:
+        """`response_logits` with each distinct prompt run once. Two forwards: the distinct prompts
+        (right-padded) keep their keys and values, which are then indexed out to every sample of
+        that prompt and extended by the responses (right-padded; the prompts' padding masked out,
+        positions continuing from each prompt's length). The prompt's last position predicts the
+        first response token, the responses' positions the rest. Gradients reach the prompt's
+        keys and values from all its samples, summed: the same numbers as one forward per sample
+        (to float rounding; tested), with (n - 1) fewer copies of each prompt to compute."""
+        prompt_of, device = self.prompt_of, self.input_ids.device
+        n = self.size
+        prompt_len = torch.as_tensor(self.prompt_lengths, dtype=torch.long, device=device)
+        resp_len = torch.as_tensor(self.response_lengths, dtype=torch.long, device=device)
+        first = torch.full((int(prompt_of.max()) + 1,), n, dtype=torch.long, device=device).scatter_reduce(
+            0, prompt_of, torch.arange(n, device=device), reduce="amin")  # each prompt's first sample
+        p_len, width = prompt_len[first], int(prompt_len.max())
+        p_mask = torch.arange(width, device=device)[None] < p_len[:, None]
+        p_keep = torch.zeros_like(p_mask)
+        p_keep[torch.arange(len(first), device=device), p_len - 1] = True
+        head = model(input_ids=torch.where(p_mask, self.input_ids[first, :width], 0),
+                     attention_mask=p_mask.long(), use_cache=True, logits_to_keep=p_keep)
+        cache = head.cache if "cache" in head else head.past_key_values
+        cache.batch_select_indices(prompt_of)  # every sample gets its prompt's keys and values
+        # a response's last token predicts nothing wanted here: only tokens 0..R-2 are run
+        r_width = int(resp_len.max()) - 1
+        tail = head.logits[:0]
+        if r_width > 0:
+            steps = torch.arange(r_width, device=device)[None]
+            r_mask = steps < (resp_len - 1)[:, None]
+            at = (prompt_len[:, None] + steps).clamp(max=self.input_ids.shape[1] - 1)
+            tail = model(input_ids=torch.where(r_mask, self.input_ids.gather(1, at), 0),
+                         attention_mask=torch.cat([p_mask[prompt_of], r_mask], 1).long(),
+                         position_ids=prompt_len[:, None] + steps, use_cache=True, logits_to_keep=r_mask,
+                         **{_cache_kwarg(model): cache}).logits
+        # packed order: each sample's first response token (the prompt's last position), then the rest
+        starts = torch.cumsum(resp_len, 0) - resp_len
+        order = torch.empty(int(resp_len.sum()), dtype=torch.long, device=device)
+        is_start = torch.zeros_like(order, dtype=torch.bool)
+        is_start[starts] = True
+        order[starts] = torch.arange(n, device=device)
+        order[~is_start] = n + torch.arange(len(order) - n, device=device)
+        return torch.cat([head.logits[prompt_of], tail])[order]
+
+
+def _cache_kwarg(model: torch.nn.Module) -> str:
+    """transformers >= 5.2x names a forward's cache `cache`; before, `past_key_values`."""
+    params = inspect.signature(type(model).forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _can_share_prompts(model: torch.nn.Module) -> bool:
+    """A transformers causal LM whose forward returns a per-layer key/value cache that can be
+    indexed by sample: not while gradient checkpointing (transformers then turns the cache off),
+    nor with sliding-window attention (its cache keeps only the window)."""
+    params = inspect.signature(type(model).forward).parameters
+    config = getattr(model, "config", None)
+    return (("cache" in params or "past_key_values" in params) and "position_ids" in params
+            and not _checkpointing(model)
+            and not getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None) is None)
+
+
+def _checkpointing(model: torch.nn.Module) -> bool:
+    name = "is_activation_checkpointing"  # transformers >= 5.2x; the older name warns there
+    if not hasattr(type(model), name):
+        name = "is_gradient_checkpointing"
+    return bool(getattr(model, name, False))
 
 
 def _keeps_logits(model: torch.nn.Module) -> bool:
@@ -95,7 +167,10 @@ def training_precision(args: Any) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def make_micro_batch(data: dict[str, Any], indices: Sequence[int], pad_id: int = 0) -> MicroBatch:
+def make_micro_batch(data: dict[str, Any], indices: Sequence[int], pad_id: int = 0,
+                     share_prompts: bool = False) -> MicroBatch:
+    """Right-padded ``[B, L]``. `share_prompts` (``--share-prompt-forward``): samples whose prompt
+    tokens are identical get one forward of that prompt."""
     tokens = [data["tokens"][i] for i in indices]
     resp = [int(data["response_lengths"][i]) for i in indices]
     lengths = [len(t) for t in tokens]
@@ -112,7 +187,18 @@ def make_micro_batch(data: dict[str, Any], indices: Sequence[int], pad_id: int =
         response_lengths=resp,
         loss_masks=loss_mask_column(data, indices, resp),
         indices=list(indices),
+        prompt_of=_repeated_prompts(tokens, resp) if share_prompts else None,
     )
+
+
+def _repeated_prompts(tokens: list[Sequence[int]], response_lengths: list[int]) -> Tensor | None:
+    """Each sample's index among the distinct prompts (by their tokens), or None when no prompt
+    repeats, or a response is empty (its first token would have no position to come from)."""
+    if not tokens or min(response_lengths) < 1:
+        return None
+    seen: dict[tuple, int] = {}
+    of = [seen.setdefault(tuple(t[: len(t) - r]), len(seen)) for t, r in zip(tokens, response_lengths)]
+    return torch.as_tensor(of, dtype=torch.long) if len(seen) < len(of) else None
 
 
 def loss_mask_column(data: dict[str, Any], indices: Sequence[int], response_lengths: list[int]) -> list[Tensor]:
@@ -172,8 +258,11 @@ def plan_micro_batches(
     return plan
 
 
-def build_micro_batch(data: dict[str, Any], indices: Sequence[int], packed: bool, pad_id: int = 0) -> MicroBatch:
-    return make_packed_micro_batch(data, indices) if packed else make_micro_batch(data, indices, pad_id)
+def build_micro_batch(data: dict[str, Any], indices: Sequence[int], packed: bool, pad_id: int = 0,
+                      share_prompts: bool = False) -> MicroBatch:
+    if packed:
+        return make_packed_micro_batch(data, indices)
+    return make_micro_batch(data, indices, pad_id, share_prompts)
 
 
 def response_log_probs(
