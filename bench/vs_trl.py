@@ -23,7 +23,10 @@ fixed seed per round:
   differs from the above set explicitly: see `trl_config`);
 * slime-rl `slime train --colocate` (the default job's placement: engine and trainer take turns on
   both cores);
-* slime-rl `slime train-async` (one step off policy; engine and trainer on one core each).
+* slime-rl `slime train-async` (one step off policy; engine and trainer on one core each, the
+  engine's core lent to the trainer while the engine is idle);
+* on request (`--systems ... async-plain`): the same train_async with `--no-lend-idle-cores
+  --no-share-prompt-forward`, to measure what those two bring, side by side.
 
 Per system: median seconds per step (TRL: on_step_begin to on_step_end, generation included, first
 step left out; slime-rl: `perf/step_time`, first and last (checkpoint) step left out), rollout
