@@ -16,8 +16,8 @@ held-out problems of eval.jsonl for accuracy), reward 1 for the right `\\boxed{}
 8 samples per step, 8 new tokens, temperature 1, lr 3e-4 constant (no warm-up, no decay), AdamW
 (0.9, 0.999, eps 1e-8, no weight decay), gradient clipping 1.0, PPO clip 0.2, no KL, GRPO advantages
 (group mean and std), per-sample loss (each sample's token mean, averaged over samples), one
-optimizer step per rollout, fp32, 2 threads each. Three systems, alternating round by round with a
-fixed seed per round:
+optimizer step per rollout, fp32, 2 threads each. Four systems (a fifth on request), alternating round
+by round with a fixed seed per round:
 
 * TRL 1.16 `GRPOTrainer` (use_cpu, no vLLM, bf16 off, gradient checkpointing off, every default that
   differs from the above set explicitly: see `trl_config`);
@@ -25,7 +25,9 @@ fixed seed per round:
   both cores);
 * slime-rl `slime train-async` (one step off policy; engine and trainer on one core each, the
   engine's core lent to the trainer while the engine is idle);
-* on request (`--systems ... async-plain`): the same train_async with `--no-lend-idle-cores
+* slime-rl `slime train-async --use-tis`: slime's truncated importance sampling against the
+  generating policy's log-probs, the correction for train_async's one-version lag;
+* on request (`--systems ... async-plain`): train_async with `--no-lend-idle-cores
   --no-share-prompt-forward`, to measure what those two bring, side by side.
 
 Per system: median seconds per step (TRL: on_step_begin to on_step_end, generation included, first
@@ -530,6 +532,10 @@ SLIME_MODES = {
     "slime-rl train_async, nothing lent or shared": (
         "train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1", "--no-lend-idle-cores",
                         "--no-share-prompt-forward"]),
+    # train_async with slime's truncated importance sampling (--use-tis, clip 2): each token weighted by
+    # min(current / generating policy, 2), which corrects the one-version lag of its samples
+    "slime-rl train_async --use-tis": ("train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1",
+                                                        "--use-tis"]),
 }
 
 
@@ -647,8 +653,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="runs of each system, alternating")
     p.add_argument("--sft-steps", type=int, default=140, help="SFT steps of the starting model (default job: 140)")
     p.add_argument("--seed", type=int, default=1, help="seed of round 0 (round r: seed + r, the same for all)")
-    p.add_argument("--systems", nargs="+", default=["trl", "sync", "async"], choices=["trl", "sync", "async", "async-plain"],
-                   help="async-plain: train_async with --no-lend-idle-cores --no-share-prompt-forward")
+    p.add_argument("--systems", nargs="+", default=["trl", "sync", "async", "async-tis"],
+                   choices=["trl", "sync", "async", "async-plain", "async-tis"],
+                   help="async-plain: train_async with --no-lend-idle-cores --no-share-prompt-forward; "
+                        "async-tis: train_async with --use-tis")
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "vs_trl",
                    help="where the SFT model, data and runs go (the SFT model is reused)")
     p.add_argument("--model", choices=sorted(MODELS), default="tiny",
@@ -689,7 +697,7 @@ def main() -> None:
     acc_before = heldout_accuracy(model, data_dir / "eval.jsonl", JOB["new_tokens"])
     print(f"[vs_trl] starting model {model}: held-out accuracy {acc_before:.3f}", flush=True)
     order = {"trl": None, "sync": "slime-rl sync", "async": "slime-rl train_async",
-             "async-plain": "slime-rl train_async, nothing lent or shared"}
+             "async-plain": "slime-rl train_async, nothing lent or shared", "async-tis": "slime-rl train_async --use-tis"}
     runs, trl_config_used, slime_argvs = [], None, {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for rnd in range(a.rounds):

@@ -280,7 +280,9 @@ class TrainActor:
             return False
         if a.loss_type != "policy_loss" or a.use_rollout_logprobs or self.old_actor is not None:
             return False
-        needs_old_before = (a.use_tis, a.use_opsm, a.get_mismatch_metrics, a.use_rollout_entropy, a.kl_coef != 0.0,
+        # --use-tis reads the old log-probs only inside the loss (its weights: old against rollout), where
+        # they are the training forward's own: it needs no separate pass either
+        needs_old_before = (a.use_opsm, a.get_mismatch_metrics, a.use_rollout_entropy, a.kl_coef != 0.0,
                             a.use_opd, a.custom_advantage_function_path, a.rollout_data_postprocess_path,
                             a.save_debug_train_data is not None)
         if any(needs_old_before):
