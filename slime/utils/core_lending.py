@@ -23,17 +23,19 @@ its cores back.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from slime.utils.cores import pin_to_cores
 
 IDLE, BUSY = b"\x01", b"\x00"
+ENV_LEND_FILE = "SLIME_LEND_CORES_FILE"  # the launcher names an engine's file here
 
 
 def lending_file(run_dir: str, engine_rank: int) -> str:
@@ -78,8 +80,6 @@ class EngineLending:
         return cls(path) if path else None
 
 
-ENV_LEND_FILE = "SLIME_LEND_CORES_FILE"
-
 
 @dataclass
 class Lender:
@@ -96,14 +96,24 @@ class CoreBorrower:
     own: tuple[int, ...]
     threads: int
     lenders: list[Lender]
-    _maps: list[mmap.mmap] = field(default_factory=list, repr=False)
-    _using: tuple[int, ...] = ()
-    borrowed_checks: int = 0  # check points at which this rank ran on borrowed cores (a metric)
-    checks: int = 0
+    _maps: list[mmap.mmap] = field(init=False, repr=False)
+    _using: tuple[int, ...] = field(init=False)  # the cores it is pinned to now
+    borrowed_checks: int = field(default=0, init=False)  # check points run on borrowed cores (a metric)
+    checks: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
         self._maps = [_map(lender.path) for lender in self.lenders]
         self._using = tuple(self.own)
+
+    @contextlib.contextmanager
+    def borrowing(self) -> Iterator[None]:
+        """One train call: idle engines' cores from its first check point on, all given back at its
+        end (before the weight sync: the engines run next), even when it fails."""
+        self.check()
+        try:
+            yield
+        finally:
+            self.give_back()
 
     def check(self) -> None:
         """At a check point: use the own cores plus those of every idle lender."""

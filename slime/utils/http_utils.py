@@ -174,16 +174,16 @@ def _decode(body: bytes) -> Any:
     {} if empty."""
     if not body:
         return {}
-    try:
-        if orjson is not None:
-            return orjson.loads(body)
-        raise ValueError
-    except ValueError:  # orjson.JSONDecodeError is a ValueError
-        text = body.decode("utf-8", errors="replace")
+    if orjson is not None:
         try:
-            return json.loads(text)
-        except ValueError:
-            return text
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass
+    text = body.decode("utf-8", errors="replace")
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 async def post(url: str, payload: Any = None, max_retries: int | None = None,

@@ -12,6 +12,7 @@ old actor (`--keep-old-actor`), the OPD teacher (`--opd-type megatron`) and the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -345,14 +346,9 @@ class TrainActor:
     def train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         """One rollout's worth of optimizer steps. Returns rank-averaged metrics."""
         reset_peak_memory(self.device)
-        if self.borrower is not None:  # idle engines' cores, from the first check point on
-            self.borrower.check()
-        try:
-            with autocast(self.device, self.args.bf16, self.args.fp16):  # Megatron's --bf16 / --fp16
-                metrics = self._train(rollout_id, data)
-        finally:
-            if self.borrower is not None:  # back before the weight sync: the engines run next
-                self.borrower.give_back()
+        borrowing = self.borrower.borrowing() if self.borrower is not None else contextlib.nullcontext()
+        with borrowing, autocast(self.device, self.args.bf16, self.args.fp16):  # Megatron's --bf16 / --fp16
+            metrics = self._train(rollout_id, data)
         if self.borrower is not None:
             metrics.update(self.borrower.take_metrics())
         metrics.update(memory_metrics(self.device))  # GPU memory of this rank (nothing on the CPU)

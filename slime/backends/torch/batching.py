@@ -15,6 +15,7 @@ rollout temperature exactly as the engine does when it reports sampling log-prob
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from dataclasses import dataclass
 from itertools import chain
@@ -122,15 +123,14 @@ class MicroBatch:
 
 def _cache_kwarg(model: torch.nn.Module) -> str:
     """transformers >= 5.2x names a forward's cache `cache`; before, `past_key_values`."""
-    params = inspect.signature(type(model).forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
+    return "cache" if "cache" in _forward_parameters(type(model)) else "past_key_values"
 
 
 def _can_share_prompts(model: torch.nn.Module) -> bool:
     """A transformers causal LM whose forward returns a per-layer key/value cache that can be
     indexed by sample: not while gradient checkpointing (transformers then turns the cache off),
     nor with sliding-window attention (its cache keeps only the window)."""
-    params = inspect.signature(type(model).forward).parameters
+    params = _forward_parameters(type(model))
     config = getattr(model, "config", None)
     return (("cache" in params or "past_key_values" in params) and "position_ids" in params
             and not _checkpointing(model)
@@ -146,16 +146,16 @@ def _checkpointing(model: torch.nn.Module) -> bool:
 
 def _keeps_logits(model: torch.nn.Module) -> bool:
     """Whether the model's forward takes ``logits_to_keep`` (transformers' causal LMs do)."""
-    cls = type(model)
-    if cls not in _KEEPS_LOGITS:
-        try:
-            _KEEPS_LOGITS[cls] = "logits_to_keep" in inspect.signature(cls.forward).parameters
-        except (TypeError, ValueError):
-            _KEEPS_LOGITS[cls] = False
-    return _KEEPS_LOGITS[cls]
+    return "logits_to_keep" in _forward_parameters(type(model))
 
 
-_KEEPS_LOGITS: dict[type, bool] = {}
+@functools.cache
+def _forward_parameters(cls: type) -> frozenset[str]:
+    """The names a model class's forward takes (asked once per class: every micro-batch asks)."""
+    try:
+        return frozenset(inspect.signature(cls.forward).parameters)
+    except (TypeError, ValueError):
+        return frozenset()
 
 
 def training_precision(args: Any) -> contextlib.AbstractContextManager:
