@@ -16,7 +16,7 @@ held-out problems of eval.jsonl for accuracy), reward 1 for the right `\\boxed{}
 8 samples per step, 8 new tokens, temperature 1, lr 3e-4 constant (no warm-up, no decay), AdamW
 (0.9, 0.999, eps 1e-8, no weight decay), gradient clipping 1.0, PPO clip 0.2, no KL, GRPO advantages
 (group mean and std), per-sample loss (each sample's token mean, averaged over samples), one
-optimizer step per rollout, fp32, 2 threads each. Four systems (a fifth on request), alternating round
+optimizer step per rollout, fp32, 2 threads each. Five systems (more on request), alternating round
 by round with a fixed seed per round:
 
 * TRL 1.16 `GRPOTrainer` (use_cpu, no vLLM, bf16 off, gradient checkpointing off, every default that
@@ -27,8 +27,12 @@ by round with a fixed seed per round:
   engine's core lent to the trainer while the engine is idle);
 * slime-rl `slime train-async --use-tis`: slime's truncated importance sampling against the
   generating policy's log-probs, the correction for train_async's one-version lag;
+* TRL again with slime-rl's MKL vendor shim preloaded into its process (`trl-mkl`; only where the
+  shim applies, see slime/utils/mkl_vendor.py): slime-rl's processes get the shim by default, so this
+  row separates what the framework brings from what the kernel choice brings;
 * on request (`--systems ... async-plain`): train_async with `--no-lend-idle-cores
-  --no-share-prompt-forward`, to measure what those two bring, side by side.
+  --no-share-prompt-forward`, to measure what those two bring, side by side; `async-no-shim`:
+  train_async with `--no-mkl-vendor-shim`.
 
 Per system: median seconds per step (TRL: on_step_begin to on_step_end, generation included, first
 step left out; slime-rl: `perf/step_time`, first and last (checkpoint) step left out), rollout
@@ -72,6 +76,7 @@ INSTALL_HOWTO = (
     ".venv-trl/bin/pip uninstall -y torchvision torchaudio torchcodec   (from the repository root; ~1.5 min, ~1.5 GB)"
 )
 CHECK_TOL = 1e-5
+TRL_MKL_SUFFIX = " + MKL vendor shim"
 
 # The shared job (issue 16): the default job's RL stage; `--model 25m` changes the model and the batch.
 JOB = dict(prompts=32, samples=8, new_tokens=8, lr=3e-4, eps_clip=0.2, temperature=1.0, adam_beta1=0.9,
@@ -307,8 +312,10 @@ def require_trl(install: bool) -> dict:
     return status
 
 
-def run_trl_worker(args: list[str], timeout: float | None = None) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": str(JOB["threads"]), "MKL_NUM_THREADS": str(JOB["threads"])}
+def run_trl_worker(args: list[str], timeout: float | None = None, preload: dict[str, str] | None = None) -> None:
+    """`preload`: extra environment (the MKL vendor shim's LD_PRELOAD, for the `trl-mkl` system)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(JOB["threads"]), "MKL_NUM_THREADS": str(JOB["threads"]),
+           **(preload or {})}
     proc = subprocess.run([str(TRL_PYTHON), str(Path(__file__).resolve()), "--trl-worker", *args], env=env,
                           capture_output=True, text=True, timeout=timeout, cwd=REPO)
     if proc.returncode != 0:
@@ -536,6 +543,9 @@ SLIME_MODES = {
     # min(current / generating policy, 2), which corrects the one-version lag of its samples
     "slime-rl train_async --use-tis": ("train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1",
                                                         "--use-tis"]),
+    # without the MKL vendor shim (slime.utils.mkl_vendor): what it brings, where it applies
+    "slime-rl train_async --no-mkl-vendor-shim": ("train-async", ["--train-num-threads", "1", "--sglang-num-threads",
+                                                                  "1", "--no-mkl-vendor-shim"]),
 }
 
 
@@ -563,17 +573,20 @@ def run_slime(name: str, model: Path, data_dir: Path, steps: int, seed: int, run
             "argv": [command, *argv]}
 
 
-def run_trl(model: Path, data_dir: Path, steps: int, seed: int, out: Path) -> dict:
+def run_trl(model: Path, data_dir: Path, steps: int, seed: int, out: Path, shim: bool = False) -> dict:
+    """`shim`: TRL's process gets the MKL vendor shim slime-rl preloads into its own (`trl-mkl`)."""
     cfg = {"model": str(model), "train": str(data_dir / "train.jsonl"), "out": str(out), "steps": steps,
            "seed": seed, "threads": JOB["threads"], "prompts": JOB["prompts"], "samples": JOB["samples"],
            "new_tokens": JOB["new_tokens"], "lr": JOB["lr"]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
     t0 = time.perf_counter()
-    run_trl_worker(["train", str(out / "config.json")])
+    from slime.utils.mkl_vendor import preload_env
+
+    run_trl_worker(["train", str(out / "config.json")], preload=preload_env() if shim else None)
     wall = time.perf_counter() - t0  # the whole process, as for slime-rl
     r = json.loads((out / "result.json").read_text())
-    return {"system": f"TRL {r['versions']['trl']}", "step_s": r["step_s"][1:], "gen_s": r["gen_s"][1:],
+    return {"system": f"TRL {r['versions']['trl']}" + (TRL_MKL_SUFFIX if shim else ""), "step_s": r["step_s"][1:], "gen_s": r["gen_s"][1:],
             "gen_tokens": r["gen_tokens"][1:], "rewards": r["rewards"], "phases": {}, "wall_s": wall,
             "model": out / "model", "config": r["config"], "versions": r["versions"]}
 
@@ -618,18 +631,28 @@ def summarise(runs: list[dict], acc_before: float) -> list[dict]:
 
 def print_table(summary: list[dict], steps: int, rounds: int, sft_steps: int, bf16: bool, model: str = "tiny",
                 params: int = 0) -> None:
-    trl = next((s for s in summary if s["system"].startswith("TRL")), None)
+    trl = next((s for s in summary if s["system"].startswith("TRL") and not s["system"].endswith(TRL_MKL_SUFFIX)), None)
+    trl_mkl = next((s for s in summary if s["system"].endswith(TRL_MKL_SUFFIX)), None)
     what = (f"default job's model after {sft_steps} SFT steps" if model == "tiny"
             else "~25M Qwen2-style model as initialised (no SFT)")
     print(f"\nvs TRL: {what} ({params / 1e6:.2f}M parameters), {JOB['prompts']} prompts x "
           f"{JOB['samples']} samples, {JOB['new_tokens']} new tokens, lr {JOB['lr']:g}, no KL, per-sample loss, "
           f"{steps} steps x {rounds} round(s), alternating; {os.cpu_count()} cores"
           f"{' (avx512_bf16)' if bf16 else ' (no avx512_bf16)'}, fp32, {JOB['threads']} threads each")
+    from slime.utils.mkl_vendor import cpu_info, not_applicable
+
+    why = not_applicable()
+    print(f"CPU vendor {cpu_info().get('vendor_id', '?')}: slime-rl's MKL vendor shim "
+          + ("applies (slime-rl's processes get it; TRL's only in the row marked so)" if why is None
+             else f"does not apply ({why})"))
+    extra = " | vs TRL + MKL vendor shim" if trl_mkl else ""
     print("| system | median s/step | rollout tok/s | held-out acc before | after (per round) | train reward, "
-          "last fifth | vs TRL (s/step ratio) | rollout / train / weight sync (median s) | run wall (s) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          f"last fifth | vs TRL (s/step ratio){extra} | rollout / train / weight sync (median s) | run wall (s) |")
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if trl_mkl else ""))
     for s in summary:
         ratio = f"{trl['median_s'] / s['median_s']:.2f}x" if trl else "-"
+        if trl_mkl:
+            ratio += f" | {trl_mkl['median_s'] / s['median_s']:.2f}x"
         ph = s["phases"]
         phases = (" / ".join(f"{ph[k]:.3f}" for k in ("perf/rollout_time", "perf/train_time",
                                                        "perf/update_weights_time")) if ph else "-")
@@ -653,10 +676,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="runs of each system, alternating")
     p.add_argument("--sft-steps", type=int, default=140, help="SFT steps of the starting model (default job: 140)")
     p.add_argument("--seed", type=int, default=1, help="seed of round 0 (round r: seed + r, the same for all)")
-    p.add_argument("--systems", nargs="+", default=["trl", "sync", "async", "async-tis"],
-                   choices=["trl", "sync", "async", "async-plain", "async-tis"],
-                   help="async-plain: train_async with --no-lend-idle-cores --no-share-prompt-forward; "
-                        "async-tis: train_async with --use-tis")
+    p.add_argument("--systems", nargs="+", default=["trl", "trl-mkl", "sync", "async", "async-tis"],
+                   choices=["trl", "trl-mkl", "sync", "async", "async-plain", "async-tis", "async-no-shim"],
+                   help="trl-mkl: TRL with slime-rl's MKL vendor shim preloaded (left out where the shim does not "
+                        "apply); async-plain: train_async with --no-lend-idle-cores --no-share-prompt-forward; "
+                        "async-tis: train_async with --use-tis; async-no-shim: train_async with --no-mkl-vendor-shim")
     p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "vs_trl",
                    help="where the SFT model, data and runs go (the SFT model is reused)")
     p.add_argument("--model", choices=sorted(MODELS), default="tiny",
@@ -685,7 +709,13 @@ def main() -> None:
     if a.quick:
         a.steps, a.rounds, a.sft_steps = 6, 1, 20
     JOB.update(MODELS[a.model])
-    if "trl" in a.systems:
+    if "trl-mkl" in a.systems:
+        from slime.utils.mkl_vendor import not_applicable
+
+        if (why := not_applicable()) is not None:  # TRL + shim would be TRL again
+            print(f"[vs_trl] trl-mkl left out: the MKL vendor shim does not apply here ({why})", flush=True)
+            a.systems = [s for s in a.systems if s != "trl-mkl"]
+    if {"trl", "trl-mkl"} & set(a.systems):
         require_trl(install=not a.no_install)
     import torch
 
@@ -697,7 +727,8 @@ def main() -> None:
     acc_before = heldout_accuracy(model, data_dir / "eval.jsonl", JOB["new_tokens"])
     print(f"[vs_trl] starting model {model}: held-out accuracy {acc_before:.3f}", flush=True)
     order = {"trl": None, "sync": "slime-rl sync", "async": "slime-rl train_async",
-             "async-plain": "slime-rl train_async, nothing lent or shared", "async-tis": "slime-rl train_async --use-tis"}
+             "async-plain": "slime-rl train_async, nothing lent or shared", "async-tis": "slime-rl train_async --use-tis",
+             "async-no-shim": "slime-rl train_async --no-mkl-vendor-shim"}
     runs, trl_config_used, slime_argvs = [], None, {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for rnd in range(a.rounds):
@@ -706,8 +737,8 @@ def main() -> None:
         for key in systems:
             out = work / f"{stamp}-r{rnd}-{key}"
             print(f"[vs_trl] round {rnd} (seed {seed}): {key} ...", flush=True)
-            if key == "trl":
-                r = run_trl(model, data_dir, a.steps, seed, out)
+            if key in ("trl", "trl-mkl"):
+                r = run_trl(model, data_dir, a.steps, seed, out, shim=key == "trl-mkl")
                 trl_config_used = r["config"]
             else:
                 r = run_slime(order[key], model, data_dir, a.steps, seed, out)

@@ -25,6 +25,7 @@ commands:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
@@ -48,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cmd == "serve":
         from slime.engine.server import main as serve_main
 
-        return serve_main(rest) or 0
+        return serve_main(rest, from_command_line=argv_given is None) or 0
     if cmd == "tiny-model":
         from slime.data.tiny_model import main as tiny_main
 

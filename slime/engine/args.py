@@ -65,6 +65,10 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-pid", type=int, default=None,
                    help="exit when this process is gone (no orphan servers)")
     p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--mkl-vendor-shim", action=argparse.BooleanOptionalAction, default=True,
+                   help="started as a command on an x86 CPU not made by Intel: start again with a one-function "
+                        "library preloaded that makes Intel MKL pick its matrix kernels by the CPU's instruction "
+                        "sets rather than its vendor (slime.utils.mkl_vendor)")
     p.add_argument("--disable-radix-cache", action="store_true",
                    help="no prefix reuse at all: neither identical prompts in a batch nor the prefix cache "
                         "(SGLang's flag name)")

@@ -52,6 +52,7 @@ from slime.engine.routes.generation import add_generation_routes, generate_handl
 from slime.engine.routes.weights import add_weight_routes
 from slime.engine.state import EngineState
 from slime.errors import SlimeError
+from slime.utils.mkl_vendor import reexec_with_shim
 from slime.utils.process import start_parent_watchdog
 from slime.utils.threads import configure_torch_threads
 
@@ -100,8 +101,12 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, from_command_line: bool | None = None) -> int:
+    """`from_command_line` (default: `argv is None`): this process is the command itself, which may
+    start again with the MKL vendor shim preloaded."""
     args = build_arg_parser().parse_args(argv)
+    if args.mkl_vendor_shim and (argv is None if from_command_line is None else from_command_line):
+        reexec_with_shim()
     try:
         check_model_dir(args.model_path, "--model-path")
         resolve_device(args.device)  # a CUDA request on a machine without that GPU stops before loading

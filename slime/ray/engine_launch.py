@@ -97,7 +97,7 @@ def start_engine(args: Namespace, rank: int, *, num_threads: int, base_gpu_id: i
         env[ENV_LEND_FILE] = args.engine_lend_files[rank]
     return EngineProcess.start(args.hf_checkpoint, host=spec.host, port=port or spec.port,
                                num_threads=int(threads or num_threads),
-                               extra_args=extra, log_path=log_path, env=env)
+                               extra_args=extra, log_path=log_path, env=env, mkl_vendor_shim=args.mkl_vendor_shim)
 
 
 def _last_weight_load_dirs(extra: list[str]) -> list[str]:

@@ -24,6 +24,7 @@ from typing import Callable
 import httpx
 
 from slime.errors import SlimeError
+from slime.utils.mkl_vendor import preload_env
 from slime.utils.net import free_port
 from slime.utils.threads import thread_env
 
@@ -117,9 +118,11 @@ class EngineProcess:
         extra_args: list[str] | None = None,
         log_path: str | os.PathLike | None = None,
         env: dict[str, str] | None = None,
+        mkl_vendor_shim: bool = True,
     ) -> "EngineProcess":
         """Launch the built-in engine, `python -m slime.engine.server` (returns at once; see
-        `wait_until_healthy`)."""
+        `wait_until_healthy`). `mkl_vendor_shim`: preload `slime.utils.mkl_vendor`'s shim where it
+        applies (built on this node, which is the engine's)."""
         if port is None:
             port = free_port(host)
         if log_path is None:
@@ -134,7 +137,9 @@ class EngineProcess:
             "--parent-pid", str(os.getpid()),
             *(extra_args or []),
         ]
-        extra_env = {**thread_env(num_threads), **(env or {})}
+        if not mkl_vendor_shim:
+            cmd.append("--no-mkl-vendor-shim")
+        extra_env = {**thread_env(num_threads), **preload_env(mkl_vendor_shim), **(env or {})}
         child = child_env(extra_env)
         child.setdefault("HF_HUB_OFFLINE", "1")
         child.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")

@@ -21,6 +21,7 @@ from slime.engine.args import passthrough_value
 from slime.errors import SlimeError
 from slime.utils.core_lending import Lender, lending_file
 from slime.utils.cores import format_cores, node_cores, split_cores
+from slime.utils.mkl_vendor import cpu_info, preload_env
 from slime.utils.threads import available_cores
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,12 @@ def init_ray(args: Namespace) -> None:
     # before Ray starts: a local cluster has this machine's cores
     cores = available_cores()
     check_fits(args, cores, f"this machine has {cores} core(s) (os.sched_getaffinity; a remote cluster: RAY_ADDRESS)")
+    shim = preload_env(args.mkl_vendor_shim)  # built here: the workers of a local cluster run here
+    if shim:
+        runtime_env["env_vars"].update(shim)
+        print("[slime] MKL vendor shim preloaded into this run's Ray workers and engines: MKL picks its matrix "
+              f"kernels by this {cpu_info().get('vendor_id')} CPU's instruction sets (--no-mkl-vendor-shim: off)",
+              flush=True)
     if auth:
         _ensure_private_token()
     _bind_to_loopback()

@@ -73,7 +73,7 @@ import ray
 from ray._raylet import AuthenticationMode, get_authentication_mode
 
 init_ray(Namespace(colocate=True, actor_world_size=1, rollout_num_gpus=1, debug_rollout_only=False,
-                 debug_train_only=False))
+                 debug_train_only=False, mkl_vendor_shim=True))
 start_s = time.time() - t
 
 @ray.remote(num_cpus=0)
@@ -81,7 +81,13 @@ class Probe:
     def env(self):
         return os.environ.get("RAY_AUTH_MODE")
 
-worker_mode = ray.get(Probe.remote().env.remote())
+    def shim(self):
+        from slime.utils.mkl_vendor import loaded
+        return loaded()
+
+probe_actor = Probe.remote()
+worker_mode = ray.get(probe_actor.env.remote())
+worker_shim = ray.get(probe_actor.shim.remote())
 gcs = ray.get_runtime_context().gcs_address
 probe = f"""
 from ray._raylet import GcsClient
@@ -102,6 +108,7 @@ for name, extra in {"no_token": {"RAY_AUTH_MODE": "disabled"},
 print("RESULT " + json.dumps({
     "mode_token": get_authentication_mode() == AuthenticationMode.TOKEN,
     "worker_mode": worker_mode,
+    "worker_shim": worker_shim,
     "gcs": gcs,
     "node_ip": ray.util.get_node_ip_address(),
     "listening": listening(os.getpid()),
@@ -130,6 +137,10 @@ def test_local_cluster_has_token_auth_and_listens_on_loopback_only():
     proc = _run(_DRIVER)
     res = _result(proc)
     assert res["mode_token"] and res["worker_mode"] == "token"
+    # the MKL vendor shim reaches the workers exactly where it applies (slime.utils.mkl_vendor)
+    from slime.utils.mkl_vendor import not_applicable
+
+    assert res["worker_shim"] == (not_applicable() is None)
     # A client without the token, or with a wrong one, is refused; with the token it gets in.
     assert res["clients"] == {"no_token": "REFUSED AuthenticationError",
                               "wrong_token": "REFUSED AuthenticationError", "token": "ACCEPTED"}, res["clients"]

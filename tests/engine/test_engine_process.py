@@ -129,3 +129,28 @@ def test_sigterm_answers_in_flight_requests(tiny_model_dir, tmp_path):
         assert r["meta_info"]["finish_reason"]["type"] == "abort"
         assert time.monotonic() - t0 < 5
         client.close()
+
+
+def test_engines_get_the_mkl_vendor_shim_where_it_applies(tiny_model_dir, tmp_path):
+    """A launched engine has the shim preloaded exactly where slime.utils.mkl_vendor says it
+    applies, not with mkl_vendor_shim=False; started by hand (no preload in its environment) the
+    server starts itself again with it, in the same process id."""
+    from slime.utils.mkl_vendor import loaded, not_applicable
+    from slime.utils.net import free_port
+
+    applies = not_applicable() is None
+    for shim in (True, False):
+        with EngineProcess.start(tiny_model_dir, num_threads=1, log_path=tmp_path / f"e{shim}.log",
+                                 mkl_vendor_shim=shim) as eng:
+            eng.wait_until_healthy(timeout=120)
+            assert loaded(eng.pid) == (shim and applies)
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    with open(tmp_path / "hand.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "slime.engine.server", "--model-path", str(tiny_model_dir),
+                                 "--port", str(port), "--num-threads", "1"], env=env, stdout=log, stderr=log)
+    eng = EngineProcess(proc, f"http://127.0.0.1:{port}", "127.0.0.1", port, tmp_path / "hand.log", open(os.devnull, "wb"))
+    with eng:
+        eng.wait_until_healthy(timeout=120)
+        assert loaded(proc.pid) == applies
