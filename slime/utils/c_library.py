@@ -22,15 +22,21 @@ def cache_dir() -> Path:
     return Path(os.environ.get("SLIME_KERNEL_CACHE") or Path.home() / ".cache" / "slime-rl" / "kernels")
 
 
-def _cpu_flags() -> str:
+def cpu_info() -> dict[str, str]:
+    """`vendor_id` and `flags` of the first CPU in /proc/cpuinfo (empty where unreadable)."""
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("flags"):
-                    return line.strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("vendor_id", "flags") and key not in info:
+                    info[key] = value.strip()
+                if len(info) == 2:
+                    break
     except OSError:
         pass
-    return ""
+    return info
 
 
 def build_library(source_path: Path, flags: tuple[str, ...], name: str, cc: str | None = None,
@@ -45,7 +51,7 @@ def build_library(source_path: Path, flags: tuple[str, ...], name: str, cc: str 
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     source = source_path.read_bytes()
     key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), "".join(version).encode(),
-                                     _cpu_flags().encode()])).hexdigest()[:16]
+                                     cpu_info().get("flags", "").encode()])).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.exists():
         return out

@@ -32,12 +32,16 @@ import sys
 import threading
 from pathlib import Path
 
+from slime.utils.c_library import build_library, cpu_info
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "mkl_vendor_shim.c"
 ENV_SWITCH = "SLIME_MKL_VENDOR_SHIM"
+_REEXEC_MARK = "SLIME_MKL_VENDOR_SHIM_REEXEC"  # set by the second start of a command (reexec_with_shim)
+_UNSET = object()
 _lock = threading.Lock()
-_cached: dict[str, str | None] = {}
+_shim: "str | None | object" = _UNSET  # this process's answer of shim_library, once asked
 
 # Run in a subprocess with the shim preloaded: an fp32 product (MKL's sgemm) against float64.
 _CHECK = """
@@ -48,23 +52,6 @@ a, b = torch.randn(300, 257), torch.randn(257, 190)
 err = (a @ b - (a.double() @ b.double()).float()).abs().max().item()
 print("ok" if err < 1e-3 else f"mismatch {err}")
 """
-
-
-def cpu_info() -> dict[str, str]:
-    """`vendor_id` and `flags` of the first CPU in /proc/cpuinfo (empty where unreadable)."""
-    info: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("vendor_id", "flags") and key not in info:
-                    info[key] = value.strip()
-                if len(info) == 2:
-                    break
-    except OSError:
-        pass
-    return info
 
 
 def not_applicable(info: dict[str, str] | None = None) -> str | None:
@@ -91,11 +78,11 @@ def not_applicable(info: dict[str, str] | None = None) -> str | None:
 
 def shim_library() -> str | None:
     """The built and checked shim's path for this machine, or None (logged once: why not)."""
-    key = cpu_info().get("flags", "")
+    global _shim
     with _lock:
-        if key not in _cached:
-            _cached[key] = _build_and_check()
-        return _cached[key]
+        if _shim is _UNSET:
+            _shim = _build_and_check()
+        return _shim
 
 
 def _build_and_check() -> str | None:
@@ -103,8 +90,6 @@ def _build_and_check() -> str | None:
     if why is not None:
         logger.debug("MKL vendor shim not used: %s", why)
         return None
-    from slime.utils.c_library import build_library
-
     try:
         path = build_library(SOURCE, ("-O2", "-shared", "-fPIC"), "mkl_vendor_shim")
     except RuntimeError as e:
@@ -114,8 +99,7 @@ def _build_and_check() -> str | None:
 
     verdict = path.with_name(f"{path.stem}-torch-{torch.__version__}.checked")
     if not verdict.exists():
-        env = {**os.environ, "LD_PRELOAD": _join(str(path), os.environ.get("LD_PRELOAD", "")),
-               "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        env = {**os.environ, **_ld_preload(str(path)), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         try:
             proc = subprocess.run([sys.executable, "-c", _CHECK], env=env, capture_output=True, text=True, timeout=120)
             result = proc.stdout.strip() if proc.returncode == 0 else f"exit {proc.returncode}: {proc.stderr[-500:]}"
@@ -128,9 +112,10 @@ def _build_and_check() -> str | None:
     return str(path)
 
 
-def _join(first: str, rest: str) -> str:
-    parts = [first] + [p for p in rest.replace(":", " ").split() if p and p != first]
-    return " ".join(parts)
+def _ld_preload(path: str) -> dict[str, str]:
+    """`LD_PRELOAD` with `path` first, then what this process's environment preloads (once each)."""
+    rest = os.environ.get("LD_PRELOAD", "").replace(":", " ").split()
+    return {"LD_PRELOAD": " ".join([path] + [p for p in rest if p != path])}
 
 
 def preload_env(enabled: bool = True) -> dict[str, str]:
@@ -139,9 +124,7 @@ def preload_env(enabled: bool = True) -> dict[str, str]:
     if not enabled:
         return {}
     path = shim_library()
-    if path is None:
-        return {}
-    return {"LD_PRELOAD": _join(path, os.environ.get("LD_PRELOAD", ""))}
+    return {} if path is None else _ld_preload(path)
 
 
 def loaded(pid: int | str = "self") -> bool:
@@ -167,6 +150,3 @@ def reexec_with_shim() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, [sys.executable, *sys.orig_argv[1:]])
-
-
-_REEXEC_MARK = "SLIME_MKL_VENDOR_SHIM_REEXEC"

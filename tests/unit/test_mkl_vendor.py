@@ -62,13 +62,13 @@ def test_the_preload_keeps_what_the_environment_preloads(monkeypatch):
 def test_a_shim_that_fails_its_check_is_not_used(monkeypatch, tmp_path, caplog, check, why):
     monkeypatch.setenv("SLIME_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(mkl_vendor, "not_applicable", lambda info=None: None)
-    monkeypatch.setattr(mkl_vendor, "_cached", {})
+    monkeypatch.setattr(mkl_vendor, "_shim", mkl_vendor._UNSET)
     monkeypatch.setattr(mkl_vendor, "_CHECK", check)
     with caplog.at_level(logging.WARNING, logger="slime.utils.mkl_vendor"):
         assert mkl_vendor.shim_library() is None
     assert f"failed its check ({why}" in caplog.text
     assert not list(tmp_path.glob("*.checked"))  # nothing cached: the next machine state checks again
-    monkeypatch.setattr(mkl_vendor, "_cached", {})
+    monkeypatch.setattr(mkl_vendor, "_shim", mkl_vendor._UNSET)
     monkeypatch.setattr(mkl_vendor, "_CHECK", "print('ok')")
     path = mkl_vendor.shim_library()
     assert path is not None and Path(path).parent == tmp_path and list(tmp_path.glob("*.checked"))
