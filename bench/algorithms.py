@@ -51,8 +51,18 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-algorithms-"))
     base = to_argv(COMMON) + ["--eval-prompt-data", "arith", str(data_dir / "eval.jsonl"), "--seed", str(opts.seed)]
     t0 = time.time()
-    sft = parse_args(base + to_argv(SFT) + ["--hf-checkpoint", str(model_dir), "--prompt-data",
-                                            str(data_dir / "sft.jsonl"), "--run-dir", str(work / "sft")])
+    sft = parse_args(
+        base
+        + to_argv(SFT)
+        + [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--prompt-data",
+            str(data_dir / "sft.jsonl"),
+            "--run-dir",
+            str(work / "sft"),
+        ]
+    )
     try:
         train(sft)
     finally:
@@ -65,9 +75,20 @@ def main() -> None:
     for est in opts.estimators:
         rl = dict(RL, num_rollout=opts.num_rollout, eval_interval=opts.eval_interval, advantage_estimator=est)
         run_dir = work / est
-        args = parse_args(base + to_argv(rl) + EXTRA[est] + [
-            "--hf-checkpoint", str(sft_ckpt), "--prompt-data", str(data_dir / "train.jsonl"),
-            "--skip-eval-before-train", "--run-dir", str(run_dir)])
+        args = parse_args(
+            base
+            + to_argv(rl)
+            + EXTRA[est]
+            + [
+                "--hf-checkpoint",
+                str(sft_ckpt),
+                "--prompt-data",
+                str(data_dir / "train.jsonl"),
+                "--skip-eval-before-train",
+                "--run-dir",
+                str(run_dir),
+            ]
+        )
         t1 = time.time()
         try:
             train(args)
@@ -80,13 +101,24 @@ def main() -> None:
         rows = _rows(run_dir)
         evals = [r["eval/arith"] for r in rows if "eval/arith" in r]
         steps = [r for r in rows if "perf/step_time" in r]
-        results.append((est, evals, statistics.mean(r["perf/step_time"] for r in steps),
-                        statistics.mean(r["perf/train_time"] for r in steps), time.time() - t1))
+        results.append(
+            (
+                est,
+                evals,
+                statistics.mean(r["perf/step_time"] for r in steps),
+                statistics.mean(r["perf/train_time"] for r in steps),
+                time.time() - t1,
+            )
+        )
         print(f"{est}: done in {time.time() - t1:.0f} s", flush=True)
 
-    print(f"\n{len(opts.estimators)} estimators, {opts.num_rollout} rollouts each (32 prompts x 8 samples), "
-          f"from one SFT warm start ({sft_acc:.3f}); {os.cpu_count()} cores")
-    print("| estimator | held-out after SFT | after RL (mean of last 2 evals) | gain | s/step | train s/step | wall (s) |")
+    print(
+        f"\n{len(opts.estimators)} estimators, {opts.num_rollout} rollouts each (32 prompts x 8 samples), "
+        f"from one SFT warm start ({sft_acc:.3f}); {os.cpu_count()} cores"
+    )
+    print(
+        "| estimator | held-out after SFT | after RL (mean of last 2 evals) | gain | s/step | train s/step | wall (s) |"
+    )
     print("|---|---|---|---|---|---|---|")
     for est, *res in results:
         if len(res) == 1:
@@ -94,7 +126,9 @@ def main() -> None:
             continue
         evals, step, train_s, wall = res
         final = statistics.mean(evals[-2:]) if evals else float("nan")
-        print(f"| {est} | {sft_acc:.3f} | {final:.3f} | {final - sft_acc:+.3f} | {step:.3f} | {train_s:.3f} | {wall:.0f} |")
+        print(
+            f"| {est} | {sft_acc:.3f} | {final:.3f} | {final - sft_acc:+.3f} | {step:.3f} | {train_s:.3f} | {wall:.0f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,9 @@ def run_once(workdir: Path) -> dict:
     run_dir = workdir / "run"
     env = {**os.environ, "SLIME_HOME": str(workdir / "home")}
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", "--run-dir", str(run_dir)],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slime", "train", "--run-dir", str(run_dir)], env=env, capture_output=True, text=True
+    )
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"default job failed:\n{proc.stderr[-3000:]}")
@@ -57,13 +58,17 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as d:
             results.append(run_once(Path(d)))
     print(f"default job, {os.cpu_count()} cores, {n} run(s)")
-    print("| run | wall (s) | eval before SFT | after SFT | after RL | RL gain | SFT stage (s) | RL stage (s) "
-          "| RL s/step | rollout | train | weight sync |")
+    print(
+        "| run | wall (s) | eval before SFT | after SFT | after RL | RL gain | SFT stage (s) | RL stage (s) "
+        "| RL s/step | rollout | train | weight sync |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for i, r in enumerate(results):
-        print(f"| {i} | {r['wall_s']:.0f} | {r['acc_before']:.3f} | {r['acc_after_sft']:.3f} | {r['acc_final']:.3f} "
-              f"| {r['acc_final'] - r['acc_after_sft']:+.3f} | {r['sft_s']:.0f} | {r['rl_s']:.0f} "
-              f"| {r['rl_step']:.3f} | {r['rl_rollout']:.3f} | {r['rl_train']:.3f} | {r['rl_update_weights']:.3f} |")
+        print(
+            f"| {i} | {r['wall_s']:.0f} | {r['acc_before']:.3f} | {r['acc_after_sft']:.3f} | {r['acc_final']:.3f} "
+            f"| {r['acc_final'] - r['acc_after_sft']:+.3f} | {r['sft_s']:.0f} | {r['rl_s']:.0f} "
+            f"| {r['rl_step']:.3f} | {r['rl_rollout']:.3f} | {r['rl_train']:.3f} | {r['rl_update_weights']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -97,13 +97,16 @@ def run_worker(model: Path, threads: int, shim: bool) -> dict:
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)})
     if shim:
         env.update(preload_env())
-    code = (WORKER.replace("__REPO__", repr(str(REPO))).replace("__THREADS__", str(threads))
-            .replace("__MODEL__", repr(str(model))))
+    code = (
+        WORKER.replace("__REPO__", repr(str(REPO)))
+        .replace("__THREADS__", str(threads))
+        .replace("__MODEL__", repr(str(model)))
+    )
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         raise SystemExit(f"worker failed:\n{proc.stderr[-3000:]}")
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    result = json.loads(line[len("RESULT "):])
+    result = json.loads(line[len("RESULT ") :])
     if result.pop("shim") != shim:
         raise SystemExit(f"the worker {'lacks' if shim else 'has'} the shim")
     return result
@@ -123,8 +126,10 @@ def main() -> None:
 
     why = not_applicable()
     info = cpu_info()
-    print(f"CPU vendor {info.get('vendor_id', '?')}, avx512f {'avx512f' in info.get('flags', '').split()}, "
-          f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the start")
+    print(
+        f"CPU vendor {info.get('vendor_id', '?')}, avx512f {'avx512f' in info.get('flags', '').split()}, "
+        f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the start"
+    )
     if why is not None:
         print(f"the MKL vendor shim does not apply here: {why}")
         return
@@ -132,7 +137,7 @@ def main() -> None:
         model = build_tiny_model(Path(tmp) / "m25", **MODELS["~25M"]["shape"])
         results: dict[bool, list[dict]] = {True: [], False: []}
         for r in range(a.rounds):
-            for shim in ((False, True) if r % 2 == 0 else (True, False)):
+            for shim in (False, True) if r % 2 == 0 else (True, False):
                 results[shim].append(run_worker(model, a.threads, shim))
                 print(f"[mkl_vendor] round {r}, shim {'on' if shim else 'off'}: done", flush=True)
     print(f"\nMKL vendor shim, {a.threads} thread(s), median of {a.rounds} subprocess(es) each way")

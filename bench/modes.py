@@ -40,10 +40,12 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 REPO = Path(__file__).resolve().parents[1]
 
 MODELS = {  # build_tiny_model shapes
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                 intermediate_size=192),
-    "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=768),
+    "tiny": dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=192
+    ),
+    "small": dict(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=768
+    ),
 }
 
 SPLIT = ["--train-num-threads", "1", "--sglang-num-threads", "1"]  # one core each (2-core machine)
@@ -51,19 +53,44 @@ MODES = {
     "colocated sync": ("train", ["--colocate"]),
     "disaggregated sync": ("train", SPLIT),
     "train_async": ("train-async", SPLIT),
-    "fully async": ("train", SPLIT + ["--rollout-function-path",
-                                      "slime.rollout.fully_async_rollout.generate_rollout"]),
+    "fully async": ("train", SPLIT + ["--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout"]),
 }
 
 
 def job_args(model: Path, data: Path, run_dir: Path, num_rollout: int, batch: int, n: int, resp_len: int) -> list[str]:
     return [
-        "--hf-checkpoint", str(model), "--prompt-data", str(data / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--advantage-estimator", "grpo", "--lr", "1e-4",
-        "--num-rollout", str(num_rollout), "--rollout-batch-size", str(batch), "--n-samples-per-prompt", str(n),
-        "--rollout-max-response-len", str(resp_len), "--global-batch-size", str(batch * n),
-        "--micro-batch-size", str(batch * n), "--seed", "1", "--run-dir", str(run_dir),
+        "--hf-checkpoint",
+        str(model),
+        "--prompt-data",
+        str(data / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "math",
+        "--advantage-estimator",
+        "grpo",
+        "--lr",
+        "1e-4",
+        "--num-rollout",
+        str(num_rollout),
+        "--rollout-batch-size",
+        str(batch),
+        "--n-samples-per-prompt",
+        str(n),
+        "--rollout-max-response-len",
+        str(resp_len),
+        "--global-batch-size",
+        str(batch * n),
+        "--micro-batch-size",
+        str(batch * n),
+        "--seed",
+        "1",
+        "--run-dir",
+        str(run_dir),
     ]
 
 
@@ -71,8 +98,9 @@ def run_mode(name: str, base: list[str], run_dir: Path) -> dict:
     command, extra = MODES[name]
     env = {**os.environ, "SLIME_FULLY_ASYNC_QUEUE_SIZE": str(2 * int(base[base.index("--rollout-batch-size") + 1]))}
     t0 = time.time()
-    proc = subprocess.run([sys.executable, "-m", "slime", command, *base, *extra], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slime", command, *base, *extra], cwd=REPO, env=env, capture_output=True, text=True
+    )
     wall = time.time() - t0
     if proc.returncode != 0:
         raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
@@ -83,13 +111,19 @@ def run_mode(name: str, base: list[str], run_dir: Path) -> dict:
         vals = [r[key] for r in steps if isinstance(r.get(key), (int, float))]
         return statistics.mean(vals) if vals else float("nan")
 
-    staleness_key = next((k for k in ("rollout/staleness/mean", "rollout/fully_async/staleness_mean")
-                          if any(k in r for r in steps)), None)
+    staleness_key = next(
+        (k for k in ("rollout/staleness/mean", "rollout/fully_async/staleness_mean") if any(k in r for r in steps)),
+        None,
+    )
     return {
-        "mode": name, "wall_s": wall, "steps": len(steps),
+        "mode": name,
+        "wall_s": wall,
+        "steps": len(steps),
         "rollouts_per_min": 60.0 * len(steps) / sum(r["perf/step_time"] for r in steps),
-        "wait": mean("perf/rollout_wait_time"), "rollout": mean("perf/rollout_time"),
-        "train": mean("perf/train_time"), "sync": mean("perf/update_weights_time"),
+        "wait": mean("perf/rollout_wait_time"),
+        "rollout": mean("perf/rollout_time"),
+        "train": mean("perf/train_time"),
+        "sync": mean("perf/update_weights_time"),
         "staleness": mean(staleness_key) if staleness_key else float("nan"),
         "reward": mean("rollout/raw_reward"),
     }
@@ -139,24 +173,31 @@ def main() -> None:
         write_arithmetic_dataset(work / "data", difficulty=2, num_eval=32, seed=0)
         for name in a.modes:
             run_dir = work / name.replace(" ", "_")
-            base = job_args(model, work / "data", run_dir, num_rollout, a.rollout_batch_size,
-                            a.n_samples_per_prompt, a.response_len)
+            base = job_args(
+                model, work / "data", run_dir, num_rollout, a.rollout_batch_size, a.n_samples_per_prompt, a.response_len
+            )
             print(f"running {name} ...", flush=True)
             results.append(run_mode(name, base, run_dir))
 
     params = {"tiny": "0.12M", "small": "~3.5M"}[a.model]
-    print(f"\nmodes: {a.model} model ({params} parameters), {a.rollout_batch_size} prompts x "
-          f"{a.n_samples_per_prompt} samples x {a.response_len} tokens per rollout, one optimizer step per rollout, "
-          f"{num_rollout} rollouts (rate over steps 2..{num_rollout - 1}); {os.cpu_count()} cores"
-          f"{' (avx512_bf16)' if bf16 else ''}, fp32")
+    print(
+        f"\nmodes: {a.model} model ({params} parameters), {a.rollout_batch_size} prompts x "
+        f"{a.n_samples_per_prompt} samples x {a.response_len} tokens per rollout, one optimizer step per rollout, "
+        f"{num_rollout} rollouts (rate over steps 2..{num_rollout - 1}); {os.cpu_count()} cores"
+        f"{' (avx512_bf16)' if bf16 else ''}, fp32"
+    )
     base_rate = next((r["rollouts_per_min"] for r in results if r["mode"] == "colocated sync"), None)
-    print("| mode | rollouts/min | vs colocated sync | s/step waiting for rollout | rollout (generation) "
-          "| train | weight sync | staleness (versions) | run wall (s) |")
+    print(
+        "| mode | rollouts/min | vs colocated sync | s/step waiting for rollout | rollout (generation) "
+        "| train | weight sync | staleness (versions) | run wall (s) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         ratio = f"{r['rollouts_per_min'] / base_rate:.2f}x" if base_rate else "-"
-        print(f"| {r['mode']} | {r['rollouts_per_min']:.1f} | {ratio} | {r['wait']:.2f} | {r['rollout']:.2f} "
-              f"| {r['train']:.2f} | {r['sync']:.3f} | {r['staleness']:.2f} | {r['wall_s']:.0f} |")
+        print(
+            f"| {r['mode']} | {r['rollouts_per_min']:.1f} | {ratio} | {r['wait']:.2f} | {r['rollout']:.2f} "
+            f"| {r['train']:.2f} | {r['sync']:.3f} | {r['staleness']:.2f} | {r['wall_s']:.0f} |"
+        )
     if not a.no_weight_sync:
         weight_sync_bench(a.quick)
 

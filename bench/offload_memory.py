@@ -25,8 +25,14 @@ def main() -> None:
     a = p.parse_args()
     configure_torch_threads(a.threads)
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=1024, hidden_size=a.hidden, intermediate_size=3 * a.hidden,
-                      num_hidden_layers=a.layers, num_attention_heads=8, num_key_value_heads=2)
+    cfg = Qwen2Config(
+        vocab_size=1024,
+        hidden_size=a.hidden,
+        intermediate_size=3 * a.hidden,
+        num_hidden_layers=a.layers,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+    )
     model = Qwen2ForCausalLM(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     ids = torch.randint(0, 1024, (4, 64))
@@ -42,12 +48,16 @@ def main() -> None:
         back = off.onload()
         after_onload = rss_bytes()
     exact = all(torch.equal(snapshot[id(v)], v) for st in opt.state.values() for v in st.values())
-    mib = 2 ** 20
+    mib = 2**20
     print(f"model: {n / 1e6:.1f}M parameters (fp32); AdamW state {stats['offload_bytes'] / mib:.0f} MiB")
-    print(f"offload: RSS {stats['rss_before'] / mib:.0f} -> {stats['rss_after'] / mib:.0f} MiB "
-          f"(-{(stats['rss_before'] - stats['rss_after']) / mib:.0f} MiB) in {stats['offload_time'] * 1e3:.0f} ms")
-    print(f"onload:  RSS {before_onload / mib:.0f} -> {after_onload / mib:.0f} MiB in {back['onload_time'] * 1e3:.0f} ms; "
-          f"bit-identical: {exact}")
+    print(
+        f"offload: RSS {stats['rss_before'] / mib:.0f} -> {stats['rss_after'] / mib:.0f} MiB "
+        f"(-{(stats['rss_before'] - stats['rss_after']) / mib:.0f} MiB) in {stats['offload_time'] * 1e3:.0f} ms"
+    )
+    print(
+        f"onload:  RSS {before_onload / mib:.0f} -> {after_onload / mib:.0f} MiB in {back['onload_time'] * 1e3:.0f} ms; "
+        f"bit-identical: {exact}"
+    )
 
 
 if __name__ == "__main__":

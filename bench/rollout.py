@@ -52,23 +52,29 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import signal  # noqa: E402  (after the environment above: the libraries below read it at import)
-import socket  # noqa: E402
-import subprocess  # noqa: E402
+import signal
+import socket
+import subprocess
 
-import aiohttp  # noqa: E402
-import httpx  # noqa: E402
-import orjson  # noqa: E402
-import torch  # noqa: E402
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+import aiohttp
+import httpx
+import orjson
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from slime.data.tiny_model import build_tiny_model  # noqa: E402
-from slime.ray.engine_process import EngineProcess  # noqa: E402
+from slime.data.tiny_model import build_tiny_model
+from slime.ray.engine_process import EngineProcess
 
 MODELS = {
     "tiny": {},
-    "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-                intermediate_size=1536, max_position_embeddings=1024),
+    "25m": dict(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=1536,
+        max_position_embeddings=1024,
+    ),
 }
 
 
@@ -81,8 +87,10 @@ def make_workload(tokenizer, num_prompts: int, n: int, median: float, max_len: i
         text = rng.choice(["{a}+{b}=", "What is {a}+{b}? Think step by step.", "Compute {a} plus {b}."])
         prompts.append(tokenizer.encode(text.format(a=a, b=b)))
     sigma = 0.9
-    lengths = [[max(2, min(max_len, int(round(math.exp(rng.gauss(math.log(median), sigma)))))) for _ in range(n)]
-               for _ in range(num_prompts)]
+    lengths = [
+        [max(2, min(max_len, int(round(math.exp(rng.gauss(math.log(median), sigma)))))) for _ in range(n)]
+        for _ in range(num_prompts)
+    ]
     return prompts, lengths
 
 
@@ -101,7 +109,7 @@ def matmul_gflops(dtype, threads: int, size: int = 1024, seconds: float = 0.5, w
         while time.perf_counter() - t0 < seconds:
             torch.mm(a, b)
             n += 1
-        best = max(best, 2 * size ** 3 * n / (time.perf_counter() - t0) / 1e9)
+        best = max(best, 2 * size**3 * n / (time.perf_counter() - t0) / 1e9)
     return best
 
 
@@ -112,8 +120,10 @@ async def _send_all(url: str, bodies: list[dict], timeout: float = 1200) -> tupl
     answers). httpx was measured here to spend ~7 CPU-seconds on 512 concurrent requests, a third
     of the two cores the servers need; aiohttp spends ~0.2 s."""
     headers = {"Content-Type": "application/json"}
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=timeout)) as session:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=timeout)
+    ) as session:
+
         async def post(body: dict) -> dict:
             async with session.post(url, data=orjson.dumps(body), headers=headers) as resp:
                 raw = await resp.read()
@@ -127,18 +137,28 @@ async def _send_all(url: str, bodies: list[dict], timeout: float = 1200) -> tupl
         return time.perf_counter() - t0, outs
 
 
-def run_engine(model_dir: Path, dtype: str, threads: int, prompts, lengths, max_running: int,
-               package_root: str | None = None) -> dict:
+def run_engine(
+    model_dir: Path, dtype: str, threads: int, prompts, lengths, max_running: int, package_root: str | None = None
+) -> dict:
     """The built-in engine on the workload; `package_root`: run another checkout's engine instead."""
 
-    eng = EngineProcess.start(model_dir, num_threads=threads,
-                              extra_args=["--dtype", dtype, "--max-running-requests", str(max_running)],
-                              env={"PYTHONPATH": package_root} if package_root else None)
+    eng = EngineProcess.start(
+        model_dir,
+        num_threads=threads,
+        extra_args=["--dtype", dtype, "--max-running-requests", str(max_running)],
+        env={"PYTHONPATH": package_root} if package_root else None,
+    )
     try:
         eng.wait_until_healthy(timeout=180)
-        bodies = [{"input_ids": p, "return_logprob": True,
-                   "sampling_params": {"max_new_tokens": m, "temperature": 1.0, "ignore_eos": True}}
-                  for p, ms in zip(prompts, lengths) for m in ms]
+        bodies = [
+            {
+                "input_ids": p,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": m, "temperature": 1.0, "ignore_eos": True},
+            }
+            for p, ms in zip(prompts, lengths)
+            for m in ms
+        ]
         cpu0 = _cpu_seconds(eng.pid)
         wall, outs = asyncio.run(_send_all(eng.url + "/generate", bodies))
         cpu = _cpu_seconds(eng.pid) - cpu0
@@ -164,8 +184,23 @@ def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompt
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS=str(threads), TOKENIZERS_PARALLELISM="false")
     env.pop("PYTHONPATH", None)
     log = open(model_dir / f"vllm-{dtype}.log", "w")
-    cmd = [vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir), "--host", "127.0.0.1",
-           "--port", str(port), "--dtype", dtype, "--seed", "0", "--max-num-seqs", str(max_running)]
+    cmd = [
+        vllm_python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        dtype,
+        "--seed",
+        "0",
+        "--max-num-seqs",
+        str(max_running),
+    ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -181,8 +216,18 @@ def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompt
             if time.monotonic() > deadline:
                 raise RuntimeError(f"vLLM did not become healthy; see {log.name}")
             time.sleep(1)
-        bodies = [{"model": str(model_dir), "prompt": p, "max_tokens": m, "temperature": 1.0, "ignore_eos": True,
-                   "logprobs": 1} for p, ms in zip(prompts, lengths) for m in ms]
+        bodies = [
+            {
+                "model": str(model_dir),
+                "prompt": p,
+                "max_tokens": m,
+                "temperature": 1.0,
+                "ignore_eos": True,
+                "logprobs": 1,
+            }
+            for p, ms in zip(prompts, lengths)
+            for m in ms
+        ]
         wall, outs = asyncio.run(_send_all(url + "/v1/completions", bodies))
         tokens = sum(o["usage"]["completion_tokens"] for o in outs)
         assert all(len(o["choices"][0]["logprobs"]["token_logprobs"]) == o["usage"]["completion_tokens"] for o in outs)
@@ -206,13 +251,21 @@ def _vllm_error(model_dir: Path, dtype: str, e: Exception) -> str:
     return causes[0] if causes else f"{type(e).__name__}: {e}"
 
 
-def run_engine_steady(model_dir: Path, dtype: str, threads: int, prompts, num_seqs: int = 256,
-                      new_tokens: int = 128, package_root: str | None = None) -> dict:
+def run_engine_steady(
+    model_dir: Path,
+    dtype: str,
+    threads: int,
+    prompts,
+    num_seqs: int = 256,
+    new_tokens: int = 128,
+    package_root: str | None = None,
+) -> dict:
     """`num_seqs` sequences decoding together (each `new_tokens` long, EOS ignored): the engine's
     throughput with a full batch, the figure a roofline comparison is about."""
     chosen = [prompts[i % len(prompts)] for i in range(num_seqs)]
-    return run_engine(model_dir, dtype, threads, chosen, [[new_tokens] for _ in range(num_seqs)], num_seqs,
-                      package_root)
+    return run_engine(
+        model_dir, dtype, threads, chosen, [[new_tokens] for _ in range(num_seqs)], num_seqs, package_root
+    )
 
 
 def engine_overhead(model_dir: Path, threads: int, prompt: list[int], num: int) -> dict:
@@ -220,8 +273,11 @@ def engine_overhead(model_dir: Path, threads: int, prompt: list[int], num: int) 
     eng = EngineProcess.start(model_dir, num_threads=threads)
     try:
         eng.wait_until_healthy(timeout=120)
-        body = {"input_ids": prompt, "return_logprob": True,
-                "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "ignore_eos": True}}
+        body = {
+            "input_ids": prompt,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 1.0, "ignore_eos": True},
+        }
         with httpx.Client(base_url=eng.url, timeout=60, trust_env=False) as h:
             for _ in range(20):
                 h.post("/generate", json=body)
@@ -253,8 +309,8 @@ def run_hf(model_dir: Path, dtype: str, threads: int, prompts, lengths, batch_si
         ids = torch.full((len(chunk), width), pad, dtype=torch.long)
         mask = torch.zeros((len(chunk), width), dtype=torch.long)
         for i, (p, _) in enumerate(chunk):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+            ids[i, width - len(p) :] = torch.tensor(p)
+            mask[i, width - len(p) :] = 1
         return ids, mask
 
     def gen(chunk):
@@ -262,8 +318,17 @@ def run_hf(model_dir: Path, dtype: str, threads: int, prompts, lengths, batch_si
         new = max(m for _, m in chunk)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                 do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=pad)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=True,
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                pad_token_id=pad,
+            )
         return out.shape[1] - ids.shape[1]
 
     with torch.inference_mode():
@@ -271,7 +336,7 @@ def run_hf(model_dir: Path, dtype: str, threads: int, prompts, lengths, batch_si
         t0 = time.perf_counter()
         generated = 0
         for i in range(0, len(rows), batch_size):
-            chunk = rows[i:i + batch_size]
+            chunk = rows[i : i + batch_size]
             generated += gen(chunk) * len(chunk)
         wall = time.perf_counter() - t0
     useful = sum(m for _, m in rows)
@@ -287,22 +352,37 @@ def parse_cli() -> argparse.Namespace:
     p.add_argument("--num-prompts", type=int, default=64, help="(--quick: 16)")
     p.add_argument("--n-samples", type=int, default=8)
     p.add_argument("--hf-batch-size", type=int, default=64)
-    p.add_argument("--vllm-python", default=None,
-                   help="python of an environment with vllm-cpu: also measure vLLM on the same workload")
-    p.add_argument("--compare-root", default=None,
-                   help="another checkout of this repository (e.g. `git worktree add /tmp/base <commit>`): its "
-                        "engine runs the same workloads, interleaved with this one's, reported side by side")
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help="python of an environment with vllm-cpu: also measure vLLM on the same workload",
+    )
+    p.add_argument(
+        "--compare-root",
+        default=None,
+        help="another checkout of this repository (e.g. `git worktree add /tmp/base <commit>`): its "
+        "engine runs the same workloads, interleaved with this one's, reported side by side",
+    )
     p.add_argument("--dtypes", default="float32,bfloat16")
-    p.add_argument("--max-running", type=int, default=512,
-                   help="running requests at most, the same cap for every server (engine --max-running-requests, "
-                        "vLLM --max-num-seqs); 512 holds the whole workload")
-    p.add_argument("--steady-seqs", type=int, default=256,
-                   help="also time this many sequences decoding together (0: skip)")
+    p.add_argument(
+        "--max-running",
+        type=int,
+        default=512,
+        help="running requests at most, the same cap for every server (engine --max-running-requests, "
+        "vLLM --max-num-seqs); 512 holds the whole workload",
+    )
+    p.add_argument(
+        "--steady-seqs", type=int, default=256, help="also time this many sequences decoding together (0: skip)"
+    )
     p.add_argument("--steady-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=None,
-                   help="runs of each engine / vLLM / full-batch measurement, interleaved (engine, vLLM, engine, ...); "
-                        "the tables give the median and the range (this machine's speed swings by up to 2x); "
-                        "default 3, 1 with --quick")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=None,
+        help="runs of each engine / vLLM / full-batch measurement, interleaved (engine, vLLM, engine, ...); "
+        "the tables give the median and the range (this machine's speed swings by up to 2x); "
+        "default 3, 1 with --quick",
+    )
     a = p.parse_args()
     a.median, a.max_len = (12, 64) if a.quick else (32, 200)
     if a.quick and a.num_prompts == 64:
@@ -336,8 +416,9 @@ def measure_dtype(a: argparse.Namespace, model_dir: Path, dtype: str, prompts, l
                 _log(f"  [{rep + 1}/{a.repeats}] {key} {dtype}: {r['tok_s']:.0f} tok/s, {r['cpu_s']:.2f} CPU-s")
         if a.vllm_python and vllm_error is None:
             try:
-                runs["vllm"].append(run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths,
-                                             a.max_running)["tok_s"])
+                runs["vllm"].append(
+                    run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths, a.max_running)["tok_s"]
+                )
                 _log(f"  [{rep + 1}/{a.repeats}] vLLM {dtype}: {runs['vllm'][-1]:.0f} tok/s")
             except Exception as err:  # e.g. vLLM's CPU attention has no kernel for head_dim 16
                 vllm_error = _vllm_error(model_dir, dtype, err)
@@ -348,8 +429,10 @@ def measure_dtype(a: argparse.Namespace, model_dir: Path, dtype: str, prompts, l
                     r = run_engine_steady(model_dir, dtype, a.threads, prompts, a.steady_seqs, a.steady_tokens, root)
                     runs[key].append(r["tok_s"])
                     runs.setdefault(f"{key}_cpu", []).append(r["cpu_s"])
-                    _log(f"  [{rep + 1}/{a.repeats}] {key} {dtype}, {a.steady_seqs} sequences: {r['tok_s']:.0f} tok/s, "
-                         f"{r['cpu_s']:.2f} CPU-s")
+                    _log(
+                        f"  [{rep + 1}/{a.repeats}] {key} {dtype}, {a.steady_seqs} sequences: {r['tok_s']:.0f} tok/s, "
+                        f"{r['cpu_s']:.2f} CPU-s"
+                    )
     return {"dtype": dtype, "hf": h, "vllm_error": vllm_error, **runs}
 
 
@@ -365,8 +448,10 @@ def measure(a: argparse.Namespace, tmp: str) -> tuple[list[dict], dict | None]:
         tok = AutoTokenizer.from_pretrained(model_dir)
         params = _count_params(AutoConfig.from_pretrained(model_dir))
         prompts, lengths = make_workload(tok, a.num_prompts, a.n_samples, a.median, a.max_len)
-        _log(f"[{name}] {params / 1e6:.2f}M params; {len(prompts)} prompts x {a.n_samples} samples, "
-             f"{sum(map(sum, lengths))} tokens (max_new_tokens median {a.median}, max {max(map(max, lengths))})")
+        _log(
+            f"[{name}] {params / 1e6:.2f}M params; {len(prompts)} prompts x {a.n_samples} samples, "
+            f"{sum(map(sum, lengths))} tokens (max_new_tokens median {a.median}, max {max(map(max, lengths))})"
+        )
         for dtype in a.dtypes.split(","):
             results.append({"model": name, "params": params, **measure_dtype(a, model_dir, dtype, prompts, lengths)})
         if name == "tiny":
@@ -376,15 +461,21 @@ def measure(a: argparse.Namespace, tmp: str) -> tuple[list[dict], dict | None]:
 
 def report(a: argparse.Namespace, gflops: dict[str, float], results: list[dict], overhead: dict | None) -> None:
     cmp_head = " | compare tok/s | this / compare | CPU-s this / compare" if a.compare_root else ""
-    print(f"\nrollout benchmark, {a.threads} threads, {os.cpu_count()} cores{' (quick)' if a.quick else ''}: "
-          f"{a.num_prompts} prompts x n={a.n_samples}, max_new_tokens log-normal (median {a.median}, cap {a.max_len}), "
-          f"log-probs on (engine and vLLM); median of {a.repeats} interleaved run(s), range in brackets")
+    print(
+        f"\nrollout benchmark, {a.threads} threads, {os.cpu_count()} cores{' (quick)' if a.quick else ''}: "
+        f"{a.num_prompts} prompts x n={a.n_samples}, max_new_tokens log-normal (median {a.median}, cap {a.max_len}), "
+        f"log-probs on (engine and vLLM); median of {a.repeats} interleaved run(s), range in brackets"
+    )
     if a.compare_root:
         print(f"compare: the engine of the checkout at {a.compare_root}, interleaved with this one")
-    print(f"matmul: fp32 {gflops['float32']:.0f} GFLOP/s, bf16 {gflops['bfloat16']:.0f} GFLOP/s "
-          "(1024^3 torch.mm, best 0.5 s window at start and end)\n")
-    print("| model | params | dtype | engine tok/s" + cmp_head + " | HF generate tok/s | engine / HF | vLLM tok/s "
-          "| engine / vLLM | roofline tok/s | engine / roofline |")
+    print(
+        f"matmul: fp32 {gflops['float32']:.0f} GFLOP/s, bf16 {gflops['bfloat16']:.0f} GFLOP/s "
+        "(1024^3 torch.mm, best 0.5 s window at start and end)\n"
+    )
+    print(
+        "| model | params | dtype | engine tok/s" + cmp_head + " | HF generate tok/s | engine / HF | vLLM tok/s "
+        "| engine / vLLM | roofline tok/s | engine / roofline |"
+    )
     print("|---|---|---|---|" + ("---|---|---|" if a.compare_root else "") + "---|---|---|---|---|---|")
     for r in results:
         roof = gflops[r["dtype"]] * 1e9 / (2 * r["params"])
@@ -396,11 +487,15 @@ def report(a: argparse.Namespace, gflops: dict[str, float], results: list[dict],
         else:
             vcols = "- | -"
         cmp = _compare_cols(r, "engine", "compare")
-        print(f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['dtype']} | {_spread(r['engine'])}{cmp} | "
-              f"{r['hf']['tok_s']:.0f} | {e / r['hf']['tok_s']:.2f}x | {vcols} | {roof:.0f} | {100 * e / roof:.1f}% |")
+        print(
+            f"| {r['model']} | {r['params'] / 1e6:.2f}M | {r['dtype']} | {_spread(r['engine'])}{cmp} | "
+            f"{r['hf']['tok_s']:.0f} | {e / r['hf']['tok_s']:.2f}x | {vcols} | {roof:.0f} | {100 * e / roof:.1f}% |"
+        )
     if any(r["full"] for r in results):
-        print(f"\nfull batch: {a.steady_seqs} sequences decoding together, {a.steady_tokens} new tokens each "
-              "(EOS ignored, log-probs on)\n")
+        print(
+            f"\nfull batch: {a.steady_seqs} sequences decoding together, {a.steady_tokens} new tokens each "
+            "(EOS ignored, log-probs on)\n"
+        )
         print("| model | dtype | engine tok/s" + cmp_head + " | roofline tok/s | engine / roofline |")
         print("|---|---|---|" + ("---|---|---|" if a.compare_root else "") + "---|---|")
         for r in results:
@@ -409,12 +504,22 @@ def report(a: argparse.Namespace, gflops: dict[str, float], results: list[dict],
             cmp = _compare_cols(r, "full", "full_compare")
             print(f"| {r['model']} | {r['dtype']} | {_spread(r['full'])}{cmp} | {roof:.0f} | {100 * f / roof:.1f}% |")
     if overhead:
-        print(f"\nengine per-request overhead (tiny, sequential 1-token requests): latency "
-              f"{overhead['latency_ms']:.2f} ms = compute {overhead['compute_ms']:.2f} ms + HTTP/scheduling "
-              f"{overhead['overhead_ms']:.2f} ms")
-    print("HF generate: static batches of", a.hf_batch_size, "rows, no log-probs, one run; tok/s counts requested "
-          "tokens only. " + ("vLLM: vllm-cpu's OpenAI server, logprobs 1." if a.vllm_python
-                             else "vllm-cpu: not measured (--vllm-python)."))
+        print(
+            f"\nengine per-request overhead (tiny, sequential 1-token requests): latency "
+            f"{overhead['latency_ms']:.2f} ms = compute {overhead['compute_ms']:.2f} ms + HTTP/scheduling "
+            f"{overhead['overhead_ms']:.2f} ms"
+        )
+    print(
+        "HF generate: static batches of",
+        a.hf_batch_size,
+        "rows, no log-probs, one run; tok/s counts requested "
+        "tokens only. "
+        + (
+            "vLLM: vllm-cpu's OpenAI server, logprobs 1."
+            if a.vllm_python
+            else "vllm-cpu: not measured (--vllm-python)."
+        ),
+    )
 
 
 def main() -> None:

@@ -36,9 +36,14 @@ sys.path.insert(0, str(REPO))
 
 MODELS = {
     "tiny (0.12M)": dict(prompts=32, samples=8, response=8, shape={}),
-    "~25M": dict(prompts=8, samples=8, response=32,
-                 shape=dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                            intermediate_size=1536)),
+    "~25M": dict(
+        prompts=8,
+        samples=8,
+        response=32,
+        shape=dict(
+            hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536
+        ),
+    ),
 }
 
 
@@ -46,8 +51,11 @@ def batch(tokenizer, prompts: int, samples: int, response: int, seed: int = 0) -
     rng = random.Random(seed)
     data: dict = {"tokens": [], "response_lengths": [], "loss_masks": []}
     for _ in range(prompts):
-        text = tokenizer.apply_chat_template([{"role": "user", "content": f"{rng.randint(0, 99)}+{rng.randint(0, 9)}="}],
-                                             tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{rng.randint(0, 99)}+{rng.randint(0, 9)}="}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
         for _ in range(samples):
             r = response if rng.random() < 0.9 else rng.randint(1, response)
@@ -70,8 +78,10 @@ def main() -> None:
     from slime.data.tiny_model import build_tiny_model
 
     print(f"{os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} at the start")
-    print("| model | batch | threads | tokens, one forward per sample | per prompt | s per call, per sample | "
-          "per prompt | speed-up |")
+    print(
+        "| model | batch | threads | tokens, one forward per sample | per prompt | s per call, per sample | "
+        "per prompt | speed-up |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, cfg in MODELS.items():
@@ -101,9 +111,11 @@ def main() -> None:
                         if i:  # the first call of each warms up
                             times[key].append(time.perf_counter() - t0)
                 s_plain, s_shared = statistics.median(times["plain"]), statistics.median(times["shared"])
-                print(f"| {name} | {cfg['prompts']} x {cfg['samples']}, {cfg['response']} new tokens | {threads} | "
-                      f"{tokens} | {shared_tokens} | {s_plain:.4f} | {s_shared:.4f} | {s_plain / s_shared:.2f}x |",
-                      flush=True)
+                print(
+                    f"| {name} | {cfg['prompts']} x {cfg['samples']}, {cfg['response']} new tokens | {threads} | "
+                    f"{tokens} | {shared_tokens} | {s_plain:.4f} | {s_shared:.4f} | {s_plain / s_shared:.2f}x |",
+                    flush=True,
+                )
     print("logits of the two ways agree to 1e-5 on both models (checked before timing)")
 
 

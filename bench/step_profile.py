@@ -68,13 +68,29 @@ def _setup(root: Path, src: Path, extra: tuple[str, ...] = ()):
         write_arithmetic_dataset(root / "data", **TASK)
     rl = {k: v for k, v in RL.items() if k not in ("eval_interval", "stage")}
     common = {k: v for k, v in COMMON.items() if not k.startswith("eval_") and k != "n_samples_per_eval_prompt"}
-    argv = to_argv(common) + to_argv(rl) + ["--hf-checkpoint", str(model_dir), "--prompt-data",
-                                            str(root / "data" / "train.jsonl"), "--run-dir", str(root / f"run-{os.getpid()}"),
-                                            *extra]
+    argv = (
+        to_argv(common)
+        + to_argv(rl)
+        + [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--prompt-data",
+            str(root / "data" / "train.jsonl"),
+            "--run-dir",
+            str(root / f"run-{os.getpid()}"),
+            *extra,
+        ]
+    )
     actor = TrainActor(parse_args(argv), rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=2)
     actor.init()
-    batch = rollout_batch(model_dir, root / "data", RL["rollout_batch_size"], RL["n_samples_per_prompt"],
-                          COMMON["rollout_max_response_len"], seed=0)
+    batch = rollout_batch(
+        model_dir,
+        root / "data",
+        RL["rollout_batch_size"],
+        RL["n_samples_per_prompt"],
+        COMMON["rollout_max_response_len"],
+        seed=0,
+    )
     return actor, batch
 
 
@@ -127,8 +143,10 @@ def in_process(root: Path, steps: int) -> None:
     parts = attribute(pstats.Stats(prof), calls)
     timed = [_one_call(actor, batch, s) for s in range(steps)]
     tokens = sum(len(t) for t in batch["tokens"])
-    print(f"in-process: TrainActor.train on the default job's RL batch ({len(batch['tokens'])} samples, {tokens} "
-          f"tokens), 2 threads; cProfile over {calls} calls ({total:.3f} s per call with the profiler on)")
+    print(
+        f"in-process: TrainActor.train on the default job's RL batch ({len(batch['tokens'])} samples, {tokens} "
+        f"tokens), 2 threads; cProfile over {calls} calls ({total:.3f} s per call with the profiler on)"
+    )
     print("| part | s per call | share |")
     print("|---|---|---|")
     for part, sec in sorted(parts.items(), key=lambda kv: -kv[1]):
@@ -143,22 +161,30 @@ def in_process(root: Path, steps: int) -> None:
     _one_call(packed, batch, 0)
     pairs = [(_one_call(actor, batch, s)[0], _one_call(packed, batch, s)[0]) for s in range(max(3, steps // 4))]
     pad_s, pack_s = statistics.median(p for p, _ in pairs), statistics.median(q for _, q in pairs)
-    print(f"padded (the default) vs packed (--use-dynamic-batch-size --max-tokens-per-gpu 4096), alternating: "
-          f"{pad_s:.4f} vs {pack_s:.4f} s per call ({pack_s / pad_s:.1f}x)\n")
+    print(
+        f"padded (the default) vs packed (--use-dynamic-batch-size --max-tokens-per-gpu 4096), alternating: "
+        f"{pad_s:.4f} vs {pack_s:.4f} s per call ({pack_s / pad_s:.1f}x)\n"
+    )
 
 
 def against(root: Path, rev: str, steps: int) -> None:
     """This tree and `rev`, each in its own process, alternating call by call."""
     tree = Path(tempfile.mkdtemp(prefix="step-profile-rev-"))
-    subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), rev], check=True, capture_output=True
+    )
     procs = {}
     try:
         for name, src in (("this tree", REPO), (f"revision {rev}", tree)):
             env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(src)}
             procs[name] = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--worker", str(root), str(src), str(steps)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=src)
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+                cwd=src,
+            )
             while not (line := procs[name].stdout.readline()).startswith("ready"):
                 if procs[name].poll() is not None:
                     raise SystemExit(f"[step_profile] the {name} worker failed")
@@ -184,15 +210,17 @@ def against(root: Path, rev: str, steps: int) -> None:
     print(f"speed-up of this tree: {old_w / new_w:.2f}x wall, {old_c / new_c:.2f}x CPU\n")
 
 
-RAY_PARTS = [("perf/rollout_wait_time", "rollout (the loop waiting for it)"),
-             ("perf/train_time", "the trainer's own work (train_time)"),
-             ("perf/train_wait_time", "the train call as the loop sees it (train_wait)"),
-             ("perf/train_offload_time", "  of which: optimizer state offload"),
-             ("perf/train_onload_time", "  of which: optimizer state onload"),
-             ("perf/rollout_offload_time", "engine KV release and resume (offload-rollout)"),
-             ("perf/sync_wait_time", "the weight sync as the loop sees it (sync_wait)"),
-             ("perf/update_weights_time", "  of which: the trainer's update_weights"),
-             ("perf/step_time", "the whole step")]
+RAY_PARTS = [
+    ("perf/rollout_wait_time", "rollout (the loop waiting for it)"),
+    ("perf/train_time", "the trainer's own work (train_time)"),
+    ("perf/train_wait_time", "the train call as the loop sees it (train_wait)"),
+    ("perf/train_offload_time", "  of which: optimizer state offload"),
+    ("perf/train_onload_time", "  of which: optimizer state onload"),
+    ("perf/rollout_offload_time", "engine KV release and resume (offload-rollout)"),
+    ("perf/sync_wait_time", "the weight sync as the loop sees it (sync_wait)"),
+    ("perf/update_weights_time", "  of which: the trainer's update_weights"),
+    ("perf/step_time", "the whole step"),
+]
 
 
 def _ray_run(root: Path, steps: int, name: str, offload: bool) -> dict[str, float]:
@@ -214,22 +242,33 @@ def _ray_run(root: Path, steps: int, name: str, offload: bool) -> dict[str, floa
     med = {k: statistics.median([r[k] for r in rows if k in r]) for k, _ in RAY_PARTS if any(k in r for r in rows)}
     waits = ("perf/rollout_wait_time", "perf/train_wait_time", "perf/rollout_offload_time", "perf/sync_wait_time")
     med["loop"] = med["perf/step_time"] - sum(med.get(k, 0.0) for k in waits)
-    med["moving"] = med["perf/train_wait_time"] - med["perf/train_time"] - med.get("perf/train_offload_time", 0.0) \
+    med["moving"] = (
+        med["perf/train_wait_time"]
+        - med["perf/train_time"]
+        - med.get("perf/train_offload_time", 0.0)
         - med.get("perf/train_onload_time", 0.0)
+    )
     return med
 
 
 def through_ray(root: Path, steps: int) -> None:
     """The same colocated job twice: as `--colocate` sets it up (slime's rule: both offloads on) and
     with `--no-offload-train --no-offload-rollout` (what bench/vs_trl.py runs)."""
-    cols = {"--colocate (offload on)": _ray_run(root, steps, "offload", True),
-            "--colocate --no-offload-*": _ray_run(root, steps, "no-offload", False)}
-    print(f"through Ray: `slime train --colocate` on the same job, {steps} steps each, one after the other "
-          f"(median of steps 2..{steps - 1})")
+    cols = {
+        "--colocate (offload on)": _ray_run(root, steps, "offload", True),
+        "--colocate --no-offload-*": _ray_run(root, steps, "no-offload", False),
+    }
+    print(
+        f"through Ray: `slime train --colocate` on the same job, {steps} steps each, one after the other "
+        f"(median of steps 2..{steps - 1})"
+    )
     print("| part | " + " | ".join(cols) + " |")
     print("|---|" + "---|" * len(cols))
-    for key, label in [*RAY_PARTS, ("loop", "the loop itself (step - rollout, train, offload and sync waits)"),
-                       ("moving", "moving the rollout data to the trainer, and the Ray calls")]:
+    for key, label in [
+        *RAY_PARTS,
+        ("loop", "the loop itself (step - rollout, train, offload and sync waits)"),
+        ("moving", "moving the rollout data to the trainer, and the Ray calls"),
+    ]:
         if any(key in c for c in cols.values()):
             print(f"| {label} | " + " | ".join(f"{c[key]:.4f}" if key in c else "-" for c in cols.values()) + " |")
 

@@ -38,8 +38,9 @@ def rollout_batch(model_dir: Path, data_dir: Path, prompts: int, samples: int, m
     rng = random.Random(seed)
     data: dict = {"tokens": [], "response_lengths": [], "loss_masks": [], "rewards": [], "rollout_log_probs": []}
     for row in rows:
-        prompt = tok.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True,
-                                         tokenize=False)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=False
+        )
         ids = tok(prompt, add_special_tokens=False)["input_ids"]
         rewards = [float(rng.random() < 0.4) for _ in range(samples)]
         mean = sum(rewards) / samples
@@ -71,8 +72,11 @@ def main() -> None:
     write_arithmetic_dataset(root / "data", **TASK)
     rl = {k: v for k, v in RL.items() if k not in ("eval_interval", "stage")}
     common = {k: v for k, v in COMMON.items() if not k.startswith("eval_") and k != "n_samples_per_eval_prompt"}
-    argv = to_argv(common) + to_argv(rl) + ["--hf-checkpoint", str(model_dir), "--prompt-data",
-                                            str(root / "data" / "train.jsonl")]
+    argv = (
+        to_argv(common)
+        + to_argv(rl)
+        + ["--hf-checkpoint", str(model_dir), "--prompt-data", str(root / "data" / "train.jsonl")]
+    )
 
     def actor(reuse: bool) -> TrainActor:
         args = parse_args(argv + ["--run-dir", str(root / f"run_{reuse}")])
@@ -82,8 +86,14 @@ def main() -> None:
         return act
 
     ways = {"one forward (default)": actor(True), "separate old-log-prob pass": actor(False)}
-    batch = rollout_batch(model_dir, root / "data", RL["rollout_batch_size"], RL["n_samples_per_prompt"],
-                          COMMON["rollout_max_response_len"], seed=0)
+    batch = rollout_batch(
+        model_dir,
+        root / "data",
+        RL["rollout_batch_size"],
+        RL["n_samples_per_prompt"],
+        COMMON["rollout_max_response_len"],
+        seed=0,
+    )
     times: dict[str, list[float]] = {name: [] for name in ways}
     cpu: dict[str, list[float]] = {name: [] for name in ways}
     last: dict[str, dict] = {}
@@ -98,17 +108,23 @@ def main() -> None:
     (one, sep) = ways
     diff = max(abs(last[one][k] - last[sep][k]) for k in last[sep] if not k.startswith("perf/"))
     tokens = sum(len(t) for t in batch["tokens"])
-    print(f"default job's RL step: {len(batch['tokens'])} samples ({RL['rollout_batch_size']} prompts x "
-          f"{RL['n_samples_per_prompt']}), {tokens} tokens, --global-batch-size {RL['global_batch_size']} "
-          f"--micro-batch-size {RL['micro_batch_size']}, {a.threads} threads, {a.steps} steps each, alternating")
+    print(
+        f"default job's RL step: {len(batch['tokens'])} samples ({RL['rollout_batch_size']} prompts x "
+        f"{RL['n_samples_per_prompt']}), {tokens} tokens, --global-batch-size {RL['global_batch_size']} "
+        f"--micro-batch-size {RL['micro_batch_size']}, {a.threads} threads, {a.steps} steps each, alternating"
+    )
     print(f"{'way':<30}{'median s/step':>15}{'mean s/step':>13}{'median CPU s/step':>19}")
     for name in ways:
-        print(f"{name:<30}{statistics.median(times[name]):>15.4f}{statistics.mean(times[name]):>13.4f}"
-              f"{statistics.median(cpu[name]):>19.4f}")
+        print(
+            f"{name:<30}{statistics.median(times[name]):>15.4f}{statistics.mean(times[name]):>13.4f}"
+            f"{statistics.median(cpu[name]):>19.4f}"
+        )
     speedup = statistics.median(times[sep]) / statistics.median(times[one])
     cpu_speedup = statistics.median(cpu[sep]) / statistics.median(cpu[one])
-    print(f"speed-up of one forward: {speedup:.2f}x wall, {cpu_speedup:.2f}x CPU time (medians); largest metric "
-          f"difference after {a.steps + 1} steps: {diff:.2e}")
+    print(
+        f"speed-up of one forward: {speedup:.2f}x wall, {cpu_speedup:.2f}x CPU time (medians); largest metric "
+        f"difference after {a.steps + 1} steps: {diff:.2e}"
+    )
 
 
 if __name__ == "__main__":

@@ -79,24 +79,72 @@ CHECK_TOL = 1e-5
 TRL_MKL_SUFFIX = " + MKL vendor shim"
 
 # The shared job (issue 16): the default job's RL stage; `--model 25m` changes the model and the batch.
-JOB = dict(prompts=32, samples=8, new_tokens=8, lr=3e-4, eps_clip=0.2, temperature=1.0, adam_beta1=0.9,
-           adam_beta2=0.999, adam_eps=1e-8, weight_decay=0.0, clip_grad=1.0, threads=2)
+JOB = dict(
+    prompts=32,
+    samples=8,
+    new_tokens=8,
+    lr=3e-4,
+    eps_clip=0.2,
+    temperature=1.0,
+    adam_beta1=0.9,
+    adam_beta2=0.999,
+    adam_eps=1e-8,
+    weight_decay=0.0,
+    clip_grad=1.0,
+    threads=2,
+)
 # The issue's second row: a ~25M-parameter Qwen2-style model (random init, the default job's tokenizer),
 # 8 prompts x 8 samples, 32 new tokens. No SFT stage (it would take longer than the benchmark): the row
 # is about speed; its held-out accuracy stays ~0 for every system.
-MODEL_25M = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                 intermediate_size=1536)
+MODEL_25M = dict(
+    hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536
+)
 MODELS = {"tiny": {}, "25m": dict(prompts=8, samples=8, new_tokens=32)}
 
 # GRPOConfig fields this script sets, and GRPOTrainer methods the consistency check calls: the API probe.
-TRL_CONFIG_FIELDS = ["use_cpu", "bf16", "fp16", "use_vllm", "gradient_checkpointing", "report_to", "save_strategy",
-                     "per_device_train_batch_size", "gradient_accumulation_steps", "num_generations",
-                     "steps_per_generation", "num_iterations", "max_completion_length", "temperature", "top_p",
-                     "top_k", "repetition_penalty", "learning_rate", "lr_scheduler_type", "warmup_steps",
-                     "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "optim", "beta",
-                     "loss_type", "scale_rewards", "epsilon", "epsilon_high", "importance_sampling_level",
-                     "mask_truncated_completions", "top_entropy_quantile", "entropy_coef", "shuffle_dataset",
-                     "max_steps", "seed", "data_seed", "logging_steps", "disable_tqdm"]
+TRL_CONFIG_FIELDS = [
+    "use_cpu",
+    "bf16",
+    "fp16",
+    "use_vllm",
+    "gradient_checkpointing",
+    "report_to",
+    "save_strategy",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "num_generations",
+    "steps_per_generation",
+    "num_iterations",
+    "max_completion_length",
+    "temperature",
+    "top_p",
+    "top_k",
+    "repetition_penalty",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "max_grad_norm",
+    "optim",
+    "beta",
+    "loss_type",
+    "scale_rewards",
+    "epsilon",
+    "epsilon_high",
+    "importance_sampling_level",
+    "mask_truncated_completions",
+    "top_entropy_quantile",
+    "entropy_coef",
+    "shuffle_dataset",
+    "max_steps",
+    "seed",
+    "data_seed",
+    "logging_steps",
+    "disable_tqdm",
+]
 TRL_TRAINER_METHODS = ["_generate", "_generate_and_score_completions", "_compute_loss"]
 
 
@@ -104,25 +152,67 @@ TRL_TRAINER_METHODS = ["_generate", "_generate_and_score_completions", "_compute
 # TRL side: runs in .venv-trl (torch, transformers, datasets, trl only; never slime)
 # ------------------------------------------------------------------------------------------------
 
-def trl_config(out_dir: str, *, batch: int, samples: int, new_tokens: int, lr: float, steps: int, seed: int,
-               loss_type: str = "grpo", scale_rewards: str = "group", epsilon: float = 0.2,
-               epsilon_high: float | None = 0.2, importance_sampling_level: str = "token") -> dict:
+
+def trl_config(
+    out_dir: str,
+    *,
+    batch: int,
+    samples: int,
+    new_tokens: int,
+    lr: float,
+    steps: int,
+    seed: int,
+    loss_type: str = "grpo",
+    scale_rewards: str = "group",
+    epsilon: float = 0.2,
+    epsilon_high: float | None = 0.2,
+    importance_sampling_level: str = "token",
+) -> dict:
     """GRPOConfig keyword arguments: every TRL default that differs from the shared job, set explicitly."""
     return dict(
-        output_dir=out_dir, use_cpu=True, bf16=False, fp16=False, use_vllm=False, gradient_checkpointing=False,
-        report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, dataloader_num_workers=0,
-        per_device_train_batch_size=batch * samples, gradient_accumulation_steps=1, num_generations=samples,
-        steps_per_generation=1, num_iterations=1,  # one optimizer step per rollout (TRL: ratio exactly 1)
-        max_completion_length=new_tokens, temperature=JOB["temperature"], top_p=1.0, top_k=0, repetition_penalty=1.0,
-        learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0,  # TRL default: linear decay, lr 1e-6
-        weight_decay=JOB["weight_decay"], adam_beta1=JOB["adam_beta1"], adam_beta2=JOB["adam_beta2"],
-        adam_epsilon=JOB["adam_eps"], max_grad_norm=JOB["clip_grad"], optim="adamw_torch",
+        output_dir=out_dir,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        use_vllm=False,
+        gradient_checkpointing=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        per_device_train_batch_size=batch * samples,
+        gradient_accumulation_steps=1,
+        num_generations=samples,
+        steps_per_generation=1,
+        num_iterations=1,  # one optimizer step per rollout (TRL: ratio exactly 1)
+        max_completion_length=new_tokens,
+        temperature=JOB["temperature"],
+        top_p=1.0,
+        top_k=0,
+        repetition_penalty=1.0,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,  # TRL default: linear decay, lr 1e-6
+        weight_decay=JOB["weight_decay"],
+        adam_beta1=JOB["adam_beta1"],
+        adam_beta2=JOB["adam_beta2"],
+        adam_epsilon=JOB["adam_eps"],
+        max_grad_norm=JOB["clip_grad"],
+        optim="adamw_torch",
         beta=0.0,  # no KL (TRL's default too)
         loss_type=loss_type,  # TRL default "dapo"; "grpo" = slime's per-sample loss
         scale_rewards=scale_rewards,  # "group" = slime's --grpo-std-normalization (default)
-        epsilon=epsilon, epsilon_high=epsilon_high, importance_sampling_level=importance_sampling_level,
-        mask_truncated_completions=False, top_entropy_quantile=1.0, entropy_coef=0.0, shuffle_dataset=True,
-        max_steps=steps, seed=seed, data_seed=seed,
+        epsilon=epsilon,
+        epsilon_high=epsilon_high,
+        importance_sampling_level=importance_sampling_level,
+        mask_truncated_completions=False,
+        top_entropy_quantile=1.0,
+        entropy_coef=0.0,
+        shuffle_dataset=True,
+        max_steps=steps,
+        seed=seed,
+        data_seed=seed,
     )
 
 
@@ -135,7 +225,7 @@ def _boxed(text: str) -> str | None:
     for j in range(i, len(text)):
         depth += {"{": 1, "}": -1}.get(text[j], 0)
         if depth == 0:
-            return text[i + 1:j]
+            return text[i + 1 : j]
     return None
 
 
@@ -148,8 +238,9 @@ def _trl_train(cfg: dict) -> None:
     from trl import GRPOConfig, GRPOTrainer
 
     rows = [json.loads(line) for line in Path(cfg["train"]).read_text().splitlines() if line.strip()]
-    ds = Dataset.from_list([{"prompt": [{"role": "user", "content": r["prompt"]}], "label": str(r["label"])}
-                            for r in rows])
+    ds = Dataset.from_list(
+        [{"prompt": [{"role": "user", "content": r["prompt"]}], "label": str(r["label"])} for r in rows]
+    )
 
     def boxed_reward(completions, label, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
@@ -176,11 +267,24 @@ def _trl_train(cfg: dict) -> None:
 
     tok = AutoTokenizer.from_pretrained(cfg["model"])
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
-    kwargs = trl_config(str(Path(cfg["out"]) / "trainer"), batch=cfg["prompts"], samples=cfg["samples"],
-                        new_tokens=cfg["new_tokens"], lr=cfg["lr"], steps=cfg["steps"], seed=cfg["seed"])
+    kwargs = trl_config(
+        str(Path(cfg["out"]) / "trainer"),
+        batch=cfg["prompts"],
+        samples=cfg["samples"],
+        new_tokens=cfg["new_tokens"],
+        lr=cfg["lr"],
+        steps=cfg["steps"],
+        seed=cfg["seed"],
+    )
     t0 = time.perf_counter()
-    trainer = Timed(model=model, reward_funcs=boxed_reward, args=GRPOConfig(**kwargs), train_dataset=ds,
-                    processing_class=tok, callbacks=[StepTimer()])
+    trainer = Timed(
+        model=model,
+        reward_funcs=boxed_reward,
+        args=GRPOConfig(**kwargs),
+        train_dataset=ds,
+        processing_class=tok,
+        callbacks=[StepTimer()],
+    )
     trainer.train()
     wall = time.perf_counter() - t0
     trainer.save_model(str(Path(cfg["out"]) / "model"))
@@ -189,10 +293,15 @@ def _trl_train(cfg: dict) -> None:
     import transformers
     import trl
 
-    result = {"step_s": steps, "gen_s": gen["seconds"], "gen_tokens": gen["tokens"], "rewards": rewards,
-              "wall_s": wall, "config": {k: v for k, v in kwargs.items() if k != "output_dir"},
-              "versions": {"trl": trl.__version__, "transformers": transformers.__version__,
-                           "torch": torch.__version__}}
+    result = {
+        "step_s": steps,
+        "gen_s": gen["seconds"],
+        "gen_tokens": gen["tokens"],
+        "rewards": rewards,
+        "wall_s": wall,
+        "config": {k: v for k, v in kwargs.items() if k != "output_dir"},
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
+    }
     Path(cfg["out"], "result.json").write_text(json.dumps(result))
 
 
@@ -212,15 +321,21 @@ def _trl_check(batch_path: str, out_path: str) -> None:
     with tempfile.TemporaryDirectory() as d:
         for case in b["cases"]:
             model = AutoModelForCausalLM.from_pretrained(b["model"], dtype=torch.float32)
-            kwargs = trl_config(d, batch=n_prompts, samples=g, new_tokens=b["max_new_tokens"], lr=1e-6, steps=1,
-                                seed=0, **case["trl"])
+            kwargs = trl_config(
+                d, batch=n_prompts, samples=g, new_tokens=b["max_new_tokens"], lr=1e-6, steps=1, seed=0, **case["trl"]
+            )
 
             def fixed_reward(completions, fixed_reward, **_):
                 return [float(r) for r in fixed_reward]
 
             ds = Dataset.from_list([{"prompt": "x", "fixed_reward": 0.0}] * (n_prompts * g))
-            trainer = GRPOTrainer(model=model, reward_funcs=fixed_reward, args=GRPOConfig(**kwargs), train_dataset=ds,
-                                  processing_class=tok)
+            trainer = GRPOTrainer(
+                model=model,
+                reward_funcs=fixed_reward,
+                args=GRPOConfig(**kwargs),
+                train_dataset=ds,
+                processing_class=tok,
+            )
 
             def fixed_generation(prompts, _b=b):  # the rollout: the batch's own completions
                 texts = [tok.decode(ids) for ids in _b["completion_ids"]]
@@ -266,6 +381,7 @@ print(json.dumps({{"ok": not missing, "missing": ", ".join(missing), "trl": trl.
 # slime-rl side (this project's .venv)
 # ------------------------------------------------------------------------------------------------
 
+
 def use_trl_venv(path: Path) -> None:
     global TRL_VENV, TRL_PYTHON
     TRL_VENV = path.resolve()
@@ -288,14 +404,18 @@ def trl_status() -> dict:
 
 def install_trl() -> None:
     print(f"[vs_trl] creating {TRL_VENV} with TRL {TRL_VERSION} (torch pinned by constraints.txt) ...", flush=True)
-    steps = [[sys.executable, "-m", "venv", str(TRL_VENV)],  # this project's Python version
-             [str(TRL_VENV / "bin" / "pip"), "install", "-q", "-c", str(REPO / "constraints.txt"), *TRL_PINS],
-             [str(TRL_VENV / "bin" / "pip"), "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"]]
+    steps = [
+        [sys.executable, "-m", "venv", str(TRL_VENV)],  # this project's Python version
+        [str(TRL_VENV / "bin" / "pip"), "install", "-q", "-c", str(REPO / "constraints.txt"), *TRL_PINS],
+        [str(TRL_VENV / "bin" / "pip"), "uninstall", "-y", "-q", "torchvision", "torchaudio", "torchcodec"],
+    ]
     for cmd in steps:
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0 and "uninstall" not in cmd:
-            raise SystemExit(f"[vs_trl] installing TRL failed at `{' '.join(cmd)}`:\n{proc.stderr[-1500:]}\n"
-                             f"Install it by hand: {INSTALL_HOWTO}")
+            raise SystemExit(
+                f"[vs_trl] installing TRL failed at `{' '.join(cmd)}`:\n{proc.stderr[-1500:]}\n"
+                f"Install it by hand: {INSTALL_HOWTO}"
+            )
 
 
 def require_trl(install: bool) -> dict:
@@ -305,8 +425,10 @@ def require_trl(install: bool) -> dict:
         status = trl_status()
     if not status["ok"]:
         found = f" (found TRL {status['trl']})" if status.get("trl") else ""
-        raise SystemExit(f"[vs_trl] TRL is not usable: missing {status['missing']}{found}.\n"
-                         f"This script needs TRL {TRL_VERSION} in {TRL_VENV}. Install it with:\n  {INSTALL_HOWTO}")
+        raise SystemExit(
+            f"[vs_trl] TRL is not usable: missing {status['missing']}{found}.\n"
+            f"This script needs TRL {TRL_VERSION} in {TRL_VENV}. Install it with:\n  {INSTALL_HOWTO}"
+        )
     if status.get("note"):
         print(f"[vs_trl] note: {status['note']}", flush=True)
     return status
@@ -314,10 +436,20 @@ def require_trl(install: bool) -> dict:
 
 def run_trl_worker(args: list[str], timeout: float | None = None, preload: dict[str, str] | None = None) -> None:
     """`preload`: extra environment (the MKL vendor shim's LD_PRELOAD, for the `trl-mkl` system)."""
-    env = {**os.environ, "OMP_NUM_THREADS": str(JOB["threads"]), "MKL_NUM_THREADS": str(JOB["threads"]),
-           **(preload or {})}
-    proc = subprocess.run([str(TRL_PYTHON), str(Path(__file__).resolve()), "--trl-worker", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(JOB["threads"]),
+        "MKL_NUM_THREADS": str(JOB["threads"]),
+        **(preload or {}),
+    }
+    proc = subprocess.run(
+        [str(TRL_PYTHON), str(Path(__file__).resolve()), "--trl-worker", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
     if proc.returncode != 0:
         raise SystemExit(f"[vs_trl] the TRL run failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
 
@@ -326,28 +458,44 @@ def run_trl_worker(args: list[str], timeout: float | None = None, preload: dict[
 
 CHECK_CASES = [
     # name, TRL GRPOConfig fields, slime-rl options
-    ("grpo, per-sample loss, std-normalised advantages",
-     dict(loss_type="grpo", scale_rewards="group"), []),
-    ("grpo, per-sample loss, mean-only advantages (Dr.GRPO)",
-     dict(loss_type="grpo", scale_rewards="none"), ["--disable-grpo-std-normalization"]),
-    ("dapo, per-token loss, clip-higher 0.28",
-     dict(loss_type="dapo", scale_rewards="none", epsilon_high=0.28),
-     ["--disable-grpo-std-normalization", "--calculate-per-token-loss", "--eps-clip-high", "0.28"]),
-    ("bnpo, per-token loss",
-     dict(loss_type="bnpo", scale_rewards="group"), ["--calculate-per-token-loss"]),
-    ("gspo, sequence-level ratio",
-     dict(loss_type="grpo", scale_rewards="none", importance_sampling_level="sequence"),
-     ["--advantage-estimator", "gspo", "--disable-grpo-std-normalization"]),
-    ("cispo, ratio clipped at 1.2 (TRL epsilon_high=1.2; slime --eps-clip 1 --eps-clip-high 0.2)",
-     dict(loss_type="cispo", scale_rewards="none", epsilon_high=1.2),
-     ["--advantage-estimator", "cispo", "--disable-grpo-std-normalization", "--calculate-per-token-loss",
-      "--eps-clip", "1.0", "--eps-clip-high", "0.2"]),
+    ("grpo, per-sample loss, std-normalised advantages", dict(loss_type="grpo", scale_rewards="group"), []),
+    (
+        "grpo, per-sample loss, mean-only advantages (Dr.GRPO)",
+        dict(loss_type="grpo", scale_rewards="none"),
+        ["--disable-grpo-std-normalization"],
+    ),
+    (
+        "dapo, per-token loss, clip-higher 0.28",
+        dict(loss_type="dapo", scale_rewards="none", epsilon_high=0.28),
+        ["--disable-grpo-std-normalization", "--calculate-per-token-loss", "--eps-clip-high", "0.28"],
+    ),
+    ("bnpo, per-token loss", dict(loss_type="bnpo", scale_rewards="group"), ["--calculate-per-token-loss"]),
+    (
+        "gspo, sequence-level ratio",
+        dict(loss_type="grpo", scale_rewards="none", importance_sampling_level="sequence"),
+        ["--advantage-estimator", "gspo", "--disable-grpo-std-normalization"],
+    ),
+    (
+        "cispo, ratio clipped at 1.2 (TRL epsilon_high=1.2; slime --eps-clip 1 --eps-clip-high 0.2)",
+        dict(loss_type="cispo", scale_rewards="none", epsilon_high=1.2),
+        [
+            "--advantage-estimator",
+            "cispo",
+            "--disable-grpo-std-normalization",
+            "--calculate-per-token-loss",
+            "--eps-clip",
+            "1.0",
+            "--eps-clip-high",
+            "0.2",
+        ],
+    ),
 ]
 TRL_ADV_EPS = 1e-4  # TRL divides by (std + 1e-4); slime (and so slime-rl) by (std + 1e-6)
 
 
-def make_check_batch(model_dir: Path, data_dir: Path, prompts: int = 4, samples: int = 4, max_new: int = 8,
-                     seed: int = 0) -> dict:
+def make_check_batch(
+    model_dir: Path, data_dir: Path, prompts: int = 4, samples: int = 4, max_new: int = 8, seed: int = 0
+) -> dict:
     """Real prompts (chat template), random completions of 1..max_new tokens, old log-probs = the model's
     own log-probs plus noise (so that ratios differ from 1 and some are clipped), rewards with a
     0/1 group, a fractional group and an all-equal group."""
@@ -361,8 +509,9 @@ def make_check_batch(model_dir: Path, data_dir: Path, prompts: int = 4, samples:
     gen = torch.Generator().manual_seed(seed)
     prompt_ids, completion_ids, rewards = [], [], []
     for p, row in enumerate(rows):
-        text = tok.apply_chat_template([{"role": "user", "content": row["prompt"]}], add_generation_prompt=True,
-                                       tokenize=False)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=False
+        )
         ids = tok(text, add_special_tokens=False)["input_ids"]
         for s in range(samples):
             n = int(torch.randint(1, max_new + 1, (1,), generator=gen))
@@ -374,16 +523,26 @@ def make_check_batch(model_dir: Path, data_dir: Path, prompts: int = 4, samples:
                 rewards.append(round(float(torch.rand((), generator=gen)), 3))
             else:
                 rewards.append(float(torch.rand((), generator=gen) < 0.5))
-    data = {"tokens": [a + b for a, b in zip(prompt_ids, completion_ids)],
-            "response_lengths": [len(c) for c in completion_ids], "loss_masks": [[1] * len(c) for c in completion_ids]}
+    data = {
+        "tokens": [a + b for a, b in zip(prompt_ids, completion_ids)],
+        "response_lengths": [len(c) for c in completion_ids],
+        "loss_masks": [[1] * len(c) for c in completion_ids],
+    }
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     with torch.no_grad():
         lp, _ = response_log_probs(model, build_micro_batch(data, list(range(len(completion_ids))), packed=False))
     noise = 0.3 * torch.randn(lp.shape, generator=gen)
     old = (lp + noise).split(data["response_lengths"])
-    return {"model": str(model_dir), "prompts": prompts, "samples": samples, "max_new_tokens": max_new,
-            "prompt_ids": prompt_ids, "completion_ids": completion_ids, "rewards": rewards,
-            "old_log_probs": [o.tolist() for o in old]}
+    return {
+        "model": str(model_dir),
+        "prompts": prompts,
+        "samples": samples,
+        "max_new_tokens": max_new,
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "rewards": rewards,
+        "old_log_probs": [o.tolist() for o in old],
+    }
 
 
 def slime_check_case(batch: dict, options: list[str], data_file: Path, advantages_override: list[float] | None):
@@ -398,26 +557,57 @@ def slime_check_case(batch: dict, options: list[str], data_file: Path, advantage
     from slime.utils.types import Sample
 
     n = len(batch["rewards"])
-    args = parse_args(["--hf-checkpoint", batch["model"], "--prompt-data", str(data_file), "--input-key", "prompt",
-                       "--label-key", "label", "--advantage-estimator", "grpo", "--num-rollout", "1", "--rollout-batch-size",
-                       str(batch["prompts"]), "--n-samples-per-prompt", str(batch["samples"]),
-                       "--global-batch-size", str(n), "--micro-batch-size", str(n), "--eps-clip", "0.2",
-                       "--rollout-temperature", "1.0", *options])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            batch["model"],
+            "--prompt-data",
+            str(data_file),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--advantage-estimator",
+            "grpo",
+            "--num-rollout",
+            "1",
+            "--rollout-batch-size",
+            str(batch["prompts"]),
+            "--n-samples-per-prompt",
+            str(batch["samples"]),
+            "--global-batch-size",
+            str(n),
+            "--micro-batch-size",
+            str(n),
+            "--eps-clip",
+            "0.2",
+            "--rollout-temperature",
+            "1.0",
+            *options,
+        ]
+    )
     samples = [Sample(reward=r, status=Sample.Status.COMPLETED) for r in batch["rewards"]]
     _, normalised = post_process_rewards(args, samples)
     old = [torch.tensor(o, dtype=torch.float32) for o in batch["old_log_probs"]]
     masks = [[1] * len(c) for c in batch["completion_ids"]]
     rollout = {"log_probs": old, "rewards": advantages_override or normalised, "loss_masks": masks}
     compute_advantages_and_returns(args, rollout)
-    data = {"tokens": [a + b for a, b in zip(batch["prompt_ids"], batch["completion_ids"])],
-            "response_lengths": [len(c) for c in batch["completion_ids"]], "loss_masks": masks,
-            "old_log_probs": old, "advantages": rollout["advantages"]}
+    data = {
+        "tokens": [a + b for a, b in zip(batch["prompt_ids"], batch["completion_ids"])],
+        "response_lengths": [len(c) for c in batch["completion_ids"]],
+        "loss_masks": masks,
+        "old_log_probs": old,
+        "advantages": rollout["advantages"],
+    }
     model = AutoModelForCausalLM.from_pretrained(batch["model"], dtype=torch.float32)
     model.train()
     mb = build_micro_batch(data, list(range(n)), packed=False)
     log_probs, entropy = response_log_probs(model, mb, args.rollout_temperature, with_entropy=True)
-    reduce_kw = dict(calculate_per_token_loss=args.calculate_per_token_loss, num_samples=n,
-                     num_tokens=float(sum(len(m) for m in masks)))
+    reduce_kw = dict(
+        calculate_per_token_loss=args.calculate_per_token_loss,
+        num_samples=n,
+        num_tokens=float(sum(len(m) for m in masks)),
+    )
     loss, parts = policy_loss(args, data, mb, log_probs, entropy, reduce_kw, [float(len(m)) for m in masks])
     return normalised, float(loss.detach()), float(parts["train/pg_clipfrac"])
 
@@ -435,8 +625,14 @@ def consistency_check(work: Path, install: bool) -> list[dict]:
     work.mkdir(parents=True, exist_ok=True)
     model_dir = work / "check-model"
     if not (model_dir / "config.json").exists():
-        build_tiny_model(model_dir, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, intermediate_size=192)
+        build_tiny_model(
+            model_dir,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=192,
+        )
     data_dir = work / "check-data"
     if not (data_dir / "train.jsonl").exists():
         write_arithmetic_dataset(data_dir, difficulty=2, num_eval=8, seed=0)
@@ -452,34 +648,55 @@ def consistency_check(work: Path, install: bool) -> list[dict]:
         std_norm = trl_kw.get("scale_rewards") == "group"
         override = None
         if std_norm:  # the same formula with TRL's epsilon, so the loss comparison sees equal advantages
-            override = group_normalize_rewards(torch.tensor(batch["rewards"]), batch["samples"], eps=TRL_ADV_EPS).tolist()
+            override = group_normalize_rewards(
+                torch.tensor(batch["rewards"]), batch["samples"], eps=TRL_ADV_EPS
+            ).tolist()
         s_adv, s_loss, clipfrac = slime_check_case(batch, options, data_dir / "train.jsonl", override)
         adv_diff = float((torch.tensor(override if std_norm else s_adv) - t_adv).abs().max())
         eps_diff = float((torch.tensor(s_adv) - t_adv).abs().max()) if std_norm else adv_diff
         loss_diff = abs(s_loss - t["loss"])
-        rows.append({"case": name, "trl_loss": t["loss"], "slime_loss": s_loss, "loss_diff": loss_diff, "clipfrac": clipfrac,
-                     "adv_diff": adv_diff, "adv_diff_slime_eps": eps_diff, "std_normalised": std_norm,
-                     "ok": loss_diff <= CHECK_TOL and adv_diff <= CHECK_TOL})
+        rows.append(
+            {
+                "case": name,
+                "trl_loss": t["loss"],
+                "slime_loss": s_loss,
+                "loss_diff": loss_diff,
+                "clipfrac": clipfrac,
+                "adv_diff": adv_diff,
+                "adv_diff_slime_eps": eps_diff,
+                "std_normalised": std_norm,
+                "ok": loss_diff <= CHECK_TOL and adv_diff <= CHECK_TOL,
+            }
+        )
     return rows
 
 
 def print_check(rows: list[dict]) -> None:
-    print(f"consistency: TRL {TRL_VERSION}'s GRPOTrainer code vs slime-rl's, one batch (4 prompts x 4 samples, "
-          f"1-8 completion tokens, old log-probs = log-probs + N(0, 0.3^2) noise), tolerance {CHECK_TOL:g}")
-    print("| case | TRL loss | slime-rl loss | loss difference | largest advantage difference | clipped tokens | agree |")
+    print(
+        f"consistency: TRL {TRL_VERSION}'s GRPOTrainer code vs slime-rl's, one batch (4 prompts x 4 samples, "
+        f"1-8 completion tokens, old log-probs = log-probs + N(0, 0.3^2) noise), tolerance {CHECK_TOL:g}"
+    )
+    print(
+        "| case | TRL loss | slime-rl loss | loss difference | largest advantage difference | clipped tokens | agree |"
+    )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['case']} | {r['trl_loss']:.7f} | {r['slime_loss']:.7f} | {r['loss_diff']:.1e} "
-              f"| {r['adv_diff']:.1e} | {r['clipfrac']:.0%} | {'yes' if r['ok'] else 'NO'} |")
+        print(
+            f"| {r['case']} | {r['trl_loss']:.7f} | {r['slime_loss']:.7f} | {r['loss_diff']:.1e} "
+            f"| {r['adv_diff']:.1e} | {r['clipfrac']:.0%} | {'yes' if r['ok'] else 'NO'} |"
+        )
     std = [r for r in rows if r["std_normalised"]]
     if std:
-        print(f"Std-normalised advantages: TRL divides by (std + {TRL_ADV_EPS:g}), slime and slime-rl by (std + 1e-6); "
-              f"the rows above compare slime-rl's group_normalize_rewards with TRL's epsilon; with slime's own "
-              f"epsilon the largest advantage difference is {max(r['adv_diff_slime_eps'] for r in std):.1e} "
-              f"(that epsilon, nothing else).")
+        print(
+            f"Std-normalised advantages: TRL divides by (std + {TRL_ADV_EPS:g}), slime and slime-rl by (std + 1e-6); "
+            f"the rows above compare slime-rl's group_normalize_rewards with TRL's epsilon; with slime's own "
+            f"epsilon the largest advantage difference is {max(r['adv_diff_slime_eps'] for r in std):.1e} "
+            f"(that epsilon, nothing else)."
+        )
 
 
 # ---- the benchmark -------------------------------------------------------------------------------
+
 
 def build_assets(work: Path, sft_steps: int, seed: int, model: str = "tiny") -> tuple[Path, Path]:
     """The default job's tiny model after (a possibly shorter) SFT stage, or the ~25M model as
@@ -504,10 +721,29 @@ def build_assets(work: Path, sft_steps: int, seed: int, model: str = "tiny") -> 
         return Path(ckpt), data_dir
     base = build_tiny_model(work / "tiny-model", **TINY_MODEL)
     print(f"[vs_trl] SFT warm start ({sft_steps} steps, the default job's stage 1) ...", flush=True)
-    argv = to_argv(COMMON) + to_argv(SFT) + [
-        "--hf-checkpoint", str(base), "--prompt-data", str(data_dir / "sft.jsonl"), "--num-rollout", str(sft_steps),
-        "--eval-prompt-data", "arith", str(data_dir / "eval.jsonl"), "--eval-interval", str(sft_steps),
-        "--save", str(sft_root / "checkpoints"), "--run-dir", str(sft_root / "run"), "--seed", str(seed)]
+    argv = (
+        to_argv(COMMON)
+        + to_argv(SFT)
+        + [
+            "--hf-checkpoint",
+            str(base),
+            "--prompt-data",
+            str(data_dir / "sft.jsonl"),
+            "--num-rollout",
+            str(sft_steps),
+            "--eval-prompt-data",
+            "arith",
+            str(data_dir / "eval.jsonl"),
+            "--eval-interval",
+            str(sft_steps),
+            "--save",
+            str(sft_root / "checkpoints"),
+            "--run-dir",
+            str(sft_root / "run"),
+            "--seed",
+            str(seed),
+        ]
+    )
     proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"[vs_trl] the SFT stage failed:\n{proc.stderr[-3000:]}")
@@ -516,36 +752,97 @@ def build_assets(work: Path, sft_steps: int, seed: int, model: str = "tiny") -> 
 
 def slime_argv(model: Path, data_dir: Path, steps: int, seed: int, run_dir: Path) -> list[str]:
     j = JOB
-    return ["--hf-checkpoint", str(model), "--prompt-data", str(data_dir / "train.jsonl"), "--input-key", "prompt",
-            "--label-key", "label", "--apply-chat-template", "--rollout-shuffle", "--rm-type", "math",
-            "--advantage-estimator", "grpo", "--num-rollout", str(steps), "--rollout-batch-size", str(j["prompts"]),
-            "--n-samples-per-prompt", str(j["samples"]), "--global-batch-size", str(j["prompts"] * j["samples"]),
-            "--micro-batch-size", str(j["prompts"] * j["samples"]), "--rollout-max-response-len", str(j["new_tokens"]),
-            "--rollout-temperature", str(j["temperature"]), "--lr", str(j["lr"]), "--lr-decay-style", "constant",
-            "--weight-decay", str(j["weight_decay"]), "--adam-beta1", str(j["adam_beta1"]),
-            "--adam-beta2", str(j["adam_beta2"]), "--adam-eps", str(j["adam_eps"]), "--clip-grad", str(j["clip_grad"]),
-            "--eps-clip", str(j["eps_clip"]), "--kl-coef", "0", "--entropy-coef", "0", "--seed", str(seed),
-            "--run-dir", str(run_dir), "--save", str(run_dir / "checkpoints")]
+    return [
+        "--hf-checkpoint",
+        str(model),
+        "--prompt-data",
+        str(data_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "math",
+        "--advantage-estimator",
+        "grpo",
+        "--num-rollout",
+        str(steps),
+        "--rollout-batch-size",
+        str(j["prompts"]),
+        "--n-samples-per-prompt",
+        str(j["samples"]),
+        "--global-batch-size",
+        str(j["prompts"] * j["samples"]),
+        "--micro-batch-size",
+        str(j["prompts"] * j["samples"]),
+        "--rollout-max-response-len",
+        str(j["new_tokens"]),
+        "--rollout-temperature",
+        str(j["temperature"]),
+        "--lr",
+        str(j["lr"]),
+        "--lr-decay-style",
+        "constant",
+        "--weight-decay",
+        str(j["weight_decay"]),
+        "--adam-beta1",
+        str(j["adam_beta1"]),
+        "--adam-beta2",
+        str(j["adam_beta2"]),
+        "--adam-eps",
+        str(j["adam_eps"]),
+        "--clip-grad",
+        str(j["clip_grad"]),
+        "--eps-clip",
+        str(j["eps_clip"]),
+        "--kl-coef",
+        "0",
+        "--entropy-coef",
+        "0",
+        "--seed",
+        str(seed),
+        "--run-dir",
+        str(run_dir),
+        "--save",
+        str(run_dir / "checkpoints"),
+    ]
 
 
 SLIME_MODES = {
     # --colocate turns both offloads on (slime's rule, for GPU memory); on the CPU nothing needs that memory
     # back and giving it to the system costs ~0.1 s a step in page faults (bench/step_profile.py): off, as
     # a CPU user would run it
-    "slime-rl sync": ("train", ["--colocate", "--no-offload-train", "--no-offload-rollout",
-                                "--train-num-threads", "2", "--sglang-num-threads", "2"]),
+    "slime-rl sync": (
+        "train",
+        [
+            "--colocate",
+            "--no-offload-train",
+            "--no-offload-rollout",
+            "--train-num-threads",
+            "2",
+            "--sglang-num-threads",
+            "2",
+        ],
+    ),
     "slime-rl train_async": ("train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1"]),
     # the same without the engine lending its idle core and without one forward per prompt: what they bring
     "slime-rl train_async, nothing lent or shared": (
-        "train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1", "--no-lend-idle-cores",
-                        "--no-share-prompt-forward"]),
+        "train-async",
+        ["--train-num-threads", "1", "--sglang-num-threads", "1", "--no-lend-idle-cores", "--no-share-prompt-forward"],
+    ),
     # train_async with slime's truncated importance sampling (--use-tis, clip 2): each token weighted by
     # min(current / generating policy, 2), which corrects the one-version lag of its samples
-    "slime-rl train_async --use-tis": ("train-async", ["--train-num-threads", "1", "--sglang-num-threads", "1",
-                                                        "--use-tis"]),
+    "slime-rl train_async --use-tis": (
+        "train-async",
+        ["--train-num-threads", "1", "--sglang-num-threads", "1", "--use-tis"],
+    ),
     # without the MKL vendor shim (slime.utils.mkl_vendor): what it brings, where it applies
-    "slime-rl train_async --no-mkl-vendor-shim": ("train-async", ["--train-num-threads", "1", "--sglang-num-threads",
-                                                                  "1", "--no-mkl-vendor-shim"]),
+    "slime-rl train_async --no-mkl-vendor-shim": (
+        "train-async",
+        ["--train-num-threads", "1", "--sglang-num-threads", "1", "--no-mkl-vendor-shim"],
+    ),
 }
 
 
@@ -563,21 +860,36 @@ def run_slime(name: str, model: Path, data_dir: Path, steps: int, seed: int, run
     step_rows = [r for r in rows if "perf/step_time" in r]
     timed = step_rows[1:-1] if len(step_rows) > 2 else step_rows
     n = JOB["prompts"] * JOB["samples"]
-    return {"system": name, "step_s": [r["perf/step_time"] for r in timed],
-            "gen_s": [r.get("perf/rollout_time", float("nan")) for r in timed],
-            "gen_tokens": [r.get("rollout/response_len/mean", float("nan")) * n for r in timed],
-            "rewards": [r["rollout/raw_reward"] for r in step_rows if "rollout/raw_reward" in r],
-            "phases": {k: statistics.median([r[k] for r in timed if k in r] or [float("nan")])
-                       for k in ("perf/rollout_time", "perf/train_time", "perf/update_weights_time")},
-            "wall_s": wall, "model": Path(iter_dir(run_dir / "checkpoints", steps - 1)),
-            "argv": [command, *argv]}
+    return {
+        "system": name,
+        "step_s": [r["perf/step_time"] for r in timed],
+        "gen_s": [r.get("perf/rollout_time", float("nan")) for r in timed],
+        "gen_tokens": [r.get("rollout/response_len/mean", float("nan")) * n for r in timed],
+        "rewards": [r["rollout/raw_reward"] for r in step_rows if "rollout/raw_reward" in r],
+        "phases": {
+            k: statistics.median([r[k] for r in timed if k in r] or [float("nan")])
+            for k in ("perf/rollout_time", "perf/train_time", "perf/update_weights_time")
+        },
+        "wall_s": wall,
+        "model": Path(iter_dir(run_dir / "checkpoints", steps - 1)),
+        "argv": [command, *argv],
+    }
 
 
 def run_trl(model: Path, data_dir: Path, steps: int, seed: int, out: Path, shim: bool = False) -> dict:
     """`shim`: TRL's process gets the MKL vendor shim slime-rl preloads into its own (`trl-mkl`)."""
-    cfg = {"model": str(model), "train": str(data_dir / "train.jsonl"), "out": str(out), "steps": steps,
-           "seed": seed, "threads": JOB["threads"], "prompts": JOB["prompts"], "samples": JOB["samples"],
-           "new_tokens": JOB["new_tokens"], "lr": JOB["lr"]}
+    cfg = {
+        "model": str(model),
+        "train": str(data_dir / "train.jsonl"),
+        "out": str(out),
+        "steps": steps,
+        "seed": seed,
+        "threads": JOB["threads"],
+        "prompts": JOB["prompts"],
+        "samples": JOB["samples"],
+        "new_tokens": JOB["new_tokens"],
+        "lr": JOB["lr"],
+    }
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
     t0 = time.perf_counter()
@@ -586,9 +898,18 @@ def run_trl(model: Path, data_dir: Path, steps: int, seed: int, out: Path, shim:
     run_trl_worker(["train", str(out / "config.json")], preload=preload_env() if shim else None)
     wall = time.perf_counter() - t0  # the whole process, as for slime-rl
     r = json.loads((out / "result.json").read_text())
-    return {"system": f"TRL {r['versions']['trl']}" + (TRL_MKL_SUFFIX if shim else ""), "step_s": r["step_s"][1:], "gen_s": r["gen_s"][1:],
-            "gen_tokens": r["gen_tokens"][1:], "rewards": r["rewards"], "phases": {}, "wall_s": wall,
-            "model": out / "model", "config": r["config"], "versions": r["versions"]}
+    return {
+        "system": f"TRL {r['versions']['trl']}" + (TRL_MKL_SUFFIX if shim else ""),
+        "step_s": r["step_s"][1:],
+        "gen_s": r["gen_s"][1:],
+        "gen_tokens": r["gen_tokens"][1:],
+        "rewards": r["rewards"],
+        "phases": {},
+        "wall_s": wall,
+        "model": out / "model",
+        "config": r["config"],
+        "versions": r["versions"],
+    }
 
 
 def heldout_accuracy(model_dir: Path, eval_file: Path, new_tokens: int) -> float:
@@ -602,12 +923,14 @@ def heldout_accuracy(model_dir: Path, eval_file: Path, new_tokens: int) -> float
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    texts = [tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True,
-                                     tokenize=False) for r in rows]
+    texts = [
+        tok.apply_chat_template([{"role": "user", "content": r["prompt"]}], add_generation_prompt=True, tokenize=False)
+        for r in rows
+    ]
     enc = tok(texts, add_special_tokens=False, padding=True, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-    answers = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    answers = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return sum(grade_math(a, str(r["label"])) for a, r in zip(answers, rows)) / len(rows)
 
 
@@ -620,47 +943,74 @@ def summarise(runs: list[dict], acc_before: float) -> list[dict]:
         steps = [s for r in rs for s in r["step_s"]]
         gen_s = sum(s for r in rs for s in r["gen_s"])
         gen_tok = sum(t for r in rs for t in r["gen_tokens"])
-        tail = [statistics.mean(r["rewards"][-max(1, len(r["rewards"]) // 5):]) for r in rs if r["rewards"]]
-        out.append({"system": name, "median_s": statistics.median(steps), "tok_s": gen_tok / gen_s if gen_s else 0.0,
-                    "acc_before": acc_before, "acc_after": [r["acc_after"] for r in rs],
-                    "reward_tail": statistics.mean(tail) if tail else float("nan"),
-                    "phases": {k: statistics.median([r["phases"][k] for r in rs]) for k in rs[0]["phases"]},
-                    "wall_s": statistics.mean(r["wall_s"] for r in rs)})
+        tail = [statistics.mean(r["rewards"][-max(1, len(r["rewards"]) // 5) :]) for r in rs if r["rewards"]]
+        out.append(
+            {
+                "system": name,
+                "median_s": statistics.median(steps),
+                "tok_s": gen_tok / gen_s if gen_s else 0.0,
+                "acc_before": acc_before,
+                "acc_after": [r["acc_after"] for r in rs],
+                "reward_tail": statistics.mean(tail) if tail else float("nan"),
+                "phases": {k: statistics.median([r["phases"][k] for r in rs]) for k in rs[0]["phases"]},
+                "wall_s": statistics.mean(r["wall_s"] for r in rs),
+            }
+        )
     return out
 
 
-def print_table(summary: list[dict], steps: int, rounds: int, sft_steps: int, bf16: bool, model: str = "tiny",
-                params: int = 0) -> None:
+def print_table(
+    summary: list[dict], steps: int, rounds: int, sft_steps: int, bf16: bool, model: str = "tiny", params: int = 0
+) -> None:
     trl = next((s for s in summary if s["system"].startswith("TRL") and not s["system"].endswith(TRL_MKL_SUFFIX)), None)
     trl_mkl = next((s for s in summary if s["system"].endswith(TRL_MKL_SUFFIX)), None)
-    what = (f"default job's model after {sft_steps} SFT steps" if model == "tiny"
-            else "~25M Qwen2-style model as initialised (no SFT)")
-    print(f"\nvs TRL: {what} ({params / 1e6:.2f}M parameters), {JOB['prompts']} prompts x "
-          f"{JOB['samples']} samples, {JOB['new_tokens']} new tokens, lr {JOB['lr']:g}, no KL, per-sample loss, "
-          f"{steps} steps x {rounds} round(s), alternating; {os.cpu_count()} cores"
-          f"{' (avx512_bf16)' if bf16 else ' (no avx512_bf16)'}, fp32, {JOB['threads']} threads each")
+    what = (
+        f"default job's model after {sft_steps} SFT steps"
+        if model == "tiny"
+        else "~25M Qwen2-style model as initialised (no SFT)"
+    )
+    print(
+        f"\nvs TRL: {what} ({params / 1e6:.2f}M parameters), {JOB['prompts']} prompts x "
+        f"{JOB['samples']} samples, {JOB['new_tokens']} new tokens, lr {JOB['lr']:g}, no KL, per-sample loss, "
+        f"{steps} steps x {rounds} round(s), alternating; {os.cpu_count()} cores"
+        f"{' (avx512_bf16)' if bf16 else ' (no avx512_bf16)'}, fp32, {JOB['threads']} threads each"
+    )
     from slime.utils.mkl_vendor import cpu_info, not_applicable
 
     why = not_applicable()
-    print(f"CPU vendor {cpu_info().get('vendor_id', '?')}: slime-rl's MKL vendor shim "
-          + ("applies (slime-rl's processes get it; TRL's only in the row marked so)" if why is None
-             else f"does not apply ({why})"))
+    print(
+        f"CPU vendor {cpu_info().get('vendor_id', '?')}: slime-rl's MKL vendor shim "
+        + (
+            "applies (slime-rl's processes get it; TRL's only in the row marked so)"
+            if why is None
+            else f"does not apply ({why})"
+        )
+    )
     extra = " | vs TRL + MKL vendor shim" if trl_mkl else ""
-    print("| system | median s/step | rollout tok/s | held-out acc before | after (per round) | train reward, "
-          f"last fifth | vs TRL (s/step ratio){extra} | rollout / train / weight sync (median s) | run wall (s) |")
+    print(
+        "| system | median s/step | rollout tok/s | held-out acc before | after (per round) | train reward, "
+        f"last fifth | vs TRL (s/step ratio){extra} | rollout / train / weight sync (median s) | run wall (s) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|" + ("---|" if trl_mkl else ""))
     for s in summary:
         ratio = f"{trl['median_s'] / s['median_s']:.2f}x" if trl else "-"
         if trl_mkl:
             ratio += f" | {trl_mkl['median_s'] / s['median_s']:.2f}x"
         ph = s["phases"]
-        phases = (" / ".join(f"{ph[k]:.3f}" for k in ("perf/rollout_time", "perf/train_time",
-                                                       "perf/update_weights_time")) if ph else "-")
+        phases = (
+            " / ".join(f"{ph[k]:.3f}" for k in ("perf/rollout_time", "perf/train_time", "perf/update_weights_time"))
+            if ph
+            else "-"
+        )
         after = ", ".join(f"{a:.3f}" for a in s["acc_after"])
-        print(f"| {s['system']} | {s['median_s']:.3f} | {s['tok_s']:.0f} | {s['acc_before']:.3f} | {after} "
-              f"| {s['reward_tail']:.3f} | {ratio} | {phases} | {s['wall_s']:.0f} |")
-    print("ratio > 1: faster than TRL per step. Held-out accuracy: 200 problems, greedy; one evaluation's binomial "
-          "noise is about +-3.5 points at 50%.")
+        print(
+            f"| {s['system']} | {s['median_s']:.3f} | {s['tok_s']:.0f} | {s['acc_before']:.3f} | {after} "
+            f"| {s['reward_tail']:.3f} | {ratio} | {phases} | {s['wall_s']:.0f} |"
+        )
+    print(
+        "ratio > 1: faster than TRL per step. Held-out accuracy: 200 problems, greedy; one evaluation's binomial "
+        "noise is about +-3.5 points at 50%."
+    )
 
 
 def main() -> None:
@@ -676,16 +1026,28 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2, help="runs of each system, alternating")
     p.add_argument("--sft-steps", type=int, default=140, help="SFT steps of the starting model (default job: 140)")
     p.add_argument("--seed", type=int, default=1, help="seed of round 0 (round r: seed + r, the same for all)")
-    p.add_argument("--systems", nargs="+", default=["trl", "trl-mkl", "sync", "async", "async-tis"],
-                   choices=["trl", "trl-mkl", "sync", "async", "async-plain", "async-tis", "async-no-shim"],
-                   help="trl-mkl: TRL with slime-rl's MKL vendor shim preloaded (left out where the shim does not "
-                        "apply); async-plain: train_async with --no-lend-idle-cores --no-share-prompt-forward; "
-                        "async-tis: train_async with --use-tis; async-no-shim: train_async with --no-mkl-vendor-shim")
-    p.add_argument("--work-dir", type=Path, default=REPO / "runs" / "vs_trl",
-                   help="where the SFT model, data and runs go (the SFT model is reused)")
-    p.add_argument("--model", choices=sorted(MODELS), default="tiny",
-                   help="tiny: the default job's model after SFT, 32 prompts x 8, 8 new tokens; 25m: a ~25M "
-                        "Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens (the issue's two rows)")
+    p.add_argument(
+        "--systems",
+        nargs="+",
+        default=["trl", "trl-mkl", "sync", "async", "async-tis"],
+        choices=["trl", "trl-mkl", "sync", "async", "async-plain", "async-tis", "async-no-shim"],
+        help="trl-mkl: TRL with slime-rl's MKL vendor shim preloaded (left out where the shim does not "
+        "apply); async-plain: train_async with --no-lend-idle-cores --no-share-prompt-forward; "
+        "async-tis: train_async with --use-tis; async-no-shim: train_async with --no-mkl-vendor-shim",
+    )
+    p.add_argument(
+        "--work-dir",
+        type=Path,
+        default=REPO / "runs" / "vs_trl",
+        help="where the SFT model, data and runs go (the SFT model is reused)",
+    )
+    p.add_argument(
+        "--model",
+        choices=sorted(MODELS),
+        default="tiny",
+        help="tiny: the default job's model after SFT, 32 prompts x 8, 8 new tokens; 25m: a ~25M "
+        "Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens (the issue's two rows)",
+    )
     p.add_argument("--check", action="store_true", help="only the loss/advantage consistency check")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--no-install", action="store_true", help="do not create .venv-trl; say how instead")
@@ -726,14 +1088,19 @@ def main() -> None:
     model, data_dir = build_assets(work, a.sft_steps, a.seed, a.model)
     acc_before = heldout_accuracy(model, data_dir / "eval.jsonl", JOB["new_tokens"])
     print(f"[vs_trl] starting model {model}: held-out accuracy {acc_before:.3f}", flush=True)
-    order = {"trl": None, "sync": "slime-rl sync", "async": "slime-rl train_async",
-             "async-plain": "slime-rl train_async, nothing lent or shared", "async-tis": "slime-rl train_async --use-tis",
-             "async-no-shim": "slime-rl train_async --no-mkl-vendor-shim"}
+    order = {
+        "trl": None,
+        "sync": "slime-rl sync",
+        "async": "slime-rl train_async",
+        "async-plain": "slime-rl train_async, nothing lent or shared",
+        "async-tis": "slime-rl train_async --use-tis",
+        "async-no-shim": "slime-rl train_async --no-mkl-vendor-shim",
+    }
     runs, trl_config_used, slime_argvs = [], None, {}
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for rnd in range(a.rounds):
         seed = a.seed + rnd
-        systems = a.systems[rnd % len(a.systems):] + a.systems[:rnd % len(a.systems)]  # rotate the order
+        systems = a.systems[rnd % len(a.systems) :] + a.systems[: rnd % len(a.systems)]  # rotate the order
         for key in systems:
             out = work / f"{stamp}-r{rnd}-{key}"
             print(f"[vs_trl] round {rnd} (seed {seed}): {key} ...", flush=True)
@@ -744,8 +1111,11 @@ def main() -> None:
                 r = run_slime(order[key], model, data_dir, a.steps, seed, out)
                 slime_argvs[r["system"]] = r["argv"]
             r["acc_after"] = heldout_accuracy(r["model"], data_dir / "eval.jsonl", JOB["new_tokens"])
-            print(f"[vs_trl]   median {statistics.median(r['step_s']):.3f} s/step, held-out after "
-                  f"{r['acc_after']:.3f}, wall {r['wall_s']:.0f} s", flush=True)
+            print(
+                f"[vs_trl]   median {statistics.median(r['step_s']):.3f} s/step, held-out after "
+                f"{r['acc_after']:.3f}, wall {r['wall_s']:.0f} s",
+                flush=True,
+            )
             runs.append(r)
     summary = summarise(runs, acc_before)
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -759,8 +1129,11 @@ def main() -> None:
     for name, argv in slime_argvs.items():
         print(f"{name}: slime {' '.join(argv)}")
     if a.json:
-        a.json.write_text(json.dumps({"summary": summary, "trl_config": trl_config_used, "slime_argv": slime_argvs},
-                                     indent=1, default=str))
+        a.json.write_text(
+            json.dumps(
+                {"summary": summary, "trl_config": trl_config_used, "slime_argv": slime_argvs}, indent=1, default=str
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -61,8 +61,14 @@ from slime.utils.net import free_port  # noqa: E402
 
 MODELS = {
     "tiny": {},
-    "25m": dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-                intermediate_size=1536, max_position_embeddings=1024),
+    "25m": dict(
+        hidden_size=512,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        intermediate_size=1536,
+        max_position_embeddings=1024,
+    ),
 }
 
 RECEIVER = textwrap.dedent("""
@@ -191,16 +197,18 @@ def measure(name: str, tmp: Path, repeats: int, quick: bool, threads: int) -> di
     raw = RawBroadcast(nbytes)
     root = tmp / f"{name}-sync"
     try:
-        with EngineProcess.start(str(model_dir), num_threads=threads,
-                                 extra_args=["--weight-load-dirs", str(root)]) as eng:
+        with EngineProcess.start(
+            str(model_dir), num_threads=threads, extra_args=["--weight-load-dirs", str(root)]
+        ) as eng:
             eng.wait_until_healthy(timeout=300)
             urls = [eng.url]
             shm = SharedMemoryWeightSync()
             r["shm"], r["raw_shm"] = _paired(raw, lambda: shm.push(urls, state, weight_version="shm"), repeats)
             shm.close()
             coll = DistributedWeightSync()
-            r["collective"], r["raw_coll"] = _paired(raw, lambda: coll.push(urls, state, weight_version="nccl"),
-                                                     repeats)
+            r["collective"], r["raw_coll"] = _paired(
+                raw, lambda: coll.push(urls, state, weight_version="nccl"), repeats
+            )
             coll.close()
             full = DiskWeightSync(disk_dir=str(root / "full"), mode="full", base_checkpoint=str(model_dir))
             r["disk"], r["raw_disk"] = _paired(raw, lambda: full.push(urls, state, weight_version="disk"), repeats)
@@ -223,8 +231,9 @@ def measure(name: str, tmp: Path, repeats: int, quick: bool, threads: int) -> di
 
 def _delta(model_dir: Path, base, state: dict, root: Path, urls: list[str]) -> tuple[float, float]:
     """One delta sync of `state` (one small step from `base`), the engine starting from `model_dir`."""
-    sync = DiskWeightSync(disk_dir=str(root / "pub"), mode="delta", local_dir=str(root / "local"),
-                          base_checkpoint=str(model_dir))
+    sync = DiskWeightSync(
+        disk_dir=str(root / "pub"), mode="delta", local_dir=str(root / "local"), base_checkpoint=str(model_dir)
+    )
     sync.push(urls, base.state_dict(), weight_version="base")  # nothing changed: the chain starts
     t0 = time.perf_counter()
     m = sync.push(urls, state, weight_version="delta")
@@ -240,36 +249,47 @@ def _cpu() -> str:
 
 
 def report(results: list[dict], repeats: int, threads: int) -> None:
-    print(f"\nweight sync, trainer and engine on one machine ({os.cpu_count()} cores, {_cpu()}), {threads} torch "
-          f"thread(s) each (colocated, they take turns on the cores), "
-          f"median of {repeats} syncs, each right after a raw broadcast (the x columns: sync / the raw broadcasts "
-          "taken beside it); every sync ends with the engine serving the new weights")
-    print("| model | bytes | raw gloo broadcast | full: shared memory | full: collective (gloo) | full: disk | "
-          "delta: disk | earlier HTTP payload | shm / raw | collective / raw |")
+    print(
+        f"\nweight sync, trainer and engine on one machine ({os.cpu_count()} cores, {_cpu()}), {threads} torch "
+        f"thread(s) each (colocated, they take turns on the cores), "
+        f"median of {repeats} syncs, each right after a raw broadcast (the x columns: sync / the raw broadcasts "
+        "taken beside it); every sync ends with the engine serving the new weights"
+    )
+    print(
+        "| model | bytes | raw gloo broadcast | full: shared memory | full: collective (gloo) | full: disk | "
+        "delta: disk | earlier HTTP payload | shm / raw | collective / raw |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['model']} ({r['params'] / 1e6:.2f}M) | {r['bytes'] / 1e6:.1f} MB | {1e3 * r['raw']:.1f} ms | "
-              f"{1e3 * r['shm']:.1f} ms | {1e3 * r['collective']:.1f} ms | {1e3 * r['disk']:.1f} ms | "
-              f"{1e3 * r['delta_time']:.1f} ms | {1e3 * r['http']:.1f} ms | {r['shm'] / r['raw_shm']:.2f}x | "
-              f"{r['collective'] / r['raw_coll']:.2f}x |")
+        print(
+            f"| {r['model']} ({r['params'] / 1e6:.2f}M) | {r['bytes'] / 1e6:.1f} MB | {1e3 * r['raw']:.1f} ms | "
+            f"{1e3 * r['shm']:.1f} ms | {1e3 * r['collective']:.1f} ms | {1e3 * r['disk']:.1f} ms | "
+            f"{1e3 * r['delta_time']:.1f} ms | {1e3 * r['http']:.1f} ms | {r['shm'] / r['raw_shm']:.2f}x | "
+            f"{r['collective'] / r['raw_coll']:.2f}x |"
+        )
     print("\ndelta after one AdamW step (lr 1e-6, weight decay 0.01): bytes written vs a full disk sync")
     print("| model | checkpoint dtype | full disk sync | delta | delta / full |")
     print("|---|---|---|---|---|")
     for r in results:
-        for dt, full, delta in (("float32", r["disk_bytes"], r["delta_bytes"]),
-                                ("bfloat16", r["bf16_disk_bytes"], r["bf16_delta_bytes"])):
+        for dt, full, delta in (
+            ("float32", r["disk_bytes"], r["delta_bytes"]),
+            ("bfloat16", r["bf16_disk_bytes"], r["bf16_delta_bytes"]),
+        ):
             print(f"| {r['model']} | {dt} | {full / 1e6:.2f} MB | {delta / 1e6:.2f} MB | {100 * delta / full:.1f}% |")
-    print(f"\nengine-side load alone (ModelRunner.load_named_tensors, {threads} thread(s), interleaved): "
-          "column-major linears need a "
-          "transposing copy")
+    print(
+        f"\nengine-side load alone (ModelRunner.load_named_tensors, {threads} thread(s), interleaved): "
+        "column-major linears need a "
+        "transposing copy"
+    )
     print("| model | C transposing copy | torch copy_ |")
     print("|---|---|---|")
     for r in results:
         print(f"| {r['model']} | {1e3 * r['load_c']:.1f} ms | {1e3 * r['load_torch']:.1f} ms |")
 
 
-def run(quick: bool = False, models: str = "tiny,25m", repeats: int | None = None,
-        threads: int | None = None) -> list[dict]:
+def run(
+    quick: bool = False, models: str = "tiny,25m", repeats: int | None = None, threads: int | None = None
+) -> list[dict]:
     repeats = repeats or (3 if quick else 5)
     threads = threads or os.cpu_count() or 1
     results = []
@@ -286,8 +306,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="fewer repeats")
     p.add_argument("--models", default="tiny,25m")
     p.add_argument("--repeats", type=int, default=None)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads of trainer and engine (default: all cores, as colocated)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads of trainer and engine (default: all cores, as colocated)",
+    )
     a = p.parse_args()
     run(quick=a.quick, models=a.models, repeats=a.repeats, threads=a.threads)
 

@@ -18,16 +18,38 @@ import sys
 from pathlib import Path
 
 import torch.utils.flop_counter  # noqa: F401  (torch probes optional packages itself: before any stand-in)
-
-from parser_tables import StandIns, describe  # noqa: E402 (a sibling of this script)
+from parser_tables import StandIns, describe
 
 # Packages Megatron-LM imports at module level that a CPU machine does not have.
 STAND_INS = (
-    "megatron.core.transformer.custom_layers.batch_invariant_kernels", "transformer_engine", "apex", "flash_attn",
-    "nvidia_resiliency_ext", "modelopt", "tensorstore", "zarr", "einops", "flashinfer", "mamba_ssm",
-    "causal_conv1d", "nvtx", "wandb", "one_logger", "deep_ep", "grouped_gemm", "emerging_optimizers",
-    "multistorageclient", "onnx", "sentencepiece", "tiktoken", "nltk", "hydra", "omegaconf", "av",
-    "fast_hadamard_transform", "mlflow",
+    "megatron.core.transformer.custom_layers.batch_invariant_kernels",
+    "transformer_engine",
+    "apex",
+    "flash_attn",
+    "nvidia_resiliency_ext",
+    "modelopt",
+    "tensorstore",
+    "zarr",
+    "einops",
+    "flashinfer",
+    "mamba_ssm",
+    "causal_conv1d",
+    "nvtx",
+    "wandb",
+    "one_logger",
+    "deep_ep",
+    "grouped_gemm",
+    "emerging_optimizers",
+    "multistorageclient",
+    "onnx",
+    "sentencepiece",
+    "tiktoken",
+    "nltk",
+    "hydra",
+    "omegaconf",
+    "av",
+    "fast_hadamard_transform",
+    "mlflow",
 )
 
 

@@ -309,8 +309,9 @@ class Collector:
             action, nargs, extra = None, None, []
             problems.append(f"could not read {exc}")
         if problems:
-            self.undetermined.append({"option": cli_name, "where": where, "why": "; ".join(problems),
-                                      "chosen_nargs": nargs})
+            self.undetermined.append(
+                {"option": cli_name, "where": where, "why": "; ".join(problems), "chosen_nargs": nargs}
+            )
         self.add([cli_name] + aliases, field_name, action, nargs, extra, "field", declared)
 
     def add_argument(self, call: ast.Call, where: str):
@@ -318,8 +319,14 @@ class Collector:
         for a in call.args:
             value = _literal(a, None)
             if not isinstance(value, str):
-                self.undetermined.append({"option": ast.unparse(a), "where": where,
-                                          "why": "option name is not a literal", "chosen_nargs": None})
+                self.undetermined.append(
+                    {
+                        "option": ast.unparse(a),
+                        "where": where,
+                        "why": "option name is not a literal",
+                        "chosen_nargs": None,
+                    }
+                )
                 return
             names.append(value)
         if not names or not names[0].startswith("-"):
@@ -334,16 +341,18 @@ class Collector:
         problems = []
         try:
             if "action" in kw:
-                action, nargs, extra = _action_shape(kw["action"], kw.get("nargs"), self.custom_actions,
-                                                     problems.append)
+                action, nargs, extra = _action_shape(
+                    kw["action"], kw.get("nargs"), self.custom_actions, problems.append
+                )
             else:
                 action, nargs, extra = "store", _nargs(kw.get("nargs")), []
         except Undetermined as exc:
             action, nargs, extra = None, None, []
             problems.append(f"could not read {exc}")
         if problems:
-            self.undetermined.append({"option": names[0], "where": where, "why": "; ".join(problems),
-                                      "chosen_nargs": nargs})
+            self.undetermined.append(
+                {"option": names[0], "where": where, "why": "; ".join(problems), "chosen_nargs": nargs}
+            )
         self.add(names, dest, action, nargs, extra, "add_argument", declared)
 
 
@@ -391,10 +400,19 @@ def extract(server_args: Path, fields_files: list[Path], custom_actions: dict, c
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("server_args", type=Path, help="path of sglang/srt/server_args.py")
-    p.add_argument("--argparse-actions", type=Path, default=None,
-                   help="path of sglang/srt/arg_groups/argparse_actions.py (default: built-in table)")
-    p.add_argument("--fields-file", type=Path, nargs="*", default=[],
-                   help="sglang/srt/arg_groups/fields/*.py (SGLang 0.5.19+ layout)")
+    p.add_argument(
+        "--argparse-actions",
+        type=Path,
+        default=None,
+        help="path of sglang/srt/arg_groups/argparse_actions.py (default: built-in table)",
+    )
+    p.add_argument(
+        "--fields-file",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="sglang/srt/arg_groups/fields/*.py (SGLang 0.5.19+ layout)",
+    )
     p.add_argument("--class-name", default="ServerArgs")
     p.add_argument("--repo", default=REPO)
     p.add_argument("--path", default=DEFAULT_PATH)
@@ -417,12 +435,16 @@ def main(argv=None) -> int:
     args.out.write_text(json.dumps(data, indent=1, sort_keys=False) + "\n", encoding="utf-8")
     n_flags = sum(o["flag"] for o in col.options.values())
     n_multi = sum(o["nargs"] not in (0, None) for o in col.options.values())
-    print(f"{len(col.options)} options ({n_flags} flags, {len(col.options) - n_flags - n_multi} one value, "
-          f"{n_multi} other nargs), {len(col.aliases)} aliases, {len(col.undetermined)} undetermined "
-          f"-> {args.out}")
+    print(
+        f"{len(col.options)} options ({n_flags} flags, {len(col.options) - n_flags - n_multi} one value, "
+        f"{n_multi} other nargs), {len(col.aliases)} aliases, {len(col.undetermined)} undetermined "
+        f"-> {args.out}"
+    )
     for u in col.undetermined:
-        print(f"  undetermined: {u['option']} ({u['where']}): {u['why']}; chose nargs={u['chosen_nargs']!r}",
-              file=sys.stderr)
+        print(
+            f"  undetermined: {u['option']} ({u['where']}): {u['why']}; chose nargs={u['chosen_nargs']!r}",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -87,8 +87,7 @@ def main() -> None:
     sglang_arguments.add_sglang_arguments(parser)
     options = _describe(parser)
     options.update(_pre_parse_options(slime_arguments))
-    data = {"source": {"repo": "THUDM/slime", "path": "slime/utils/arguments.py", "commit": commit},
-            "options": options}
+    data = {"source": {"repo": "THUDM/slime", "path": "slime/utils/arguments.py", "commit": commit}, "options": options}
     out.write_text(json.dumps(data, indent=0, sort_keys=True) + "\n")
     print(f"{len(options)} slime options -> {out}")
 

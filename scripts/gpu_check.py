@@ -44,8 +44,16 @@ if str(REPO) not in sys.path:
 # What the check imports. The engine server needs the web stack, which the GPU machine's image
 # lacks: `scripts/gpu_check.sh --download-wheels` fetches it into .whl/ (carried with the repo).
 NEEDED = ("torch", "transformers", "safetensors", "tokenizers", "httpx", "yaml", "numpy")
-WHEELS = ("fastapi", "starlette", "pydantic", "pydantic_core", "annotated_types", "typing_inspection", "uvicorn",
-          "opentelemetry")
+WHEELS = (
+    "fastapi",
+    "starlette",
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_inspection",
+    "uvicorn",
+    "opentelemetry",
+)
 OPTIONAL = ("ray",)  # the actor's class is used directly; a stand-in module is installed without it
 MAX_BATCH_REQUEST = 1024  # the engine's --max-batch-request-size default
 
@@ -57,9 +65,12 @@ class CheckError(Exception):
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="scripts/gpu_check.sh", description=__doc__.split("\n\n")[0])
     p.add_argument("--dry-run", action="store_true", help="check the arguments and print the plan (no GPU needed)")
-    p.add_argument("--device", default="cuda",
-                   help="cuda or cuda:N; cpu runs the same flow on the CPU (the script's own test, with a tiny "
-                        "shape: the CUDA-only parts -- IPC handles, GPU memory -- are then shared memory and n/a)")
+    p.add_argument(
+        "--device",
+        default="cuda",
+        help="cuda or cuda:N; cpu runs the same flow on the CPU (the script's own test, with a tiny "
+        "shape: the CUDA-only parts -- IPC handles, GPU memory -- are then shared memory and n/a)",
+    )
     p.add_argument("--hidden-size", type=int, default=896)
     p.add_argument("--num-layers", type=int, default=24)
     p.add_argument("--num-heads", type=int, default=14)
@@ -76,15 +87,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--parity-tol", type=float, default=1e-3, help="mean |log-prob diff| allowed (bf16)")
     p.add_argument("--mem-fraction-static", type=float, default=0.3, help="the engine's share of the GPU")
     p.add_argument("--time-limit-s", type=int, default=480, help="stop and print what is done after this long")
-    p.add_argument("--out", default=os.environ.get("OUT") or str(REPO / "gpu_check_out"),
-                   help="where the table, the JSON and the engine's log go (default: $OUT, else ./gpu_check_out)")
+    p.add_argument(
+        "--out",
+        default=os.environ.get("OUT") or str(REPO / "gpu_check_out"),
+        help="where the table, the JSON and the engine's log go (default: $OUT, else ./gpu_check_out)",
+    )
     return p
 
 
 def check_args(a: argparse.Namespace) -> None:
-    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "train_steps",
-                 "train_batch", "micro_batch_size", "concurrency", "prompt_len", "new_tokens", "parity_sequences",
-                 "time_limit_s"):
+    for name in (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "num_kv_heads",
+        "intermediate_size",
+        "train_steps",
+        "train_batch",
+        "micro_batch_size",
+        "concurrency",
+        "prompt_len",
+        "new_tokens",
+        "parity_sequences",
+        "time_limit_s",
+    ):
         if getattr(a, name) < 1:
             raise CheckError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(a, name)}")
     if a.hidden_size % a.num_heads:
@@ -137,7 +163,7 @@ def modules() -> dict[str, bool]:
 def plan(a: argparse.Namespace) -> list[str]:
     vocab = 320  # slime.data.tiny_model's default tokenizer size
     n = param_count(a, vocab)
-    gib = 1024 ** 3
+    gib = 1024**3
     train_mem = n * (4 + 4 + 8) / gib  # fp32 weights + grads + AdamW moments
     return [
         f"model: Qwen2-style, hidden {a.hidden_size}, {a.num_layers} layers, {a.num_heads}/{a.num_kv_heads} heads, "
@@ -172,7 +198,7 @@ def install_ray_stand_in() -> bool:
     """`slime.backends.torch.actor` wraps its class with `ray.remote` at import; without Ray
     (the GPU machine has none) that wrapper is the identity. Returns whether it was needed."""
     try:
-        import ray  # noqa: F401
+        import ray
 
         return False
     except ImportError:
@@ -191,8 +217,12 @@ def engine_memory_mib(pid: int) -> float | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     for line in out.splitlines():
@@ -214,7 +244,7 @@ def run(a: argparse.Namespace, rows: list[dict], facts: dict) -> None:
     from slime.sync.ipc import push_weights_ipc
     from slime.sync.tensor import engine_sequence_log_probs
 
-    gib = 1024 ** 3
+    gib = 1024**3
     dev = torch.device(a.device)
     cuda = dev.type == "cuda"
     if cuda:
@@ -228,30 +258,60 @@ def run(a: argparse.Namespace, rows: list[dict], facts: dict) -> None:
     def sync() -> None:
         if cuda:
             torch.cuda.synchronize(dev)
+
     work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
     t = time.perf_counter()
-    model_dir = build_tiny_model(work / "model", hidden_size=a.hidden_size, num_hidden_layers=a.num_layers,
-                                 num_attention_heads=a.num_heads, num_key_value_heads=a.num_kv_heads,
-                                 intermediate_size=a.intermediate_size, max_position_embeddings=context_length(a))
+    model_dir = build_tiny_model(
+        work / "model",
+        hidden_size=a.hidden_size,
+        num_hidden_layers=a.num_layers,
+        num_attention_heads=a.num_heads,
+        num_key_value_heads=a.num_kv_heads,
+        intermediate_size=a.intermediate_size,
+        max_position_embeddings=context_length(a),
+    )
     cfg = json.loads((model_dir / "config.json").read_text())
     vocab = int(cfg["vocab_size"])
     facts.update(model_build_s=round(time.perf_counter() - t, 1), vocab=vocab, params=param_count(a, vocab))
 
     # ---------------------------------------------------------------- (a) the trainer on CUDA
     t = time.perf_counter()
-    targs = parse_args(["--hf-checkpoint", str(model_dir), "--rollout-batch-size", str(a.train_batch),
-                        "--n-samples-per-prompt", "1", "--num-rollout", str(a.train_steps),
-                        "--micro-batch-size", str(a.micro_batch_size), "--lr", str(a.lr),
-                        "--lr-decay-style", "constant", "--loss-type", "sft_loss", "--bf16",
-                        "--run-dir", str(work / "run")])
-    actor = TrainActor(targs, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=4,
-                       device=str(dev))
+    targs = parse_args(
+        [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--rollout-batch-size",
+            str(a.train_batch),
+            "--n-samples-per-prompt",
+            "1",
+            "--num-rollout",
+            str(a.train_steps),
+            "--micro-batch-size",
+            str(a.micro_batch_size),
+            "--lr",
+            str(a.lr),
+            "--lr-decay-style",
+            "constant",
+            "--loss-type",
+            "sft_loss",
+            "--bf16",
+            "--run-dir",
+            str(work / "run"),
+        ]
+    )
+    actor = TrainActor(
+        targs, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=4, device=str(dev)
+    )
     actor.init()
     g = torch.Generator().manual_seed(0)
     length = a.prompt_len + a.new_tokens
     tokens = torch.randint(10, vocab, (a.train_batch, length), generator=g).tolist()
-    batch = {"tokens": tokens, "response_lengths": [a.new_tokens] * a.train_batch,
-             "loss_masks": [[1] * a.new_tokens] * a.train_batch, "rewards": [0.0] * a.train_batch}
+    batch = {
+        "tokens": tokens,
+        "response_lengths": [a.new_tokens] * a.train_batch,
+        "loss_masks": [[1] * a.new_tokens] * a.train_batch,
+        "rewards": [0.0] * a.train_batch,
+    }
     losses, step_s, peak = [], [], 0.0
     for step in range(a.train_steps):
         s = time.perf_counter()
@@ -262,28 +322,51 @@ def run(a: argparse.Namespace, rows: list[dict], facts: dict) -> None:
         peak = max(peak, m.get("perf/train_peak_memory_gb", 0.0))
     ok = all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
     on_gpu = actor.device == dev and next(actor.model.parameters()).device == dev
-    rows.append(dict(check=f"(a) trainer on {dev.type}", ok=ok and on_gpu,
-                     value=f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {a.train_steps} steps, "
-                           f"{sum(step_s[1:]) / max(1, len(step_s) - 1):.2f} s/step after the first",
-                     peak_gib=round(peak, 2)))
+    rows.append(
+        dict(
+            check=f"(a) trainer on {dev.type}",
+            ok=ok and on_gpu,
+            value=f"loss {losses[0]:.4f} -> {losses[-1]:.4f} in {a.train_steps} steps, "
+            f"{sum(step_s[1:]) / max(1, len(step_s) - 1):.2f} s/step after the first",
+            peak_gib=round(peak, 2),
+        )
+    )
     facts.update(train_losses=losses, train_step_s=step_s, train_setup_s=round(time.perf_counter() - t, 1))
 
     # ---------------------------------------------------------------- (b) the engine on CUDA vs HF
-    eng = EngineProcess.start(model_dir, num_threads=4, log_path=Path(a.out) / "engine.log",
-                              extra_args=["--device", str(dev), "--dtype", "bfloat16", "--random-seed", "0",
-                                          "--max-running-requests", str(a.concurrency),
-                                          "--mem-fraction-static", str(a.mem_fraction_static),
-                                          "--context-length", str(context_length(a))])
+    eng = EngineProcess.start(
+        model_dir,
+        num_threads=4,
+        log_path=Path(a.out) / "engine.log",
+        extra_args=[
+            "--device",
+            str(dev),
+            "--dtype",
+            "bfloat16",
+            "--random-seed",
+            "0",
+            "--max-running-requests",
+            str(a.concurrency),
+            "--mem-fraction-static",
+            str(a.mem_fraction_static),
+            "--context-length",
+            str(context_length(a)),
+        ],
+    )
     try:
         eng.wait_until_healthy(timeout=180)
         prompts = torch.randint(10, vocab, (a.concurrency, a.prompt_len), generator=g).tolist()
         sp = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "max_new_tokens": a.new_tokens, "ignore_eos": True}
         with httpx.Client(timeout=600, trust_env=False) as c:
-            warm = c.post(eng.url + "/generate", json={"input_ids": prompts[:8], "return_logprob": True,
-                                                       "sampling_params": {**sp, "max_new_tokens": 8}})
+            warm = c.post(
+                eng.url + "/generate",
+                json={"input_ids": prompts[:8], "return_logprob": True, "sampling_params": {**sp, "max_new_tokens": 8}},
+            )
             warm.raise_for_status()
             s = time.perf_counter()
-            r = c.post(eng.url + "/generate", json={"input_ids": prompts, "return_logprob": True, "sampling_params": sp})
+            r = c.post(
+                eng.url + "/generate", json={"input_ids": prompts, "return_logprob": True, "sampling_params": sp}
+            )
             r.raise_for_status()
             engine_s = time.perf_counter() - s
         outs = r.json()
@@ -293,19 +376,28 @@ def run(a: argparse.Namespace, rows: list[dict], facts: dict) -> None:
 
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(dev).eval()
         ids = torch.tensor(prompts, device=dev)
-        gen_kw = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=a.new_tokens,
-                      min_new_tokens=a.new_tokens, output_scores=True, return_dict_in_generate=True,
-                      pad_token_id=cfg.get("pad_token_id") or 0)
+        gen_kw = dict(
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=a.new_tokens,
+            min_new_tokens=a.new_tokens,
+            output_scores=True,
+            return_dict_in_generate=True,
+            pad_token_id=cfg.get("pad_token_id") or 0,
+        )
         with torch.no_grad():
-            hf.generate(ids[:8], attention_mask=torch.ones_like(ids[:8]), **{**gen_kw, "max_new_tokens": 8,
-                                                                            "min_new_tokens": 8})
+            hf.generate(
+                ids[:8], attention_mask=torch.ones_like(ids[:8]), **{**gen_kw, "max_new_tokens": 8, "min_new_tokens": 8}
+            )
             sync()
             if cuda:
                 torch.cuda.reset_peak_memory_stats(dev)
             s = time.perf_counter()
             gen = hf.generate(ids, attention_mask=torch.ones_like(ids), **gen_kw)
             scores = torch.stack(gen.scores, 1).float().log_softmax(-1)
-            new = gen.sequences[:, a.prompt_len:]
+            new = gen.sequences[:, a.prompt_len :]
             hf_lp = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)  # the log-probs, as the engine returns them
             sync()
             hf_s = time.perf_counter() - s
@@ -327,13 +419,23 @@ def run(a: argparse.Namespace, rows: list[dict], facts: dict) -> None:
             mine = torch.tensor([float(x[0]) for x in o["meta_info"]["output_token_logprobs"]])
             diffs.append((mine - hf_log_probs(hf, p + out_ids, len(p))).abs())
         d = torch.cat(diffs)
-        rows.append(dict(check=f"(b) engine on {dev.type}, tokens/s", ok=engine_tokens == a.concurrency * a.new_tokens,
-                         value=f"{engine_tps:,.0f} tok/s with log-probs ({a.concurrency} seqs x {a.new_tokens}) vs "
-                               f"HF generate {hf_tps:,.0f} tok/s: x{engine_tps / hf_tps:.2f}",
-                         peak_gib=None if engine_mib is None else round(engine_mib / 1024, 2)))
-        rows.append(dict(check="(b) engine log-probs vs HF forward (bf16)", ok=float(d.mean()) <= a.parity_tol,
-                         value=f"mean abs diff {float(d.mean()):.2e}, max {float(d.max()):.2e} over {d.numel()} tokens",
-                         peak_gib=round(hf_peak, 2)))
+        rows.append(
+            dict(
+                check=f"(b) engine on {dev.type}, tokens/s",
+                ok=engine_tokens == a.concurrency * a.new_tokens,
+                value=f"{engine_tps:,.0f} tok/s with log-probs ({a.concurrency} seqs x {a.new_tokens}) vs "
+                f"HF generate {hf_tps:,.0f} tok/s: x{engine_tps / hf_tps:.2f}",
+                peak_gib=None if engine_mib is None else round(engine_mib / 1024, 2),
+            )
+        )
+        rows.append(
+            dict(
+                check="(b) engine log-probs vs HF forward (bf16)",
+                ok=float(d.mean()) <= a.parity_tol,
+                value=f"mean abs diff {float(d.mean()):.2e}, max {float(d.max()):.2e} over {d.numel()} tokens",
+                peak_gib=round(hf_peak, 2),
+            )
+        )
         facts.update(engine_s=engine_s, engine_tokens=engine_tokens, hf_s=hf_s, hf_tokens=hf_tokens)
 
         # ------------------------------------------------------------ (c) CUDA-IPC weight update
@@ -347,37 +449,69 @@ def run(a: argparse.Namespace, rows: list[dict], facts: dict) -> None:
         sync_s = time.perf_counter() - s
         after = (torch.tensor(engine_sequence_log_probs(eng.url, seq)) - want).abs()
         trainer_fp32 = actor.check_weight_parity(eng.url, seq)
-        rows.append(dict(check=f"(c) {'CUDA-IPC' if cuda else 'shared-memory IPC'} weight update",
-                         ok=float(after.mean()) <= a.parity_tol < float(before),
-                         value=f"{sync_s:.2f} s; engine vs trainer's weights (bf16 forward): mean abs diff "
-                               f"{float(before):.2e} before -> {float(after.mean()):.2e} after (max "
-                               f"{float(after.max()):.2e}); vs the fp32 trainer {trainer_fp32:.2e}",
-                         peak_gib=None))
+        rows.append(
+            dict(
+                check=f"(c) {'CUDA-IPC' if cuda else 'shared-memory IPC'} weight update",
+                ok=float(after.mean()) <= a.parity_tol < float(before),
+                value=f"{sync_s:.2f} s; engine vs trainer's weights (bf16 forward): mean abs diff "
+                f"{float(before):.2e} before -> {float(after.mean()):.2e} after (max "
+                f"{float(after.max()):.2e}); vs the fp32 trainer {trainer_fp32:.2e}",
+                peak_gib=None,
+            )
+        )
         facts.update(sync_s=sync_s)
         mib = engine_memory_mib(eng.pid)
-        rows.append(dict(check="(d) peak GPU memory", ok=True,
-                         value=f"trainer {peak:.2f} GiB, HF generate {hf_peak:.2f} GiB, engine process "
-                               + ("n/a (nvidia-smi)" if mib is None else f"{mib / 1024:.2f} GiB"),
-                         peak_gib=None))
+        rows.append(
+            dict(
+                check="(d) peak GPU memory",
+                ok=True,
+                value=f"trainer {peak:.2f} GiB, HF generate {hf_peak:.2f} GiB, engine process "
+                + ("n/a (nvidia-smi)" if mib is None else f"{mib / 1024:.2f} GiB"),
+                peak_gib=None,
+            )
+        )
     finally:
         eng.stop()
     if cuda:  # (e) bad input: a KV budget larger than the card stops the server at start-up, naming it
         from slime.ray.engine_process import child_env
 
-        too_many = str(10 ** 10)
-        bad = subprocess.run([sys.executable, "-m", "slime.engine.server", "--model-path", str(model_dir),
-                              "--device", str(dev), "--dtype", "bfloat16", "--max-total-tokens", too_many],
-                             capture_output=True, text=True, timeout=180, env=child_env())
+        too_many = str(10**10)
+        bad = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "slime.engine.server",
+                "--model-path",
+                str(model_dir),
+                "--device",
+                str(dev),
+                "--dtype",
+                "bfloat16",
+                "--max-total-tokens",
+                too_many,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=child_env(),
+        )
         said = [line for line in bad.stderr.splitlines() if "GiB of GPU memory" in line]
-        rows.append(dict(check="(e) more KV than the GPU has", ok=bad.returncode != 0 and bool(said),
-                         value=(said[-1][:200] if said else f"exit {bad.returncode}: {bad.stderr[-200:]}"),
-                         peak_gib=None))
+        rows.append(
+            dict(
+                check="(e) more KV than the GPU has",
+                ok=bad.returncode != 0 and bool(said),
+                value=(said[-1][:200] if said else f"exit {bad.returncode}: {bad.stderr[-200:]}"),
+                peak_gib=None,
+            )
+        )
 
 
 def table(rows: list[dict], facts: dict) -> str:
-    head = (f"GPU check ({facts.get('date', '')}): {facts.get('gpu', '?')}, {facts.get('gpu_memory_gib', '?')} GiB, "
-            f"torch {facts.get('torch', '?')} (CUDA {facts.get('cuda', '?')}); model {facts.get('params', 0) / 1e6:.0f}M "
-            f"params; {facts.get('total_s', 0):.0f} s")
+    head = (
+        f"GPU check ({facts.get('date', '')}): {facts.get('gpu', '?')}, {facts.get('gpu_memory_gib', '?')} GiB, "
+        f"torch {facts.get('torch', '?')} (CUDA {facts.get('cuda', '?')}); model {facts.get('params', 0) / 1e6:.0f}M "
+        f"params; {facts.get('total_s', 0):.0f} s"
+    )
     lines = [head, "", "| check | result | value | peak GPU GiB |", "|---|---|---|---|"]
     for r in rows:
         peak = "" if r.get("peak_gib") is None else f"{r['peak_gib']}"
@@ -400,19 +534,27 @@ def main(argv: list[str] | None = None) -> int:
     print("modules: " + ", ".join(f"{m} {'yes' if ok else 'MISSING'}" for m, ok in have.items()))
     if a.dry_run:
         if missing:
-            print(f"  (a real run needs {', '.join(missing)}: `bash scripts/gpu_check.sh --download-wheels` "
-                  "puts the web stack's wheels in .whl/, which the device run installs)")
+            print(
+                f"  (a real run needs {', '.join(missing)}: `bash scripts/gpu_check.sh --download-wheels` "
+                "puts the web stack's wheels in .whl/, which the device run installs)"
+            )
         print("dry run: arguments checked, no GPU used")
         return 0
     import torch
 
     if a.device != "cpu" and not torch.cuda.is_available():
-        print(f"gpu_check: error: --device {a.device}: no CUDA GPU visible to torch {torch.__version__} (run with "
-              "--dry-run for the plan only)", file=sys.stderr)
+        print(
+            f"gpu_check: error: --device {a.device}: no CUDA GPU visible to torch {torch.__version__} (run with "
+            "--dry-run for the plan only)",
+            file=sys.stderr,
+        )
         return 2
     if missing:
-        print(f"gpu_check: error: missing Python modules {', '.join(missing)} (carry .whl/ from "
-              "`bash scripts/gpu_check.sh --download-wheels`)", file=sys.stderr)
+        print(
+            f"gpu_check: error: missing Python modules {', '.join(missing)} (carry .whl/ from "
+            "`bash scripts/gpu_check.sh --download-wheels`)",
+            file=sys.stderr,
+        )
         return 2
     facts = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "ray_stand_in": install_ray_stand_in()}
     Path(a.out).mkdir(parents=True, exist_ok=True)

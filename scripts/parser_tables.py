@@ -8,7 +8,7 @@ import argparse
 import importlib.abc
 import importlib.machinery
 import sys
-from typing import Iterable
+from collections.abc import Iterable
 from unittest import mock
 
 
@@ -55,10 +55,14 @@ def describe(parser: argparse.ArgumentParser, extra=lambda action: {}) -> dict[s
             continue
         choices = action.choices
         out[names[0]] = {
-            "aliases": names[1:], "dest": action.dest, **extra(action),
-            "action": type(action).__name__, "nargs": action.nargs,
+            "aliases": names[1:],
+            "dest": action.dest,
+            **extra(action),
+            "action": type(action).__name__,
+            "nargs": action.nargs,
             "type": getattr(action.type, "__name__", None) if action.type is not None else None,
-            "default": jsonable(action.default), "const": jsonable(action.const),
+            "default": jsonable(action.default),
+            "const": jsonable(action.const),
             "choices": list(choices) if choices is not None and jsonable(list(choices)) is not None else None,
         }
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 USAGE = """usage: slime <command> [args]
 
@@ -62,8 +62,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from slime.observability.report import main as report_main
 
         return report_main(rest)
-    close = difflib.get_close_matches(cmd, ["train", "train-async", "serve", "tiny-model", "make-data", "report"],
-                                      n=1)
+    close = difflib.get_close_matches(cmd, ["train", "train-async", "serve", "tiny-model", "make-data", "report"], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     print(f"slime: unknown command {cmd!r}{hint}\n\n{USAGE}", file=sys.stderr)
     return 2

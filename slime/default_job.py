@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from slime.arguments import parse_args, to_argv
 from slime.data.arithmetic import write_arithmetic_dataset
@@ -24,9 +24,22 @@ from slime.data.tiny_model import build_tiny_model
 from slime.train import finish_run, run_cli, train
 from slime.utils.checkpoint_layout import iter_dir
 
-SHARED_FLAGS = ("--run-dir", "--use-tensorboard", "--seed", "--colocate", "--use-wandb", "--wandb-project",
-                "--wandb-team", "--wandb-group", "--wandb-mode", "--wandb-dir", "--wandb-key", "--wandb-host",
-                "--tb-project-name", "--tb-experiment-name")
+SHARED_FLAGS = (
+    "--run-dir",
+    "--use-tensorboard",
+    "--seed",
+    "--colocate",
+    "--use-wandb",
+    "--wandb-project",
+    "--wandb-team",
+    "--wandb-group",
+    "--wandb-mode",
+    "--wandb-dir",
+    "--wandb-key",
+    "--wandb-host",
+    "--tb-project-name",
+    "--tb-experiment-name",
+)
 
 
 def assets_dir() -> Path:
@@ -50,28 +63,58 @@ def ensure_assets(root: Path) -> tuple[Path, Path]:
     return model_dir, data_dir
 
 
-TINY_MODEL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  intermediate_size=192)
+TINY_MODEL = dict(
+    hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=192
+)
 TASK = dict(difficulty=2, num_eval=200, seed=0)
 
 COMMON = dict(
-    eval_input_key="prompt", eval_label_key="label", apply_chat_template=True, rollout_shuffle=True,
+    eval_input_key="prompt",
+    eval_label_key="label",
+    apply_chat_template=True,
+    rollout_shuffle=True,
     eval_function_path="slime.rollout.sglang_rollout.generate_rollout",
-    rm_type="math", rollout_max_response_len=8, eval_temperature=0.0, n_samples_per_eval_prompt=1,
+    rm_type="math",
+    rollout_max_response_len=8,
+    eval_temperature=0.0,
+    n_samples_per_eval_prompt=1,
     # the job's own optimizer settings, whatever the defaults
-    colocate=True, adam_beta2=0.999, clip_grad=1.0, lr_decay_style="constant", weight_decay=0.0,
+    colocate=True,
+    adam_beta2=0.999,
+    clip_grad=1.0,
+    lr_decay_style="constant",
+    weight_decay=0.0,
     # --colocate turns both offloads on (slime's rule, for GPU memory); on a CPU nothing needs that memory
     # back between the turns and returning it costs page faults every step (bench/step_profile.py)
-    no_offload_train=True, no_offload_rollout=True,
+    no_offload_train=True,
+    no_offload_rollout=True,
 )
 SFT = dict(
-    stage="sft", loss_type="sft_loss", rollout_function_path="slime.rollout.sft_rollout.generate_rollout",
-    input_key="messages", num_rollout=140, rollout_batch_size=256, n_samples_per_prompt=1,
-    global_batch_size=256, micro_batch_size=256, lr=3e-3, eval_interval=70,
+    stage="sft",
+    loss_type="sft_loss",
+    rollout_function_path="slime.rollout.sft_rollout.generate_rollout",
+    input_key="messages",
+    num_rollout=140,
+    rollout_batch_size=256,
+    n_samples_per_prompt=1,
+    global_batch_size=256,
+    micro_batch_size=256,
+    lr=3e-3,
+    eval_interval=70,
 )
 RL = dict(
-    stage="rl", input_key="prompt", label_key="label", advantage_estimator="grpo", num_rollout=500, rollout_batch_size=32, n_samples_per_prompt=8,
-    global_batch_size=256, micro_batch_size=256, lr=3e-4, eps_clip=0.2, rollout_temperature=1.0,
+    stage="rl",
+    input_key="prompt",
+    label_key="label",
+    advantage_estimator="grpo",
+    num_rollout=500,
+    rollout_batch_size=32,
+    n_samples_per_prompt=8,
+    global_batch_size=256,
+    micro_batch_size=256,
+    lr=3e-4,
+    eps_clip=0.2,
+    rollout_temperature=1.0,
     eval_interval=50,
 )
 
@@ -98,16 +141,33 @@ def run_default_job(argv: Sequence[str]) -> int:
             user += ["--run-dir", os.path.join("runs", "default-" + time.strftime("%Y%m%d-%H%M%S"))]
         shared = _shared(user)
         model_dir, data_dir = ensure_assets(assets_dir())
-        base = to_argv(COMMON) + ["--eval-prompt-data", "arith", str(data_dir / "eval.jsonl"),
-                                  "--hf-checkpoint", str(model_dir)]
+        base = to_argv(COMMON) + [
+            "--eval-prompt-data",
+            "arith",
+            str(data_dir / "eval.jsonl"),
+            "--hf-checkpoint",
+            str(model_dir),
+        ]
         ckpts = Path(parse_args(base + to_argv(RL) + shared).run_dir) / "checkpoints"
-        sft_args = parse_args(base + to_argv(SFT) + shared + [
-            "--prompt-data", str(data_dir / "sft.jsonl"), "--save", str(ckpts / "sft")])
+        sft_args = parse_args(
+            base + to_argv(SFT) + shared + ["--prompt-data", str(data_dir / "sft.jsonl"), "--save", str(ckpts / "sft")]
+        )
         # Both stages are parsed before anything runs: a typo in the user's arguments costs no SFT time.
         sft_ckpt = iter_dir(ckpts / "sft", sft_args.num_rollout - 1)
-        rl_args = parse_args(base + to_argv(RL) + [
-            "--prompt-data", str(data_dir / "train.jsonl"), "--skip-eval-before-train",
-            "--hf-checkpoint", str(sft_ckpt), "--save", str(ckpts / "rl")] + user)
+        rl_args = parse_args(
+            base
+            + to_argv(RL)
+            + [
+                "--prompt-data",
+                str(data_dir / "train.jsonl"),
+                "--skip-eval-before-train",
+                "--hf-checkpoint",
+                str(sft_ckpt),
+                "--save",
+                str(ckpts / "rl"),
+            ]
+            + user
+        )
 
         t0 = time.time()
         train(sft_args)

@@ -12,6 +12,7 @@ import json
 from argparse import Namespace
 from pathlib import Path
 
+from slime.agent.generate import check_agent_args
 from slime.arguments import DEFAULT_DATA_SOURCE, set_num_rollout
 from slime.arguments.megatron import check_model_shape
 from slime.checkpoint_sources import resolve_checkpoints
@@ -21,7 +22,6 @@ from slime.engine.args import check_engine_args, check_model_dir
 from slime.errors import SlimeError
 from slime.observability.debug_data import load_rollout_data as load_debug_rollout_data
 from slime.ray.engine_launch import validate_sglang_args
-from slime.agent.generate import check_agent_args
 from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
 from slime.rollout.rm_hub.sandbox import check_sandbox
@@ -47,16 +47,22 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "buffer_filter_path": (("args", "rollout_id", "buffer", "num_samples"), ()),
     "rollout_sample_filter_path": (("args", "samples"), ()),
     "data_source_path": (("args",), ()),
-    "custom_tis_function_path": ((), ("args", "pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks",
-                                      "total_lengths", "response_lengths")),
-    "custom_pg_loss_reducer_function_path": (("total_lengths", "response_lengths", "loss_masks",
-                                              "calculate_per_token_loss"), ()),
+    "custom_tis_function_path": (
+        (),
+        ("args", "pg_loss", "train_log_probs", "rollout_log_probs", "loss_masks", "total_lengths", "response_lengths"),
+    ),
+    "custom_pg_loss_reducer_function_path": (
+        ("total_lengths", "response_lengths", "loss_masks", "calculate_per_token_loss"),
+        (),
+    ),
     # a list (slime's action="append"); rollout_id / evaluation are passed only where the hook takes them
     "rollout_sample_hook_path": (("args", "sample"), ()),
     "custom_update_weight_post_write_path": (("args", "version_dir", "rollout_engines"), ()),
     "rollout_all_samples_process_path": (("args", "all_samples", "data_source"), ()),
-    "custom_rollout_log_function_path": (("rollout_id", "args", "samples", "rollout_extra_metrics",
-                                          "rollout_time"), ()),
+    "custom_rollout_log_function_path": (
+        ("rollout_id", "args", "samples", "rollout_extra_metrics", "rollout_time"),
+        (),
+    ),
     "custom_eval_rollout_log_function_path": (("rollout_id", "args", "data", "extra_metrics"), ()),
 }
 
@@ -66,10 +72,15 @@ def check_context_length(args: Namespace, config: dict) -> None:
     context = config.get("max_position_embeddings")
     if not context:
         return
-    limits = [("--rollout-max-response-len", args.rollout_max_response_len),
-              ("--eval-max-response-len", args.eval_max_response_len)]
-    limits += [(f"--eval-config {args.eval_config}: data set {c.name!r} max_response_len", c.max_response_len)
-               for c in eval_dataset_configs(args) if args.eval_config]
+    limits = [
+        ("--rollout-max-response-len", args.rollout_max_response_len),
+        ("--eval-max-response-len", args.eval_max_response_len),
+    ]
+    limits += [
+        (f"--eval-config {args.eval_config}: data set {c.name!r} max_response_len", c.max_response_len)
+        for c in eval_dataset_configs(args)
+        if args.eval_config
+    ]
     for arg, value in limits:
         if value is not None and value >= context:
             raise SlimeError(
@@ -85,8 +96,10 @@ def check_eval_sampling(args: Namespace) -> None:
         return
     for c in eval_dataset_configs(args):
         if c.repetition_penalty not in (None, 1.0):
-            raise SlimeError(f"--eval-config {args.eval_config}: data set {c.name!r} sets repetition_penalty "
-                             f"{c.repetition_penalty}, which the built-in engine does not support (SGLang does)")
+            raise SlimeError(
+                f"--eval-config {args.eval_config}: data set {c.name!r} sets repetition_penalty "
+                f"{c.repetition_penalty}, which the built-in engine does not support (SGLang does)"
+            )
 
 
 def check_hook(arg: str, path: str) -> None:
@@ -101,11 +114,12 @@ def check_hook(arg: str, path: str) -> None:
     except (TypeError, ValueError):
         return  # a builtin or C function: nothing to check
     try:
-        sig.bind(*positional, **{k: None for k in keywords})
+        sig.bind(*positional, **dict.fromkeys(keywords))
     except TypeError as e:
         call = ", ".join([*positional, *(f"{k}=..." for k in keywords)])
-        raise SlimeError(f"{flag} {path}: signature {fn.__name__}{sig} cannot be called as "
-                         f"{fn.__name__}({call}) ({e})") from None
+        raise SlimeError(
+            f"{flag} {path}: signature {fn.__name__}{sig} cannot be called as {fn.__name__}({call}) ({e})"
+        ) from None
 
 
 def check_hooks(args: Namespace) -> None:
@@ -130,18 +144,31 @@ def check_data(args: Namespace) -> int | None:
     length limit that leaves nothing stops the run before anything starts. Returns the prompt count.
     With --disable-rollout-global-dataset --prompt-data is not loaded (slime's), so neither read here."""
     if not args.prompt_data and args.data_source_path == DEFAULT_DATA_SOURCE and args.rollout_global_dataset:
-        raise SlimeError("--prompt-data is required (or a --data-source-path that provides prompts, or "
-                         "--disable-rollout-global-dataset with a rollout function that brings its own)")
+        raise SlimeError(
+            "--prompt-data is required (or a --data-source-path that provides prompts, or "
+            "--disable-rollout-global-dataset with a rollout function that brings its own)"
+        )
     num_prompts = None
     if args.prompt_data and args.rollout_global_dataset:
-        tokenizer = load_tokenizer(args.hf_checkpoint) if (args.apply_chat_template or args.rollout_max_prompt_len) else None
+        tokenizer = (
+            load_tokenizer(args.hf_checkpoint) if (args.apply_chat_template or args.rollout_max_prompt_len) else None
+        )
         prompts = load_prompt_samples(
-            args.prompt_data, input_key=args.input_key, label_key=args.label_key, metadata_key=args.metadata_key,
-            tool_key=args.tool_key, tokenizer=tokenizer, apply_chat_template=args.apply_chat_template,
-            apply_chat_template_kwargs=args.apply_chat_template_kwargs, max_prompt_len=args.rollout_max_prompt_len)
+            args.prompt_data,
+            input_key=args.input_key,
+            label_key=args.label_key,
+            metadata_key=args.metadata_key,
+            tool_key=args.tool_key,
+            tokenizer=tokenizer,
+            apply_chat_template=args.apply_chat_template,
+            apply_chat_template_kwargs=args.apply_chat_template_kwargs,
+            max_prompt_len=args.rollout_max_prompt_len,
+        )
         if not prompts:
-            raise SlimeError(f"--prompt-data {args.prompt_data!r} holds no prompts ({prompts.num_dropped} longer "
-                             f"than --rollout-max-prompt-len {args.rollout_max_prompt_len})")
+            raise SlimeError(
+                f"--prompt-data {args.prompt_data!r} holds no prompts ({prompts.num_dropped} longer "
+                f"than --rollout-max-prompt-len {args.rollout_max_prompt_len})"
+            )
         num_prompts = len(prompts)
     check_eval_data(args)
     return num_prompts
@@ -191,8 +218,9 @@ def preflight(args: Namespace) -> None:
     if args.agent_function_path:  # the adapter's parsers (--sglang-tool-call-parser / -reasoning-parser)
         check_agent_args(args)
     if args.rollout_external_engine_addrs and not args.debug_train_only:  # every external engine answers
-        discover_external_engines(args.rollout_external_engine_addrs, api_key=args.engine_api_key,
-                                  admin_api_key=args.engine_admin_api_key)
+        discover_external_engines(
+            args.rollout_external_engine_addrs, api_key=args.engine_api_key, admin_api_key=args.engine_admin_api_key
+        )
     check_reward(args)
     num_prompts = check_data(args)
     if args.num_rollout is None:
@@ -203,8 +231,14 @@ def preflight(args: Namespace) -> None:
     if args.sglang_router_ip is None:
         note = check_router_args(args.router_args)
     else:
-        note = (f"--router-* options not used: the router at {args.sglang_router_ip}:{args.sglang_router_port} "
-                f"is not started by this run") if args.router_args else None
+        note = (
+            (
+                f"--router-* options not used: the router at {args.sglang_router_ip}:{args.sglang_router_port} "
+                f"is not started by this run"
+            )
+            if args.router_args
+            else None
+        )
     if note:
         print(f"[slime] {note}", flush=True)
     if args.sglang_router_ip is None:

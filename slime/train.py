@@ -15,8 +15,8 @@ import logging
 import sys
 import time
 from argparse import Namespace
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import ray
 from ray.util.placement_group import remove_placement_group
@@ -49,9 +49,11 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
     """Run one training stage; return the last metrics row. `args` come from `parse_args`;
     `max_lag` rollouts may be generated ahead of training (0: synchronous)."""
     if max_lag and args.colocate:  # slime: "Colocation is not supported for async training."
-        raise SlimeError("--colocate cannot run with train_async (slime's rule): colocated, the engines and the "
-                         "trainer take turns on the same resources, so a rollout cannot be generated while a step "
-                         "trains; drop --colocate (engines and trainer on their own bundles) or use slime.train")
+        raise SlimeError(
+            "--colocate cannot run with train_async (slime's rule): colocated, the engines and the "
+            "trainer take turns on the same resources, so a rollout cannot be generated while a step "
+            "trains; drop --colocate (engines and trainer on their own bundles) or use slime.train"
+        )
     preflight(args)
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -89,8 +91,9 @@ def _release(rollout_manager, actor_model: RayTrainGroup | None, placement) -> N
     remove_placement_group(placement.pg)
 
 
-def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup | None,
-          metrics_log: MetricsLogger, max_lag: int = 0) -> dict[str, float]:
+def _loop(
+    args: Namespace, rollout_manager, actor_model: RayTrainGroup | None, metrics_log: MetricsLogger, max_lag: int = 0
+) -> dict[str, float]:
     """Each step: take rollout k (asking for it now unless it was asked for ahead), ask for the
     rollouts up to k + max_lag, train on k, sync the weights when due (after the rollouts in
     flight finish: a weight update never lands inside a rollout), save, evaluate."""
@@ -139,7 +142,9 @@ def _loop(args: Namespace, rollout_manager, actor_model: RayTrainGroup | None,
                 progress.phase("sync")
                 rollouts.wait_in_flight()  # slime: never update the weights in the middle of a generation
                 with timer("sync_wait", metrics):  # update_weights_time plus the engines' pause and resume
-                    metrics.update(_sync_weights(args, rollout_manager, actor_model, str(rollout_id + 1), parity_tokens))
+                    metrics.update(
+                        _sync_weights(args, rollout_manager, actor_model, str(rollout_id + 1), parity_tokens)
+                    )
 
             if save_now:
                 progress.phase("save")
@@ -203,8 +208,9 @@ def _sync_due(args: Namespace, rollout_id: int, eval_now: bool) -> bool:
     return last or (rollout_id + 1) % args.update_weights_interval == 0
 
 
-def _sync_weights(args: Namespace, rollout_manager, actor_model: RayTrainGroup, version: str,
-                  parity_tokens: list[int] | None = None) -> dict[str, float]:
+def _sync_weights(
+    args: Namespace, rollout_manager, actor_model: RayTrainGroup, version: str, parity_tokens: list[int] | None = None
+) -> dict[str, float]:
     """The trainer's weights into every live engine (one that died was removed from the router by
     the engine watcher); --check-weight-update-equal and --ci-test check that they arrived."""
     # --use-fault-tolerance: dead/hung engines are restarted first (a restarted one needs a new

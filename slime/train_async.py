@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 from argparse import Namespace
-from typing import Sequence
+from collections.abc import Sequence
 
 from slime.train import main as train_main
 from slime.train import train as train_loop

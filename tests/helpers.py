@@ -27,8 +27,9 @@ def stub_generate_state(monkeypatch, args: Namespace):
     st = object.__new__(sglang_rollout.GenerateState)
     st.args, st.sampling_params = args, {"max_new_tokens": 4}
     st.concurrency, st._semaphores = 64, weakref.WeakKeyDictionary()
-    st.custom_generate = (load_function(args.custom_generate_function_path)
-                          if args.custom_generate_function_path else None)
+    st.custom_generate = (
+        load_function(args.custom_generate_function_path) if args.custom_generate_function_path else None
+    )
     st.custom_rm, st.eval_datasets, st.tokenizer = None, {}, None
     st.aborted, st.remaining_batch_size, st.pendings = False, 0, set()
     monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)

@@ -110,11 +110,13 @@ async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, A
             return ""
         result = await run_sandboxed(args, code)
         trajectory.sample.metadata.setdefault("tool_runs", []).append(
-            {"ok": result.ok, "reason": result.reason, "wall_s": round(result.wall_s, 3)})
+            {"ok": result.ok, "reason": result.reason, "wall_s": round(result.wall_s, 3)}
+        )
         return format_output(result)
 
     params = dict(sampling_params)
     params["stop"] = list(dict.fromkeys([*(params.get("stop") or []), *STOP_STRINGS]))
     params["no_stop_trim"] = True  # `</code>` stays in the tokens the model is trained on
-    return await run_multi_turn(args, sample, params, env_step, max_turns=max_turns(),
-                                max_total_tokens=context_length(args))
+    return await run_multi_turn(
+        args, sample, params, env_step, max_turns=max_turns(), max_total_tokens=context_length(args)
+    )

@@ -30,8 +30,11 @@ def model_text(sample: Sample, tokenizer: Any) -> str:
     if not turns:
         return sample.response or ""
     start = sample.prompt_length
-    return "".join(tokenizer.decode(sample.tokens[start + t["start"]:start + t["end"]], skip_special_tokens=True)
-                   for t in turns if t["role"] == "model")
+    return "".join(
+        tokenizer.decode(sample.tokens[start + t["start"] : start + t["end"]], skip_special_tokens=True)
+        for t in turns
+        if t["role"] == "model"
+    )
 
 
 def final_program(text: str) -> str | None:

@@ -29,8 +29,9 @@ import copy
 import traceback
 import uuid
 from argparse import Namespace
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from slime.errors import SlimeError
 from slime.rollout.base_types import RolloutFnTrainOutput
@@ -61,8 +62,14 @@ def _reviewer(problem: str, transcript: dict[str, str]) -> Messages:
 
 
 def _finalizer(problem: str, transcript: dict[str, str]) -> Messages:
-    return [{"role": "user", "content": (f"{problem}\nProposed answer: {transcript['solver']}\n"
-                                         f"Review: {transcript['reviewer']}\nFinal answer:")}]
+    return [
+        {
+            "role": "user",
+            "content": (
+                f"{problem}\nProposed answer: {transcript['solver']}\nReview: {transcript['reviewer']}\nFinal answer:"
+            ),
+        }
+    ]
 
 
 # The order is the order of the turns; the last agent's answer is graded.
@@ -97,8 +104,15 @@ def visible_text(tokenizer: Any, output_ids: list[int]) -> str:
     return tokenizer.decode(output_ids, skip_special_tokens=True).strip()
 
 
-def turn_sample(base: Sample, role: str, role_index: int, num_agents: int, context_text: str,
-                context_ids: list[int], output: dict[str, Any]) -> Sample:
+def turn_sample(
+    base: Sample,
+    role: str,
+    role_index: int,
+    num_agents: int,
+    context_text: str,
+    context_ids: list[int],
+    output: dict[str, Any],
+) -> Sample:
     """One agent turn as a trainable Sample: the engine's tokens and log-probs, untouched.
 
     `group_index` / `index` are derived from the data source's, so they stay unique per
@@ -123,15 +137,20 @@ def turn_sample(base: Sample, role: str, role_index: int, num_agents: int, conte
         loss_mask=[1] * len(ids),
         rollout_log_probs=[float(lp[0]) for lp in logprobs],
         status=status,
-        metadata={**copy.deepcopy(base.metadata), "role": role, "prompt_group_index": base.group_index,
-                  "prompt_index": base.index},
+        metadata={
+            **copy.deepcopy(base.metadata),
+            "role": role,
+            "prompt_group_index": base.group_index,
+            "prompt_index": base.index,
+        },
         session_id=base.session_id,
         weight_versions=[] if version is None else [str(version)],
     )
 
 
-def failed_groups(base_group: list[Sample], context_ids: list[int], error: BaseException,
-                  agents: tuple[Agent, ...] = AGENTS) -> list[list[Sample]]:
+def failed_groups(
+    base_group: list[Sample], context_ids: list[int], error: BaseException, agents: tuple[Agent, ...] = AGENTS
+) -> list[list[Sample]]:
     """A prompt whose team runs broke: every agent's group, FAILED (kept, never trained on).
 
     The groups keep their shape so the rollout still has `--rollout-batch-size` groups; the
@@ -142,19 +161,31 @@ def failed_groups(base_group: list[Sample], context_ids: list[int], error: BaseE
     for r, agent in enumerate(agents):
         group = []
         for s in base_group:
-            f = Sample(group_index=s.group_index * n + r, index=s.index * n + r, prompt=s.prompt,
-                       tokens=list(context_ids), response_length=0, label=s.label, loss_mask=[],
-                       status=Sample.Status.FAILED,
-                       metadata={**copy.deepcopy(s.metadata), "role": agent.role, "prompt_group_index": s.group_index,
-                                 "error": f"multi_agent team: {type(error).__name__}: {error}",
-                                 "traceback": "".join(traceback.format_exception(error))})
+            f = Sample(
+                group_index=s.group_index * n + r,
+                index=s.index * n + r,
+                prompt=s.prompt,
+                tokens=list(context_ids),
+                response_length=0,
+                label=s.label,
+                loss_mask=[],
+                status=Sample.Status.FAILED,
+                metadata={
+                    **copy.deepcopy(s.metadata),
+                    "role": agent.role,
+                    "prompt_group_index": s.group_index,
+                    "error": f"multi_agent team: {type(error).__name__}: {error}",
+                    "traceback": "".join(traceback.format_exception(error)),
+                },
+            )
             group.append(f)
         groups.append(group)
     return groups
 
 
-async def _generate_turns(args: Namespace, contexts: list[list[int]], sampling_params: dict[str, Any],
-                          session_id: str) -> list[dict[str, Any]]:
+async def _generate_turns(
+    args: Namespace, contexts: list[list[int]], sampling_params: dict[str, Any], session_id: str
+) -> list[dict[str, Any]]:
     """One batched `/generate` for one agent's turn in all n team runs of a prompt."""
     state = GenerateState(args)
     payload = {"input_ids": contexts, "sampling_params": dict(sampling_params), "return_logprob": True}
@@ -177,13 +208,17 @@ async def run_team(args: Namespace, base_group: list[Sample], agents: tuple[Agen
     first_context: list[int] = []
     try:
         for r, agent in enumerate(agents):
-            texts = [tok.apply_chat_template(agent.context(problem, t), tokenize=False, add_generation_prompt=True)
-                     for t in transcripts]
+            texts = [
+                tok.apply_chat_template(agent.context(problem, t), tokenize=False, add_generation_prompt=True)
+                for t in transcripts
+            ]
             contexts = [tok(text, add_special_tokens=False)["input_ids"] for text in texts]
             first_context = first_context or contexts[0]
             outputs = await _generate_turns(args, contexts, state.sampling_params, session)
-            group = [turn_sample(base, agent.role, r, len(agents), text, ids, out)
-                     for base, text, ids, out in zip(base_group, texts, contexts, outputs)]
+            group = [
+                turn_sample(base, agent.role, r, len(agents), text, ids, out)
+                for base, text, ids, out in zip(base_group, texts, contexts, outputs)
+            ]
             for t, out in zip(transcripts, outputs):
                 t[agent.role] = visible_text(tok, out["output_ids"])
             groups.append(group)
@@ -208,7 +243,9 @@ async def _reward_team(args: Namespace, groups: list[list[Sample]]) -> None:
         firsts[run_index].metadata["own_reward"] = own[run_index]
 
 
-def multi_agent_metrics(args: Namespace, groups: list[list[Sample]], agents: tuple[Agent, ...] = AGENTS) -> dict[str, float]:
+def multi_agent_metrics(
+    args: Namespace, groups: list[list[Sample]], agents: tuple[Agent, ...] = AGENTS
+) -> dict[str, float]:
     """Per-agent metrics: response length, truncation, trainable tokens; team and solver reward."""
     by_role: dict[str, list[Sample]] = {a.role: [] for a in agents}
     for group in groups:
@@ -220,24 +257,30 @@ def multi_agent_metrics(args: Namespace, groups: list[list[Sample]], agents: tup
         k = max(1, len(samples))
         metrics[f"{METRIC_PREFIX}/{role}_num_samples"] = float(len(samples))
         metrics[f"{METRIC_PREFIX}/{role}_response_len"] = sum(s.response_length for s in samples) / k
-        metrics[f"{METRIC_PREFIX}/{role}_truncated_ratio"] = sum(s.status == Sample.Status.TRUNCATED for s in samples) / k
+        metrics[f"{METRIC_PREFIX}/{role}_truncated_ratio"] = (
+            sum(s.status == Sample.Status.TRUNCATED for s in samples) / k
+        )
         metrics[f"{METRIC_PREFIX}/{role}_trainable_tokens"] = float(
-            sum(sum(s.loss_mask or []) for s in samples if s.status in trainable))
+            sum(sum(s.loss_mask or []) for s in samples if s.status in trainable)
+        )
     finals = by_role.get(agents[-1].role, [])
     firsts = [s for s in by_role.get(agents[0].role, []) if "own_reward" in s.metadata]
     if finals:
         metrics[f"{METRIC_PREFIX}/team_reward"] = sum(s.get_reward_value(args) for s in finals) / len(finals)
     if firsts:
         metrics[f"{METRIC_PREFIX}/{agents[0].role}_own_reward"] = sum(
-            Sample(reward=s.metadata["own_reward"]).get_reward_value(args) for s in firsts) / len(firsts)
+            Sample(reward=s.metadata["own_reward"]).get_reward_value(args) for s in firsts
+        ) / len(firsts)
     metrics[f"{METRIC_PREFIX}/num_prompts"] = float(len(finals) // max(1, args.n_samples_per_prompt))
     return metrics
 
 
 async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: Any) -> RolloutFnTrainOutput:
     if args.apply_chat_template:
-        raise SlimeError("examples.multi_agent renders each agent's context with the chat template itself: "
-                         "run it without --apply-chat-template (evaluation still applies it, for the solver's view)")
+        raise SlimeError(
+            "examples.multi_agent renders each agent's context with the chat template itself: "
+            "run it without --apply-chat-template (evaluation still applies it, for the solver's view)"
+        )
     num_prompts = prompts_per_rollout(args, len(AGENTS))
     base_groups = data_source.get_samples(num_prompts)
     teams = await asyncio.gather(*(run_team(args, g) for g in base_groups))

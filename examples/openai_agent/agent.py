@@ -19,21 +19,33 @@ MAX_TURNS = 3
 # answer after a call whose expression is the problem's own (operands copied; then the calculator
 # said the right answer). Any other call earns nothing: no credit for merely well-formed calls.
 COPIED_CALL = 0.25
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
-                       "required": ["expression"]},
-    },
-}]
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.USub: operator.neg, ast.UAdd: operator.pos}
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    }
+]
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def calculator(arguments: str) -> str:
     """The tool: evaluate `{"expression": "57+8"}` safely (numbers and + - * / only)."""
+
     def ev(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
@@ -88,6 +100,7 @@ async def run(base_url: str, api_key: str, sample) -> float:
                 return COPIED_CALL if copied else 0.0
             for call in message.tool_calls:
                 copied = copied or expression_of(call.function.arguments) == problem
-                messages.append({"role": "tool", "tool_call_id": call.id,
-                                 "content": calculator(call.function.arguments)})
+                messages.append(
+                    {"role": "tool", "tool_call_id": call.id, "content": calculator(call.function.arguments)}
+                )
     return COPIED_CALL if copied else 0.0

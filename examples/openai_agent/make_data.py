@@ -34,10 +34,12 @@ def write(out: Path, difficulty: int = 2, seed: int = 0) -> None:
     with (out / "sft_tools.jsonl").open("w") as f:
         for row in rows:
             expression = row["prompt"].rstrip("=")
-            messages = [{"role": "user", "content": row["prompt"]},
-                        {"role": "assistant", "content": tool_call_text(expression)},
-                        {"role": "tool", "content": row["label"]},
-                        {"role": "assistant", "content": "\\boxed{" + row["label"] + "}"}]
+            messages = [
+                {"role": "user", "content": row["prompt"]},
+                {"role": "assistant", "content": tool_call_text(expression)},
+                {"role": "tool", "content": row["label"]},
+                {"role": "assistant", "content": "\\boxed{" + row["label"] + "}"},
+            ]
             f.write(json.dumps({"messages": messages}) + "\n")
 
 

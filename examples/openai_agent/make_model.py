@@ -21,8 +21,16 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
-    out = build_tiny_model(a.out, hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                           intermediate_size=384, seed=a.seed, added_tokens=CALL_TOKENS)
+    out = build_tiny_model(
+        a.out,
+        hidden_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=384,
+        seed=a.seed,
+        added_tokens=CALL_TOKENS,
+    )
     print(f"wrote {out} (tokenizer + {len(CALL_TOKENS)} tool-call tokens)")
 
 

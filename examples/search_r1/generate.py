@@ -60,8 +60,9 @@ def parse_action(text: str) -> tuple[str, str] | None:
 
 async def search(query: str, k: int | None = None) -> list[dict[str, Any]]:
     """Ask the retrieval server; a dead server raises (the sample is then FAILED, not silently wrong)."""
-    answer = await post(f"{retrieval_url()}/retrieve", {"queries": [query], "topk": k or topk()},
-                        max_retries=3, retry_interval=0.5)
+    answer = await post(
+        f"{retrieval_url()}/retrieve", {"queries": [query], "topk": k or topk()}, max_retries=3, retry_interval=0.5
+    )
     return list(answer["result"][0])
 
 
@@ -107,5 +108,6 @@ async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, A
     params = dict(sampling_params)
     params["stop"] = list(dict.fromkeys([*(params.get("stop") or []), *STOP_STRINGS]))
     params["no_stop_trim"] = True  # the closing tag stays in the tokens the model is trained on
-    return await run_multi_turn(args, sample, params, env_step, max_turns=max_turns(),
-                                max_total_tokens=context_length(args))
+    return await run_multi_turn(
+        args, sample, params, env_step, max_turns=max_turns(), max_total_tokens=context_length(args)
+    )

@@ -22,8 +22,9 @@ import json
 import math
 import re
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from aiohttp import web
 
@@ -70,8 +71,15 @@ class BM25Index:
             return []
         scored = [(self.score(terms, i), i) for i in range(len(self.docs))]
         best = sorted((s for s in scored if s[0] > 0), key=lambda s: (-s[0], s[1]))[:topk]
-        return [{"id": self.docs[i].get("id", str(i)), "title": self.docs[i].get("title", ""),
-                 "text": self.docs[i]["text"], "score": round(s, 6)} for s, i in best]
+        return [
+            {
+                "id": self.docs[i].get("id", str(i)),
+                "title": self.docs[i].get("title", ""),
+                "text": self.docs[i]["text"],
+                "score": round(s, 6),
+            }
+            for s, i in best
+        ]
 
 
 def load_corpus(path: str | Path) -> list[dict[str, Any]]:

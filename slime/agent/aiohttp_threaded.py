@@ -48,9 +48,15 @@ class AppHandle:
         self.thread.join(timeout=5)
 
 
-def run_app_in_thread(app: web.Application, *, host: str = "127.0.0.1", port: int = 0,
-                      thread_name: str = "aiohttp-app", start_timeout_sec: float = 15.0,
-                      runner_kwargs: dict[str, Any] | None = None) -> AppHandle:
+def run_app_in_thread(
+    app: web.Application,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    thread_name: str = "aiohttp-app",
+    start_timeout_sec: float = 15.0,
+    runner_kwargs: dict[str, Any] | None = None,
+) -> AppHandle:
     """Start `app` on a daemon thread and return once it listens (`port=0`: a free port, read it
     from the handle). Default host 127.0.0.1: the agents run on this machine (slime binds
     0.0.0.0; pass `host=` for agents elsewhere)."""

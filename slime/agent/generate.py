@@ -56,8 +56,19 @@ from slime.utils.types import Sample
 logger = logging.getLogger(__name__)
 
 # the rollout's sampling params that are per-turn defaults of a session (the rest is the adapter's)
-_SESSION_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "min_new_tokens", "stop",
-                          "stop_token_ids", "sampling_seed", "ignore_eos", "repetition_penalty")
+_SESSION_SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_new_tokens",
+    "min_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "sampling_seed",
+    "ignore_eos",
+    "repetition_penalty",
+)
 
 
 @dataclass
@@ -88,9 +99,12 @@ def engine_parser_option(args: Namespace, flag: str) -> str | None:
 
 def check_agent_args(args: Namespace) -> None:
     """Before anything starts: the parser names the adapter will use are known ones."""
-    check_parser_names(engine_parser_option(args, "--tool-call-parser"),
-                       engine_parser_option(args, "--reasoning-parser"),
-                       tool_option="--sglang-tool-call-parser", reasoning_option="--sglang-reasoning-parser")
+    check_parser_names(
+        engine_parser_option(args, "--tool-call-parser"),
+        engine_parser_option(args, "--reasoning-parser"),
+        tool_option="--sglang-tool-call-parser",
+        reasoning_option="--sglang-reasoning-parser",
+    )
 
 
 def agent_server(args: Namespace) -> AgentServer:
@@ -98,8 +112,10 @@ def agent_server(args: Namespace) -> AgentServer:
     changed)."""
     global _server
     if not args.agent_function_path:
-        raise SlimeError("--custom-generate-function-path slime.agent.generate.generate needs "
-                         "--agent-function-path (the agent: async def run(base_url, api_key, sample))")
+        raise SlimeError(
+            "--custom-generate-function-path slime.agent.generate.generate needs "
+            "--agent-function-path (the agent: async def run(base_url, api_key, sample))"
+        )
     url = engine_url(args, "").rstrip("/")
     key = (url, args.hf_checkpoint, args.agent_function_path)
     with _lock:
@@ -113,15 +129,19 @@ def agent_server(args: Namespace) -> AgentServer:
             raise SlimeError(f"--agent-function-path {args.agent_function_path}: not callable")
         adapter = OpenAIAdapter(
             # its own tokenizer: the adapter's thread must not share a Rust tokenizer with the rollout's
-            tokenizer=AutoTokenizer.from_pretrained(args.hf_checkpoint), sglang_url=url,
+            tokenizer=AutoTokenizer.from_pretrained(args.hf_checkpoint),
+            sglang_url=url,
             tool_parser=engine_parser_option(args, "--tool-call-parser"),
             reasoning_parser=engine_parser_option(args, "--reasoning-parser"),
-            max_turns_per_sid=args.max_turns, engine_api_key=key_for(url + "/generate"),
-            chat_template_kwargs=args.apply_chat_template_kwargs or {})
+            max_turns_per_sid=args.max_turns,
+            engine_api_key=key_for(url + "/generate"),
+            chat_template_kwargs=args.apply_chat_template_kwargs or {},
+        )
         handle = run_app_in_thread(adapter.app, thread_name="slime-agent-adapter")
         _server = AgentServer(key, adapter, handle, agent)
-        logger.info("agent adapter (OpenAI API) at %s for --agent-function-path %s", _server.base_url,
-                    args.agent_function_path)
+        logger.info(
+            "agent adapter (OpenAI API) at %s for --agent-function-path %s", _server.base_url, args.agent_function_path
+        )
         return _server
 
 
@@ -134,14 +154,16 @@ def shutdown() -> None:
             _server = None
 
 
-async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
-                   evaluation: bool = False) -> Sample | list[Sample]:
+async def generate(
+    args: Namespace, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False
+) -> Sample | list[Sample]:
     server = agent_server(args)
     adapter = server.adapter
     sid = f"agent-{uuid.uuid4().hex}"
     defaults = {k: sampling_params[k] for k in _SESSION_SAMPLING_KEYS if sampling_params.get(k) is not None}
-    adapter.open_session(sid, sampling_defaults=defaults,
-                         max_context_tokens=args.max_total_tokens or args.rollout_max_context_len or 0)
+    adapter.open_session(
+        sid, sampling_defaults=defaults, max_context_tokens=args.max_total_tokens or args.rollout_max_context_len or 0
+    )
     sample.session_id = sid
     error: BaseException | None = None
     reward = None
@@ -155,16 +177,24 @@ async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, A
     if error is not None:
         if not samples:
             raise error
-        logger.warning("agent %s raised after %d sample(s) of session %s: %s: %s", args.agent_function_path,
-                       len(samples), sid, type(error).__name__, error)
+        logger.warning(
+            "agent %s raised after %d sample(s) of session %s: %s: %s",
+            args.agent_function_path,
+            len(samples),
+            sid,
+            type(error).__name__,
+            error,
+        )
         for s in samples:
             s.status = Sample.Status.TRUNCATED
             s.reward = None
             s.metadata["agent_error"] = f"{type(error).__name__}: {error}"
     if not samples:
         sample.status = Sample.Status.FAILED
-        sample.metadata["error"] = (f"--agent-function-path {args.agent_function_path}: the agent made no model "
-                                    f"call (session {sid} had no turns)")
+        sample.metadata["error"] = (
+            f"--agent-function-path {args.agent_function_path}: the agent made no model "
+            f"call (session {sid} had no turns)"
+        )
         sample.tokens, sample.response_length, sample.loss_mask = prompt_ids_of(GenerateState(args), sample), 0, []
         sample.response, sample.rollout_log_probs = "", []
         sample.reward = reward if reward is not None else 0.0

@@ -42,19 +42,28 @@ class ParsedModelOutput:
     ill_formed: bool = False
 
 
-def check_parser_names(tool_parser: str | None, reasoning_parser: str | None,
-                       *, tool_option: str = "tool_parser", reasoning_option: str = "reasoning_parser") -> None:
+def check_parser_names(
+    tool_parser: str | None,
+    reasoning_parser: str | None,
+    *,
+    tool_option: str = "tool_parser",
+    reasoning_option: str = "reasoning_parser",
+) -> None:
     """A clear error for a parser name this module does not know (before any request is served)."""
     if tool_parser is not None and tool_parser not in TOOL_PARSERS:
-        raise SlimeError(f"{tool_option} {tool_parser!r} is not a known tool-call parser; "
-                         f"choose one of {', '.join(TOOL_PARSERS)}")
+        raise SlimeError(
+            f"{tool_option} {tool_parser!r} is not a known tool-call parser; choose one of {', '.join(TOOL_PARSERS)}"
+        )
     if reasoning_parser is not None and reasoning_parser not in REASONING_PARSERS:
-        raise SlimeError(f"{reasoning_option} {reasoning_parser!r} is not a known reasoning parser; "
-                         f"choose one of {', '.join(REASONING_PARSERS)}")
+        raise SlimeError(
+            f"{reasoning_option} {reasoning_parser!r} is not a known reasoning parser; "
+            f"choose one of {', '.join(REASONING_PARSERS)}"
+        )
 
 
-def parse_model_output(raw_output: str, *, tools_schema: list[dict] | None, tool_parser_name: str | None,
-                       reasoning_parser_name: str | None) -> ParsedModelOutput:
+def parse_model_output(
+    raw_output: str, *, tools_schema: list[dict] | None, tool_parser_name: str | None, reasoning_parser_name: str | None
+) -> ParsedModelOutput:
     """Split raw model text (special tokens kept) into reasoning, visible text and tool calls."""
     reasoning, body = split_reasoning(raw_output, reasoning_parser_name)
     body, tool_uses, ill_formed = parse_tool_uses(body, tools_schema, tool_parser_name)
@@ -70,7 +79,7 @@ def split_reasoning(text: str, parser: str | None) -> tuple[str, str]:
         m = re.search(r"<think>(.*?)</think>", text, flags=re.DOTALL)
         if m is None:
             return "", text
-        return m.group(1), text[: m.start()] + text[m.end():]
+        return m.group(1), text[: m.start()] + text[m.end() :]
     if parser == "deepseek-r1":
         head, sep, tail = text.partition("</think>")
         if not sep:
@@ -95,8 +104,9 @@ def _call_from_json(obj: Any, offered: set[str]) -> tuple[dict | None, bool]:
     return {"name": obj["name"], "input": args}, ill
 
 
-def parse_tool_uses(body: str, tools_schema: list[dict] | None,
-                    tool_parser_name: str | None) -> tuple[str, list[dict[str, Any]], bool]:
+def parse_tool_uses(
+    body: str, tools_schema: list[dict] | None, tool_parser_name: str | None
+) -> tuple[str, list[dict[str, Any]], bool]:
     """(text with the calls removed, tool uses, ill_formed)."""
     if not tool_parser_name or not tools_schema:
         return body, [], False
@@ -117,7 +127,7 @@ def parse_tool_uses(body: str, tools_schema: list[dict] | None,
                 continue
             uses.append(call)
             ill_formed |= ill
-            kept.append(body[last:m.start()])
+            kept.append(body[last : m.start()])
             last = m.end()
         kept.append(body[last:])
         return "".join(kept), uses, ill_formed

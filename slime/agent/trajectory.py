@@ -87,13 +87,21 @@ class TrajectoryManager:
         with self._lock:
             return len(self._turns.get(sid, ()))
 
-    def record_turn(self, sid: str, *, turn: TurnRecord, prompt_messages: list[dict[str, Any]],
-                    response_message: dict[str, Any] | None, metadata: dict[str, Any] | None = None) -> None:
+    def record_turn(
+        self,
+        sid: str,
+        *,
+        turn: TurnRecord,
+        prompt_messages: list[dict[str, Any]],
+        response_message: dict[str, Any] | None,
+        metadata: dict[str, Any] | None = None,
+    ) -> None:
         if turn.output_log_probs and len(turn.output_log_probs) != len(turn.output_ids):
             raise ValueError(f"turn has {len(turn.output_ids)} output ids but {len(turn.output_log_probs)} log-probs")
         with self._lock:
             self._turns.setdefault(sid, []).append(
-                _Turn(turn, list(prompt_messages), response_message, dict(metadata or {})))
+                _Turn(turn, list(prompt_messages), response_message, dict(metadata or {}))
+            )
 
     def match_history(self, sid: str, messages: list[dict[str, Any]]) -> tuple[int, TurnRecord] | None:
         """The latest assistant message of `messages` that is a recorded turn's reply replayed with
@@ -112,8 +120,15 @@ class TrajectoryManager:
         with self._lock:
             self._turns.pop(sid, None)
 
-    def get_trajectory(self, sid: str, *, base_sample: Sample, reward: float | dict | None = 0.0,
-                       extra_metadata: dict[str, Any] | None = None, max_sample_tokens: int = 0) -> list[Sample]:
+    def get_trajectory(
+        self,
+        sid: str,
+        *,
+        base_sample: Sample,
+        reward: float | dict | None = 0.0,
+        extra_metadata: dict[str, Any] | None = None,
+        max_sample_tokens: int = 0,
+    ) -> list[Sample]:
         """The session's samples (one per segment), consuming the session; [] for a session with
         no turns (a second call included)."""
         with self._lock:
@@ -126,15 +141,26 @@ class TrajectoryManager:
                 if _extends(seg.tokens, rec.prompt_ids) and (best is None or len(seg.tokens) > len(best.tokens)):
                     best = seg
             if best is None:
-                best = _Segment(prompt_len=len(rec.prompt_ids), tokens=list(rec.prompt_ids),
-                                loss_mask=[0] * len(rec.prompt_ids), log_probs=[0.0] * len(rec.prompt_ids),
-                                weight_versions=[], turns=[], last_finish=rec.finish_reason)
+                best = _Segment(
+                    prompt_len=len(rec.prompt_ids),
+                    tokens=list(rec.prompt_ids),
+                    loss_mask=[0] * len(rec.prompt_ids),
+                    log_probs=[0.0] * len(rec.prompt_ids),
+                    weight_versions=[],
+                    turns=[],
+                    last_finish=rec.finish_reason,
+                )
                 segments.append(best)
             else:
-                tail = rec.prompt_ids[len(best.tokens):]
+                tail = rec.prompt_ids[len(best.tokens) :]
                 if tail:
-                    best.turns.append({"role": "context", "start": len(best.tokens) - best.prompt_len,
-                                       "end": len(best.tokens) - best.prompt_len + len(tail)})
+                    best.turns.append(
+                        {
+                            "role": "context",
+                            "start": len(best.tokens) - best.prompt_len,
+                            "end": len(best.tokens) - best.prompt_len + len(tail),
+                        }
+                    )
                 best.tokens += tail
                 best.loss_mask += [0] * len(tail)
                 best.log_probs += [0.0] * len(tail)
@@ -144,8 +170,15 @@ class TrajectoryManager:
             best.log_probs += list(rec.output_log_probs) if rec.output_log_probs else [0.0] * len(rec.output_ids)
             if rec.weight_version is not None:
                 best.weight_versions.append(str(rec.weight_version))
-            best.turns.append({"role": "model", "start": start, "end": start + len(rec.output_ids),
-                               "finish_reason": rec.finish_reason, "weight_version": rec.weight_version})
+            best.turns.append(
+                {
+                    "role": "model",
+                    "start": start,
+                    "end": start + len(rec.output_ids),
+                    "finish_reason": rec.finish_reason,
+                    "weight_version": rec.weight_version,
+                }
+            )
             best.last_finish = rec.finish_reason
             best.tool_calls |= bool((t.response_message or {}).get("tool_calls"))
             best.ill_formed |= rec.ill_formed
@@ -159,19 +192,37 @@ class TrajectoryManager:
                 truncated = True
             if len(tokens) <= seg.prompt_len:  # nothing of the response left after the cut
                 continue
-            md = {**(base_sample.metadata or {}), **(extra_metadata or {}), "sid": sid, "segment": i,
-                  "num_segments": len(segments), "turns": seg.turns, "truncated": truncated,
-                  "use_tool": seg.tool_calls, "ill_formed": seg.ill_formed}
-            samples.append(Sample(
-                index=base_sample.index, group_index=base_sample.group_index,
-                rollout_id=base_sample.rollout_id if base_sample.rollout_id is not None else base_sample.index,
-                prompt=base_sample.prompt, label=base_sample.label, tokens=list(tokens),
-                response_length=len(tokens) - seg.prompt_len, loss_mask=mask[seg.prompt_len:],
-                rollout_log_probs=lps[seg.prompt_len:], weight_versions=seg.weight_versions,
-                reward=reward, status=Sample.Status.COMPLETED,  # as slime: truncation is metadata["truncated"]
-                metadata=md, session_id=sid, custom_rm_path=base_sample.custom_rm_path,
-                train_metadata=base_sample.train_metadata,
-            ))
+            md = {
+                **(base_sample.metadata or {}),
+                **(extra_metadata or {}),
+                "sid": sid,
+                "segment": i,
+                "num_segments": len(segments),
+                "turns": seg.turns,
+                "truncated": truncated,
+                "use_tool": seg.tool_calls,
+                "ill_formed": seg.ill_formed,
+            }
+            samples.append(
+                Sample(
+                    index=base_sample.index,
+                    group_index=base_sample.group_index,
+                    rollout_id=base_sample.rollout_id if base_sample.rollout_id is not None else base_sample.index,
+                    prompt=base_sample.prompt,
+                    label=base_sample.label,
+                    tokens=list(tokens),
+                    response_length=len(tokens) - seg.prompt_len,
+                    loss_mask=mask[seg.prompt_len :],
+                    rollout_log_probs=lps[seg.prompt_len :],
+                    weight_versions=seg.weight_versions,
+                    reward=reward,
+                    status=Sample.Status.COMPLETED,  # as slime: truncation is metadata["truncated"]
+                    metadata=md,
+                    session_id=sid,
+                    custom_rm_path=base_sample.custom_rm_path,
+                    train_metadata=base_sample.train_metadata,
+                )
+            )
         return samples
 
 

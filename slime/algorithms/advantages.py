@@ -126,9 +126,7 @@ def expand_to_tokens(sample_advantages: Tensor | Sequence[float], response_lengt
     if adv.dim() != 1:
         raise ValueError(f"sample_advantages must be 1-D [N], got shape {tuple(adv.shape)}")
     if adv.shape[0] != len(response_lengths):
-        raise ValueError(
-            f"{adv.shape[0]} sample advantages but {len(response_lengths)} response lengths"
-        )
+        raise ValueError(f"{adv.shape[0]} sample advantages but {len(response_lengths)} response lengths")
     lengths = [int(n) for n in response_lengths]
     if any(n < 0 for n in lengths):
         raise ValueError(f"response length must be >= 0, got {min(lengths)}")
@@ -136,8 +134,9 @@ def expand_to_tokens(sample_advantages: Tensor | Sequence[float], response_lengt
     return list(torch.repeat_interleave(adv, torch.as_tensor(lengths, dtype=torch.long)).split(lengths))
 
 
-def rloo_rewards(rewards: Tensor | Sequence[float], group_size: int,
-                 valid: Tensor | Sequence[bool] | None = None) -> Tensor:
+def rloo_rewards(
+    rewards: Tensor | Sequence[float], group_size: int, valid: Tensor | Sequence[bool] | None = None
+) -> Tensor:
     """RLOO (https://arxiv.org/abs/2402.14740): ``A_i = r_i - mean_{j != i} r_j`` within each group.
 
     Equals ``(r_i - mean_g) * G / (G - 1)``; a group of one has no baseline and gets 0. With
@@ -265,7 +264,9 @@ def masked_whiten(
 
 
 def opd_penalize_advantages(
-    advantages: Sequence[Tensor], student_log_probs: Sequence[Tensor], teacher_log_probs: Sequence[Tensor],
+    advantages: Sequence[Tensor],
+    student_log_probs: Sequence[Tensor],
+    teacher_log_probs: Sequence[Tensor],
     opd_kl_coef: float,
 ) -> tuple[list[Tensor], list[Tensor]]:
     """On-policy distillation (slime's OPD): ``A_t - opd_kl_coef * (log pi_student - log pi_teacher)``.

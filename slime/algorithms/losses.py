@@ -128,8 +128,9 @@ def _packed_mask(loss_masks: Sequence[Tensor | Sequence[int]], lengths: list[int
     return torch.as_tensor([bool(v) for m in loss_masks for v in m], dtype=torch.bool, device=device)
 
 
-def _segments(x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
-              ) -> tuple[Tensor, Tensor, list[int]]:
+def _segments(
+    x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
+) -> tuple[Tensor, Tensor, list[int]]:
     """Validate packed ``x`` against the lengths and masks; return ``(mask [T] bool, sample id [T], lengths)``.
 
     One vectorised pass over every sample (no per-sample tensor ops: with hundreds of short
@@ -142,8 +143,9 @@ def _segments(x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[T
     if sum(lengths) != x.shape[0]:
         raise ValueError(f"response lengths sum to {sum(lengths)} but the packed tensor has {x.shape[0]} tokens")
     mask = _packed_mask(loss_masks, lengths, x.device)
-    sample = torch.repeat_interleave(torch.arange(len(lengths), device=x.device),
-                                     torch.as_tensor(lengths, dtype=torch.long, device=x.device))
+    sample = torch.repeat_interleave(
+        torch.arange(len(lengths), device=x.device), torch.as_tensor(lengths, dtype=torch.long, device=x.device)
+    )
     return mask, sample, lengths
 
 
@@ -172,14 +174,15 @@ def sum_of_sample_mean(
     if sample_denoms is not None and len(sample_denoms) != len(lengths):
         raise ValueError(f"{len(sample_denoms)} sample denominators but {len(lengths)} samples")
     sums, counts = _per_sample_sums(x, mask, sample, len(lengths))
-    denoms = counts if sample_denoms is None else torch.as_tensor(
-        [float(d) for d in sample_denoms], dtype=x.dtype, device=x.device)
+    denoms = (
+        counts
+        if sample_denoms is None
+        else torch.as_tensor([float(d) for d in sample_denoms], dtype=x.dtype, device=x.device)
+    )
     return (sums / denoms.clamp_min(1)).sum()
 
 
-def sum_of_token(
-    x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]
-) -> Tensor:
+def sum_of_token(x: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor | Sequence[int]]) -> Tensor:
     """``sum_i sum_t mask_it x_it``: the SUM over unmasked tokens (``--calculate-per-token-loss``).
 
     The caller divides by the number of unmasked tokens of the global batch (see :func:`reduce_loss`).
@@ -366,9 +369,7 @@ def opsm_mask(
     return 1.0 - drop.to(log_probs.dtype)
 
 
-def value_loss_clipped(
-    values: Tensor, old_values: Tensor, returns: Tensor, value_clip: float
-) -> tuple[Tensor, Tensor]:
+def value_loss_clipped(values: Tensor, old_values: Tensor, returns: Tensor, value_clip: float) -> tuple[Tensor, Tensor]:
     """PPO's clipped value loss per token: ``max((V - R)^2, (V_old + clip(V - V_old, +-value_clip) - R)^2)``.
 
     Returns ``(loss, clipfrac)``; ``clipfrac`` is 1 where ``|V - V_old| > value_clip``.

@@ -8,7 +8,7 @@ the usual reduction (mean per sample, then over samples; or per token) gives sli
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
@@ -16,12 +16,15 @@ from torch import Tensor
 SAFETY_BOUND = 20.0  # slime's clamp on log-ratios before exp
 
 
-def mismatch_metrics(train_log_probs: Tensor, rollout_log_probs: Tensor, response_lengths: Sequence[int],
-                     loss_masks: Sequence[Tensor]) -> dict[str, Tensor]:
+def mismatch_metrics(
+    train_log_probs: Tensor, rollout_log_probs: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor]
+) -> dict[str, Tensor]:
     """`train_log_probs`, `rollout_log_probs`: packed per-token log-probs of the same tokens."""
     if train_log_probs.shape != rollout_log_probs.shape:
-        raise ValueError(f"shape mismatch: train_log_probs {tuple(train_log_probs.shape)}, "
-                         f"rollout_log_probs {tuple(rollout_log_probs.shape)}")
+        raise ValueError(
+            f"shape mismatch: train_log_probs {tuple(train_log_probs.shape)}, "
+            f"rollout_log_probs {tuple(rollout_log_probs.shape)}"
+        )
     out: dict[str, list[Tensor]] = {}
 
     def add(name: str, value: Tensor) -> None:

@@ -19,9 +19,25 @@ A new option goes into the file of its concern, with its default there and nowhe
 """
 
 from slime.arguments.data import DEFAULT_DATA_SOURCE
-from slime.arguments.parser import (build_parser, finalize_args, parse_args, save_args, set_num_rollout,
-                                    startup_notes, to_argv)
+from slime.arguments.parser import (
+    build_parser,
+    finalize_args,
+    parse_args,
+    save_args,
+    set_num_rollout,
+    startup_notes,
+    to_argv,
+)
 from slime.arguments.rollout import DEFAULT_ROLLOUT_FUNCTION
 
-__all__ = ["DEFAULT_DATA_SOURCE", "DEFAULT_ROLLOUT_FUNCTION", "build_parser", "finalize_args", "parse_args",
-           "save_args", "set_num_rollout", "startup_notes", "to_argv"]
+__all__ = [
+    "DEFAULT_DATA_SOURCE",
+    "DEFAULT_ROLLOUT_FUNCTION",
+    "build_parser",
+    "finalize_args",
+    "parse_args",
+    "save_args",
+    "set_num_rollout",
+    "startup_notes",
+    "to_argv",
+]

@@ -13,41 +13,72 @@ TRAIN_BACKENDS = ("fsdp", "megatron")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
     g.add_argument("--actor-num-nodes", type=int, default=1)
-    g.add_argument("--actor-num-gpus-per-node", type=int, default=1,
-                   help="Training ranks per node (on CPU: trainer processes).")
-    g.add_argument("--rollout-num-gpus", type=int, default=None,
-                   help="Total engine slots (on CPU: engine worker processes x per-engine).")
+    g.add_argument(
+        "--actor-num-gpus-per-node", type=int, default=1, help="Training ranks per node (on CPU: trainer processes)."
+    )
+    g.add_argument(
+        "--rollout-num-gpus",
+        type=int,
+        default=None,
+        help="Total engine slots (on CPU: engine worker processes x per-engine).",
+    )
     g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
-    g.add_argument("--colocate", action="store_true",
-                   help="Engines and trainers share the machine and take turns (engine frees its KV cache while "
-                        "training). Turning this on will also set --offload to true.")
+    g.add_argument(
+        "--colocate",
+        action="store_true",
+        help="Engines and trainers share the machine and take turns (engine frees its KV cache while "
+        "training). Turning this on will also set --offload to true.",
+    )
     # slime's offload options: None means "not given", resolved in finalize (slime's rules)
-    g.add_argument("--offload", action="store_true", default=False,
-                   help="Equivalent to --offload-train + --offload-rollout. ")
-    g.add_argument("--offload-train", action=argparse.BooleanOptionalAction,
-                   help="Whether to offload the training actor during rollout (on CPU: its optimizer state goes "
-                        "to a file in the run directory and its gradients are freed, restored bit-exactly before "
-                        "the next step). This will always be true when --colocate is set.")
-    g.add_argument("--offload-rollout", action=argparse.BooleanOptionalAction,
-                   help="Whether to offload the rollout generator during training (the engines release their KV "
-                        "cache). This will always be true when --colocate is set.")
-    g.add_argument("--release-train", action="store_true", default=False,
-                   help="Release Megatron training actors during rollout and recreate them before each train step. "
-                        "Requires disk weight sync and --save for Megatron reload.")
+    g.add_argument(
+        "--offload", action="store_true", default=False, help="Equivalent to --offload-train + --offload-rollout. "
+    )
+    g.add_argument(
+        "--offload-train",
+        action=argparse.BooleanOptionalAction,
+        help="Whether to offload the training actor during rollout (on CPU: its optimizer state goes "
+        "to a file in the run directory and its gradients are freed, restored bit-exactly before "
+        "the next step). This will always be true when --colocate is set.",
+    )
+    g.add_argument(
+        "--offload-rollout",
+        action=argparse.BooleanOptionalAction,
+        help="Whether to offload the rollout generator during training (the engines release their KV "
+        "cache). This will always be true when --colocate is set.",
+    )
+    g.add_argument(
+        "--release-train",
+        action="store_true",
+        default=False,
+        help="Release Megatron training actors during rollout and recreate them before each train step. "
+        "Requires disk weight sync and --save for Megatron reload.",
+    )
     g.add_argument("--train-backend", choices=TRAIN_BACKENDS, default="fsdp")
-    g.add_argument("--train-num-threads", type=int, default=None,
-                   help="torch threads per trainer process (default: cores shared without oversubscription).")
-    g.add_argument("--lend-idle-cores", action=argparse.BooleanOptionalAction, default=True,
-                   help="Disaggregated on the CPU: a built-in engine's cores go to a trainer rank on its node while "
-                        "the engine has nothing to run (the trainer re-pins itself and adds threads between decoder "
-                        "layers, and gives them back at the end of each train call). --no-lend-idle-cores keeps "
-                        "every process on its own share.")
-    g.add_argument("--mkl-vendor-shim", action=argparse.BooleanOptionalAction, default=True,
-                   help="On an x86 CPU not made by Intel (AMD, Hygon) with AVX2: preload a one-function library into "
-                        "the processes that run the model (Ray workers of a local cluster, built-in engines) so that "
-                        "Intel MKL, torch's CPU BLAS, picks its matrix kernels by the CPU's instruction sets rather "
-                        "than its vendor (fp32 matmuls ~2x faster on an AVX-512 AMD EPYC). No effect elsewhere; "
-                        "slime.utils.mkl_vendor.")
+    g.add_argument(
+        "--train-num-threads",
+        type=int,
+        default=None,
+        help="torch threads per trainer process (default: cores shared without oversubscription).",
+    )
+    g.add_argument(
+        "--lend-idle-cores",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Disaggregated on the CPU: a built-in engine's cores go to a trainer rank on its node while "
+        "the engine has nothing to run (the trainer re-pins itself and adds threads between decoder "
+        "layers, and gives them back at the end of each train call). --no-lend-idle-cores keeps "
+        "every process on its own share.",
+    )
+    g.add_argument(
+        "--mkl-vendor-shim",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="On an x86 CPU not made by Intel (AMD, Hygon) with AVX2: preload a one-function library into "
+        "the processes that run the model (Ray workers of a local cluster, built-in engines) so that "
+        "Intel MKL, torch's CPU BLAS, picks its matrix kernels by the CPU's instruction sets rather "
+        "than its vendor (fp32 matmuls ~2x faster on an AVX-512 AMD EPYC). No effect elsewhere; "
+        "slime.utils.mkl_vendor.",
+    )
 
 
 def finalize(args: argparse.Namespace) -> None:

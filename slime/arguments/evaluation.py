@@ -30,12 +30,26 @@ logger = logging.getLogger(__name__)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("eval")
     g.add_argument("--eval-interval", type=int, default=None)
-    g.add_argument("--eval-function-path", type=str, default=None,
-                   help="Rollout function for evaluation (default: --rollout-function-path).")
-    g.add_argument("--eval-prompt-data", type=str, nargs="+", default=None, help="NAME PATH [NAME PATH ...] (one PATH alone: named aime, as slime's legacy form)")
-    g.add_argument("--eval-config", type=str, default=None,
-                   help="slime's eval YAML (eval: {defaults: {...}, datasets: [...]}): each data set with its own "
-                        "keys, sampling and reward; replaces --eval-prompt-data.")
+    g.add_argument(
+        "--eval-function-path",
+        type=str,
+        default=None,
+        help="Rollout function for evaluation (default: --rollout-function-path).",
+    )
+    g.add_argument(
+        "--eval-prompt-data",
+        type=str,
+        nargs="+",
+        default=None,
+        help="NAME PATH [NAME PATH ...] (one PATH alone: named aime, as slime's legacy form)",
+    )
+    g.add_argument(
+        "--eval-config",
+        type=str,
+        default=None,
+        help="slime's eval YAML (eval: {defaults: {...}, datasets: [...]}): each data set with its own "
+        "keys, sampling and reward; replaces --eval-prompt-data.",
+    )
     g.add_argument("--eval-input-key", type=str, default=None, help="Default: --input-key.")
     g.add_argument("--eval-label-key", type=str, default=None, help="Default: --label-key.")
     g.add_argument("--eval-tool-key", type=str, default=None, help="Default: --tool-key.")
@@ -44,13 +58,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-top-p", type=float, default=None, help="Default: --rollout-top-p.")
     g.add_argument("--eval-top-k", type=int, default=None, help="Default: --rollout-top-k.")
     g.add_argument("--eval-max-response-len", type=int, default=None, help="Default: --rollout-max-response-len.")
-    g.add_argument("--eval-max-prompt-len", type=int, default=None,
-                   help="Drop eval prompts longer than this many tokens at load time (counted per data set).")
-    g.add_argument("--eval-min-new-tokens", type=int, default=None,
-                   help="min_new_tokens of each eval generate call (default: none).")
-    g.add_argument("--eval-max-context-len", type=int, default=None,
-                   help="The engine's context during eval: each generate call asks for at most this minus the "
-                        "prompt's tokens (default: --rollout-max-context-len).")
+    g.add_argument(
+        "--eval-max-prompt-len",
+        type=int,
+        default=None,
+        help="Drop eval prompts longer than this many tokens at load time (counted per data set).",
+    )
+    g.add_argument(
+        "--eval-min-new-tokens",
+        type=int,
+        default=None,
+        help="min_new_tokens of each eval generate call (default: none).",
+    )
+    g.add_argument(
+        "--eval-max-context-len",
+        type=int,
+        default=None,
+        help="The engine's context during eval: each generate call asks for at most this minus the "
+        "prompt's tokens (default: --rollout-max-context-len).",
+    )
     g.add_argument("--skip-eval-before-train", action="store_true")
 
 
@@ -60,22 +86,29 @@ def finalize(args: argparse.Namespace) -> None:
         args.eval_prompt_data = ["aime", args.eval_prompt_data[0]]
     if args.eval_prompt_data is not None and len(args.eval_prompt_data) % 2:
         raise SlimeError("--eval-prompt-data takes pairs: NAME PATH [NAME PATH ...]")
-    for own, rollout in (("eval_input_key", "input_key"), ("eval_label_key", "label_key"),
-                         ("eval_tool_key", "tool_key"),
-                         ("eval_temperature", "rollout_temperature"), ("eval_top_p", "rollout_top_p"),
-                         ("eval_top_k", "rollout_top_k"),
-                         ("eval_max_response_len", "rollout_max_response_len"),
-                         ("eval_max_context_len", "rollout_max_context_len")):
+    for own, rollout in (
+        ("eval_input_key", "input_key"),
+        ("eval_label_key", "label_key"),
+        ("eval_tool_key", "tool_key"),
+        ("eval_temperature", "rollout_temperature"),
+        ("eval_top_p", "rollout_top_p"),
+        ("eval_top_k", "rollout_top_k"),
+        ("eval_max_response_len", "rollout_max_response_len"),
+        ("eval_max_context_len", "rollout_max_context_len"),
+    ):
         if getattr(args, own) is None:
             setattr(args, own, getattr(args, rollout))
-    require_positive(args, "n_samples_per_eval_prompt", "eval_max_response_len", "eval_max_prompt_len",
-                     "eval_max_context_len")
+    require_positive(
+        args, "n_samples_per_eval_prompt", "eval_max_response_len", "eval_max_prompt_len", "eval_max_context_len"
+    )
     if args.eval_min_new_tokens is not None:
         if args.eval_min_new_tokens < 0:
             raise SlimeError(f"--eval-min-new-tokens must be >= 0, got {args.eval_min_new_tokens}")
         if args.eval_max_response_len is not None and args.eval_min_new_tokens > args.eval_max_response_len:
-            raise SlimeError(f"--eval-min-new-tokens {args.eval_min_new_tokens} is more than the eval max response "
-                             f"length {args.eval_max_response_len} (--eval-max-response-len)")
+            raise SlimeError(
+                f"--eval-min-new-tokens {args.eval_min_new_tokens} is more than the eval max response "
+                f"length {args.eval_max_response_len} (--eval-max-response-len)"
+            )
     _resolve_datasets(args)
 
 
@@ -83,8 +116,11 @@ def _resolve_datasets(args: argparse.Namespace) -> None:
     """`args.eval_datasets` from --eval-config or --eval-prompt-data; then eval_prompt_data names them."""
     if args.eval_config:
         if args.eval_prompt_data:
-            logger.warning("--eval-config %s replaces --eval-prompt-data %s (as in slime)", args.eval_config,
-                           " ".join(args.eval_prompt_data))
+            logger.warning(
+                "--eval-config %s replaces --eval-prompt-data %s (as in slime)",
+                args.eval_config,
+                " ".join(args.eval_prompt_data),
+            )
         args.eval_datasets = load_eval_config(args.eval_config, args)
     else:
         pairs = list(args.eval_prompt_data or [])
@@ -95,5 +131,6 @@ def _resolve_datasets(args: argparse.Namespace) -> None:
         args.eval_datasets = [resolve_eval_dataset(args, n, p) for n, p in zip(names, pairs[1::2])]
     args.eval_prompt_data = [x for c in args.eval_datasets for x in (c.name, c.path)] or None
     if args.eval_interval is not None and not args.eval_datasets:
-        raise SlimeError(f"{flag('eval_interval')} {args.eval_interval} needs eval data sets "
-                         "(--eval-prompt-data or --eval-config)")
+        raise SlimeError(
+            f"{flag('eval_interval')} {args.eval_interval} needs eval data sets (--eval-prompt-data or --eval-config)"
+        )

@@ -5,14 +5,22 @@ each option described by {aliases, dest, action, nargs, type, default, choices} 
 from __future__ import annotations
 
 import argparse
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
-FLAG_ACTIONS = {"_StoreTrueAction": "store_true", "_StoreFalseAction": "store_false",
-                "BooleanOptionalAction": argparse.BooleanOptionalAction}
+FLAG_ACTIONS = {
+    "_StoreTrueAction": "store_true",
+    "_StoreFalseAction": "store_false",
+    "BooleanOptionalAction": argparse.BooleanOptionalAction,
+}
 
 
-def add_options(group: argparse._ArgumentGroup, options: dict[str, dict[str, Any]], known: set[str],
-                types: dict[str | None, Callable[[str], Any]]) -> set[str]:
+def add_options(
+    group: argparse._ArgumentGroup,
+    options: dict[str, dict[str, Any]],
+    known: set[str],
+    types: dict[str | None, Callable[[str], Any]],
+) -> set[str]:
     """Add every option of `options` none of whose names is in `known`; a type the table names
     but `types` lacks (another project's own converters) leaves the value a string. Returns the
     option strings added."""

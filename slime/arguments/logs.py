@@ -49,92 +49,178 @@ PROFILE_TARGETS = ("train_overall", "train_actor", "train_log_probs")  # slime's
 
 # Options of slime's add_wandb_arguments that have no effect on this backend, and why.
 NOT_USED = {
-    "wandb_always_use_train_step": ("--wandb-always-use-train-step",
-                                    "every sink (metrics.jsonl, TensorBoard, wandb) uses the global rollout step"),
+    "wandb_always_use_train_step": (
+        "--wandb-always-use-train-step",
+        "every sink (metrics.jsonl, TensorBoard, wandb) uses the global rollout step",
+    ),
 }
-WANDB_DESTS = ("wandb_project", "wandb_team", "wandb_group", "wandb_host", "wandb_key", "wandb_mode", "wandb_dir",
-               "wandb_run_id")
+WANDB_DESTS = (
+    "wandb_project",
+    "wandb_team",
+    "wandb_group",
+    "wandb_host",
+    "wandb_key",
+    "wandb_mode",
+    "wandb_dir",
+    "wandb_run_id",
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("logging")
     g.add_argument("--run-dir", type=str, default=None, help="Default: runs/<timestamp>.")
-    g.add_argument("--check-weight-update-equal", action="store_true",
-                   help="After each weight sync, compare engine and trainer log-probs on a fixed sequence.")
+    g.add_argument(
+        "--check-weight-update-equal",
+        action="store_true",
+        help="After each weight sync, compare engine and trainer log-probs on a fixed sequence.",
+    )
     g.add_argument("--stage", type=str, default=None, help="Stage name written with every metrics row.")
     # slime-rl's own (slime has no run report): the sample log `slime report` browses
-    g.add_argument("--report-groups-per-rollout", type=int, default=4,
-                   help="slime-rl: how many groups of each rollout (the first ones, every sample of each, "
-                        "FAILED ones included) and of each eval data set are written to <run-dir>/samples/ "
-                        "for the run report's rollout browser (`slime report RUN_DIR`; the report is also "
-                        "written at each --save-interval and at the end). 0: no sample log.")
+    g.add_argument(
+        "--report-groups-per-rollout",
+        type=int,
+        default=4,
+        help="slime-rl: how many groups of each rollout (the first ones, every sample of each, "
+        "FAILED ones included) and of each eval data set are written to <run-dir>/samples/ "
+        "for the run report's rollout browser (`slime report RUN_DIR`; the report is also "
+        "written at each --save-interval and at the end). 0: no sample log.",
+    )
 
     # slime's add_tensorboard_arguments
-    g.add_argument("--use-tensorboard", action="store_true", default=False,
-                   help="Also write the metrics as TensorBoard scalars (default dir: <run-dir>/tensorboard).")
-    g.add_argument("--tb-project-name", type=str, default=None,
-                   help="TensorBoard logs go to tensorboard_log/<project>/<experiment> ($TENSORBOARD_DIR wins).")
-    g.add_argument("--tb-experiment-name", type=str, default=None,
-                   help="With --tb-project-name; default: the start time (YYYYmmdd_HHMMSS).")
+    g.add_argument(
+        "--use-tensorboard",
+        action="store_true",
+        default=False,
+        help="Also write the metrics as TensorBoard scalars (default dir: <run-dir>/tensorboard).",
+    )
+    g.add_argument(
+        "--tb-project-name",
+        type=str,
+        default=None,
+        help="TensorBoard logs go to tensorboard_log/<project>/<experiment> ($TENSORBOARD_DIR wins).",
+    )
+    g.add_argument(
+        "--tb-experiment-name",
+        type=str,
+        default=None,
+        help="With --tb-project-name; default: the start time (YYYYmmdd_HHMMSS).",
+    )
 
     # slime's add_wandb_arguments
-    g.add_argument("--use-wandb", action="store_true", default=False,
-                   help="Also log the metrics to a Weights & Biases run.")
-    g.add_argument("--wandb-mode", type=str, default=None, choices=["online", "offline", "disabled"],
-                   help="Default: $WANDB_MODE, else online when an API key is known and the host answers, "
-                        "else offline (said at start-up). 'online' that cannot work stops the run.")
-    g.add_argument("--wandb-dir", type=str, default=None,
-                   help="Directory for wandb's files (it writes <dir>/wandb/...). Default: $WANDB_DIR, "
-                        "else the run directory.")
+    g.add_argument(
+        "--use-wandb", action="store_true", default=False, help="Also log the metrics to a Weights & Biases run."
+    )
+    g.add_argument(
+        "--wandb-mode",
+        type=str,
+        default=None,
+        choices=["online", "offline", "disabled"],
+        help="Default: $WANDB_MODE, else online when an API key is known and the host answers, "
+        "else offline (said at start-up). 'online' that cannot work stops the run.",
+    )
+    g.add_argument(
+        "--wandb-dir",
+        type=str,
+        default=None,
+        help="Directory for wandb's files (it writes <dir>/wandb/...). Default: $WANDB_DIR, else the run directory.",
+    )
     g.add_argument("--wandb-key", type=str, default=None, help="wandb API key (default: WANDB_API_KEY / wandb login).")
     g.add_argument("--wandb-host", type=str, default=None, help="wandb server URL (default: WANDB_BASE_URL / wandb's).")
     g.add_argument("--wandb-team", type=str, default=None, help="wandb entity.")
     g.add_argument("--wandb-group", type=str, default=None, help="wandb group (default: the run directory's name).")
     g.add_argument("--wandb-project", type=str, default=None, help="wandb project.")
-    g.add_argument("--disable-wandb-random-suffix", action="store_false", dest="wandb_random_suffix", default=True,
-                   help="Name the group and run exactly --wandb-group (default: add a random suffix, as slime).")
-    g.add_argument("--wandb-always-use-train-step", action="store_true", default=False,
-                   help="Accepted for slime scripts; not used (every sink uses the global rollout step).")
-    g.add_argument("--log-multi-turn", action="store_true", default=False,
-                   help="Log multi_turn/* response-length (with and without observation tokens) and round statistics.")
-    g.add_argument("--log-passrate", action="store_true", default=False,
-                   help="Log passrate/pass@k of the rollout (and eval/<name>-pass@k); correct = raw reward 1.")
-    g.add_argument("--log-reward-category", type=str, default=None,
-                   help="Key of the reward dict holding a category (e.g. why a reward failed); logs "
-                        "rollout/error_cat/<category> as a fraction of the samples.")
-    g.add_argument("--log-correct-samples", action="store_true", default=False,
-                   help="Log rollout/correct_length/p25..p100 and rollout/correct_entropy of the samples "
-                        "whose raw reward is 1.")
-    g.add_argument("--wandb-run-id", type=str, default=None,
-                   help="Resume (or create) the wandb run with this id; set to the run's id once it starts.")
+    g.add_argument(
+        "--disable-wandb-random-suffix",
+        action="store_false",
+        dest="wandb_random_suffix",
+        default=True,
+        help="Name the group and run exactly --wandb-group (default: add a random suffix, as slime).",
+    )
+    g.add_argument(
+        "--wandb-always-use-train-step",
+        action="store_true",
+        default=False,
+        help="Accepted for slime scripts; not used (every sink uses the global rollout step).",
+    )
+    g.add_argument(
+        "--log-multi-turn",
+        action="store_true",
+        default=False,
+        help="Log multi_turn/* response-length (with and without observation tokens) and round statistics.",
+    )
+    g.add_argument(
+        "--log-passrate",
+        action="store_true",
+        default=False,
+        help="Log passrate/pass@k of the rollout (and eval/<name>-pass@k); correct = raw reward 1.",
+    )
+    g.add_argument(
+        "--log-reward-category",
+        type=str,
+        default=None,
+        help="Key of the reward dict holding a category (e.g. why a reward failed); logs "
+        "rollout/error_cat/<category> as a fraction of the samples.",
+    )
+    g.add_argument(
+        "--log-correct-samples",
+        action="store_true",
+        default=False,
+        help="Log rollout/correct_length/p25..p100 and rollout/correct_entropy of the samples whose raw reward is 1.",
+    )
+    g.add_argument(
+        "--wandb-run-id",
+        type=str,
+        default=None,
+        help="Resume (or create) the wandb run with this id; set to the run's id once it starts.",
+    )
 
     # torch profiler of the training ranks: Megatron-LM's options (defaults included) as slime uses
     # them, and slime's --profile-target (slime.observability.profile_utils)
     g = p.add_argument_group("profiling")
-    g.add_argument("--use-pytorch-profiler", action="store_true", default=False,
-                   help="Record a torch profiler trace of each training rank (Chrome trace JSON, gzipped: "
-                        "<--tensorboard-dir>/<target>_rank_<r>[_step_<s>].<time_ns>.pt.trace.json.gz; opens in "
-                        "Perfetto, "
-                        "chrome://tracing or TensorBoard's profiler plugin).")
-    g.add_argument("--profile-step-start", type=int, default=10,
-                   help="First training step (train call of this run, counted from 0) the trace records.")
-    g.add_argument("--profile-step-end", type=int, default=12,
-                   help="The trace records the training steps before this one.")
-    g.add_argument("--profile-target", type=str, nargs="+", choices=PROFILE_TARGETS, default=["train_overall"],
-                   help="What is traced: train_overall (the rank's whole process over the steps, one trace), "
-                        "train_actor (the optimizer steps of each traced step, one trace per step), "
-                        "train_log_probs (the old/reference log-prob passes of each traced step).")
-    g.add_argument("--tensorboard-dir", type=str, default=None,
-                   help="Where --use-pytorch-profiler writes its traces (Megatron's option; default: "
-                        "<run-dir>/tensorboard). The metrics' TensorBoard events follow --use-tensorboard.")
+    g.add_argument(
+        "--use-pytorch-profiler",
+        action="store_true",
+        default=False,
+        help="Record a torch profiler trace of each training rank (Chrome trace JSON, gzipped: "
+        "<--tensorboard-dir>/<target>_rank_<r>[_step_<s>].<time_ns>.pt.trace.json.gz; opens in "
+        "Perfetto, "
+        "chrome://tracing or TensorBoard's profiler plugin).",
+    )
+    g.add_argument(
+        "--profile-step-start",
+        type=int,
+        default=10,
+        help="First training step (train call of this run, counted from 0) the trace records.",
+    )
+    g.add_argument(
+        "--profile-step-end", type=int, default=12, help="The trace records the training steps before this one."
+    )
+    g.add_argument(
+        "--profile-target",
+        type=str,
+        nargs="+",
+        choices=PROFILE_TARGETS,
+        default=["train_overall"],
+        help="What is traced: train_overall (the rank's whole process over the steps, one trace), "
+        "train_actor (the optimizer steps of each traced step, one trace per step), "
+        "train_log_probs (the old/reference log-prob passes of each traced step).",
+    )
+    g.add_argument(
+        "--tensorboard-dir",
+        type=str,
+        default=None,
+        help="Where --use-pytorch-profiler writes its traces (Megatron's option; default: "
+        "<run-dir>/tensorboard). The metrics' TensorBoard events follow --use-tensorboard.",
+    )
 
 
 def finalize(args: argparse.Namespace) -> None:
     if args.run_dir is None:
         args.run_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
     if args.report_groups_per_rollout < 0:
-        raise SlimeError(f"--report-groups-per-rollout must be >= 0 (0: no sample log), got "
-                         f"{args.report_groups_per_rollout}")
+        raise SlimeError(
+            f"--report-groups-per-rollout must be >= 0 (0: no sample log), got {args.report_groups_per_rollout}"
+        )
     # slime's default experiment name, fixed here so args.json records where TensorBoard writes
     if args.use_tensorboard and args.tb_project_name is not None and args.tb_experiment_name is None:
         args.tb_experiment_name = time.strftime(TB_EXPERIMENT_TIME_FORMAT)
@@ -147,12 +233,16 @@ def _finalize_profiler(args: argparse.Namespace) -> None:
     if start < 0:
         raise SlimeError(f"--profile-step-start must be >= 0, got {start}")
     if end <= start:
-        raise SlimeError(f"--profile-step-end ({end}) must be greater than --profile-step-start ({start}): "
-                         "the trace records the steps from start up to end")
+        raise SlimeError(
+            f"--profile-step-end ({end}) must be greater than --profile-step-start ({start}): "
+            "the trace records the steps from start up to end"
+        )
     if "train_overall" in args.profile_target and len(set(args.profile_target)) > 1:
         # torch runs one profiler at a time in a process; train_overall's already covers both phases
-        raise SlimeError(f"--profile-target {' '.join(args.profile_target)}: train_overall traces the whole step, "
-                         "train_actor and train_log_probs included; give it alone, or the phases without it")
+        raise SlimeError(
+            f"--profile-target {' '.join(args.profile_target)}: train_overall traces the whole step, "
+            "train_actor and train_log_probs included; give it alone, or the phases without it"
+        )
     if args.tensorboard_dir is None:  # absolute: the training ranks write it
         args.tensorboard_dir = os.path.abspath(os.path.join(args.run_dir, "tensorboard"))
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from slime.arguments.from_data import add_options
 from slime.errors import SlimeError
@@ -72,6 +73,7 @@ def _head_dim(cfg: dict) -> Any:
 def _first(*keys: str) -> Callable[[dict], Any]:
     def get(cfg: dict) -> Any:
         return next((cfg[k] for k in keys if cfg.get(k) is not None), None)
+
     return get
 
 
@@ -93,21 +95,40 @@ SHAPE: dict[str, tuple[str, Callable[[dict], Any], str]] = {
     "--num-query-groups": ("num_query_groups", _first("num_key_value_heads"), "num_key_value_heads"),
     "--kv-channels": ("kv_channels", _head_dim, "head_dim"),
     "--vocab-size": ("vocab_size", _first("vocab_size"), "vocab_size"),
-    "--max-position-embeddings": ("max_position_embeddings", _first("max_position_embeddings"), "max_position_embeddings"),
+    "--max-position-embeddings": (
+        "max_position_embeddings",
+        _first("max_position_embeddings"),
+        "max_position_embeddings",
+    ),
     "--rotary-base": ("rotary_base", _rope_theta, "rope_theta"),
-    "--norm-epsilon": ("layernorm_epsilon", _first("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
-                       "rms_norm_eps"),
+    "--norm-epsilon": (
+        "layernorm_epsilon",
+        _first("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon"),
+        "rms_norm_eps",
+    ),
     "--normalization": ("normalization", _norm_type, "rms_norm_eps / layer_norm_eps"),
     "--num-experts": ("num_experts", _first("num_experts", "num_local_experts", "n_routed_experts"), "num_experts"),
     "--moe-ffn-hidden-size": ("moe_ffn_hidden_size", _first("moe_intermediate_size"), "moe_intermediate_size"),
     "--moe-router-topk": ("moe_router_topk", _first("num_experts_per_tok"), "num_experts_per_tok"),
-    "--moe-shared-expert-intermediate-size": ("moe_shared_expert_intermediate_size",
-                                              _first("shared_expert_intermediate_size"),
-                                              "shared_expert_intermediate_size"),
+    "--moe-shared-expert-intermediate-size": (
+        "moe_shared_expert_intermediate_size",
+        _first("shared_expert_intermediate_size"),
+        "shared_expert_intermediate_size",
+    ),
 }
 # Flags: option -> (args dest, does the config agree: True / False / None when it cannot tell, what it needs).
-QK_NORM_TYPES = {"qwen3": True, "qwen3_moe": True, "qwen3_next": True, "olmo2": True, "olmoe": True,
-                 "llama": False, "qwen2": False, "qwen2_moe": False, "mistral": False, "mixtral": False}
+QK_NORM_TYPES = {
+    "qwen3": True,
+    "qwen3_moe": True,
+    "qwen3_next": True,
+    "olmo2": True,
+    "olmoe": True,
+    "llama": False,
+    "qwen2": False,
+    "qwen2_moe": False,
+    "mistral": False,
+    "mixtral": False,
+}
 QKV_BIAS_TYPES = {"qwen2": True, "qwen2_moe": True, "qwen3": False, "qwen3_moe": False, "mistral": False}
 
 
@@ -117,17 +138,27 @@ def _gqa(cfg: dict) -> bool | None:
 
 
 FLAGS: dict[str, tuple[str, Callable[[dict], bool | None], str]] = {
-    "--swiglu": ("swiglu", lambda c: c["hidden_act"] in ("silu", "swish") if "hidden_act" in c else None,
-                 "hidden_act = silu (a gated SiLU MLP)"),
-    "--untie-embeddings-and-output-weights": ("untie_embeddings_and_output_weights",
-                                              lambda c: c.get("tie_word_embeddings", True) is False,
-                                              "tie_word_embeddings = false"),
+    "--swiglu": (
+        "swiglu",
+        lambda c: c["hidden_act"] in ("silu", "swish") if "hidden_act" in c else None,
+        "hidden_act = silu (a gated SiLU MLP)",
+    ),
+    "--untie-embeddings-and-output-weights": (
+        "untie_embeddings_and_output_weights",
+        lambda c: c.get("tie_word_embeddings", True) is False,
+        "tie_word_embeddings = false",
+    ),
     "--group-query-attention": ("group_query_attention", _gqa, "num_key_value_heads < num_attention_heads"),
-    "--qk-layernorm": ("qk_layernorm", lambda c: QK_NORM_TYPES.get(c.get("model_type")),
-                       "a model type with query/key norms (qwen3, olmo2, ...)"),
-    "--add-qkv-bias": ("add_qkv_bias",
-                       lambda c: c["attention_bias"] if "attention_bias" in c else QKV_BIAS_TYPES.get(c.get("model_type")),
-                       "biases on the query/key/value projections (attention_bias, or a qwen2 model)"),
+    "--qk-layernorm": (
+        "qk_layernorm",
+        lambda c: QK_NORM_TYPES.get(c.get("model_type")),
+        "a model type with query/key norms (qwen3, olmo2, ...)",
+    ),
+    "--add-qkv-bias": (
+        "add_qkv_bias",
+        lambda c: c["attention_bias"] if "attention_bias" in c else QKV_BIAS_TYPES.get(c.get("model_type")),
+        "biases on the query/key/value projections (attention_bias, or a qwen2 model)",
+    ),
 }
 
 
@@ -157,8 +188,10 @@ def check_model_shape(args: argparse.Namespace, config: dict, config_path: str) 
             continue
         want, have = getattr(args, dest), read(config)
         if have is not None and not _same(want, have):
-            raise SlimeError(f"{option} {want} does not match the model: {config_path} has {key} = {have} "
-                             f"(a model-config block written for another model?)")
+            raise SlimeError(
+                f"{option} {want} does not match the model: {config_path} has {key} = {have} "
+                f"(a model-config block written for another model?)"
+            )
     for option, (dest, holds, needed) in FLAGS.items():
         if option in given and getattr(args, dest) and holds(config) is False:
             raise SlimeError(f"{option} is set but {config_path} does not have {needed}")

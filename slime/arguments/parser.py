@@ -21,13 +21,25 @@ import argparse
 import difflib
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import yaml
 
-from slime.arguments import (algorithm, cluster, data, debug, engine, evaluation, logs, megatron, rollout, training,
-                             upstream)
+from slime.arguments import (
+    algorithm,
+    cluster,
+    data,
+    debug,
+    engine,
+    evaluation,
+    logs,
+    megatron,
+    rollout,
+    training,
+    upstream,
+)
 from slime.arguments.from_data import given_options
 from slime.errors import SlimeError
 
@@ -50,8 +62,9 @@ class SlimeArgumentParser(argparse.ArgumentParser):
 
 
 def build_parser() -> SlimeArgumentParser:
-    p = SlimeArgumentParser(prog="slime train", description="RL post-training with slime's arguments.",
-                            allow_abbrev=False)
+    p = SlimeArgumentParser(
+        prog="slime train", description="RL post-training with slime's arguments.", allow_abbrev=False
+    )
     p.add_argument("--config", type=str, default=None, help="YAML file of arguments (command line wins).")
     for group in GROUPS:
         group.add_arguments(p)
@@ -110,8 +123,13 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 def startup_notes(args: argparse.Namespace) -> list[str]:
     """What the command line set that this backend accepts but does not use: one line per source,
     printed once at start-up so nothing a user wrote is dropped silently."""
-    notes = (upstream.unused_note(args), logs.unused_note(args), megatron.unused_note(args), engine.unused_note(args),
-             debug.unused_note(args))
+    notes = (
+        upstream.unused_note(args),
+        logs.unused_note(args),
+        megatron.unused_note(args),
+        engine.unused_note(args),
+        debug.unused_note(args),
+    )
     return [note for note in notes if note]
 
 

@@ -29,32 +29,54 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save", type=str, default=None, help="Checkpoint directory (default: <run-dir>/checkpoints).")
     g.add_argument("--save-interval", type=int, default=None)
     # Megatron-LM's option too (megatron_lm.json, default None); this definition wins, with slime's default.
-    g.add_argument("--no-save-optim", action="store_true", default=False,
-                   help="Checkpoints without optimizer state; --load of one starts a fresh optimizer.")
-    g.add_argument("--start-rollout-id", type=int, default=None,
-                   help="The first rollout id of the loop (slime's). Default: the --load checkpoint's rollout + 1, "
-                        "else 0. Resuming, the data position is the one saved with rollout id - 1; the LR "
-                        "schedule continues from the checkpoint's step count whatever this is (slime's).")
+    g.add_argument(
+        "--no-save-optim",
+        action="store_true",
+        default=False,
+        help="Checkpoints without optimizer state; --load of one starts a fresh optimizer.",
+    )
+    g.add_argument(
+        "--start-rollout-id",
+        type=int,
+        default=None,
+        help="The first rollout id of the loop (slime's). Default: the --load checkpoint's rollout + 1, "
+        "else 0. Resuming, the data position is the one saved with rollout id - 1; the LR "
+        "schedule continues from the checkpoint's step count whatever this is (slime's).",
+    )
 
     g = p.add_argument_group("batching")
     g.add_argument("--global-batch-size", type=int, default=None, help="Samples per optimizer step.")
     g.add_argument("--micro-batch-size", type=int, default=1)
     g.add_argument("--num-steps-per-rollout", type=int, default=None)
-    g.add_argument("--use-dynamic-batch-size", action="store_true",
-                   help="Micro-batches packed (no padding) up to --max-tokens-per-gpu tokens; ignores --micro-batch-size.")
+    g.add_argument(
+        "--use-dynamic-batch-size",
+        action="store_true",
+        help="Micro-batches packed (no padding) up to --max-tokens-per-gpu tokens; ignores --micro-batch-size.",
+    )
     g.add_argument("--max-tokens-per-gpu", type=int, default=None)
-    g.add_argument("--share-prompt-forward", action=argparse.BooleanOptionalAction, default=True,
-                   help="Padded micro-batches: samples with the same prompt (the --n-samples-per-prompt of one group) "
-                        "run that prompt once and reuse its keys and values, gradients summed; the same numbers, "
-                        "fewer tokens to compute. Off with gradient checkpointing or sliding-window attention.")
-    g.add_argument("--balance-data", action="store_true",
-                   help="Give each trainer rank an even share of the rollout's tokens (equal sample counts; the "
-                        "responses of one prompt may land in different steps), as slime's.")
+    g.add_argument(
+        "--share-prompt-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="Padded micro-batches: samples with the same prompt (the --n-samples-per-prompt of one group) "
+        "run that prompt once and reuse its keys and values, gradients summed; the same numbers, "
+        "fewer tokens to compute. Off with gradient checkpointing or sliding-window attention.",
+    )
+    g.add_argument(
+        "--balance-data",
+        action="store_true",
+        help="Give each trainer rank an even share of the rollout's tokens (equal sample counts; the "
+        "responses of one prompt may land in different steps), as slime's.",
+    )
     g.add_argument("--log-probs-chunk-size", type=int, default=-1, help="Rows per fp32 log-softmax chunk (-1: all).")
-    g.add_argument("--update-weights-interval", type=int, default=1,
-                   help="Interval for updating the weights (slime's): the trainer's weights go to the engines "
-                        "after every this many rollouts (and after the last). slime's train_async reads it; here "
-                        "the synchronous loop honours it too (the two share one loop).")
+    g.add_argument(
+        "--update-weights-interval",
+        type=int,
+        default=1,
+        help="Interval for updating the weights (slime's): the trainer's weights go to the engines "
+        "after every this many rollouts (and after the last). slime's train_async reads it; here "
+        "the synchronous loop honours it too (the two share one loop).",
+    )
 
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("adam",), default="adam")
@@ -62,42 +84,76 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # Megatron-LM's defaults, which a slime script runs with: linear decay, weight decay 0.01, beta2 0.999
     g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default="linear")
     g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-iters", type=int, default=None,
-                   help="Default: all optimizer steps of the run (num_rollout x steps per rollout).")
+    g.add_argument(
+        "--lr-decay-iters",
+        type=int,
+        default=None,
+        help="Default: all optimizer steps of the run (num_rollout x steps per rollout).",
+    )
     g.add_argument("--min-lr", type=float, default=0.0)
     g.add_argument("--weight-decay", type=float, default=0.01)
     g.add_argument("--adam-beta1", type=float, default=0.9)
     g.add_argument("--adam-beta2", type=float, default=0.999)
     g.add_argument("--adam-eps", type=float, default=1e-8)
     g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=1234,
-                   help="Seed of the trainer ranks (torch, + the rank) and of each engine's unseeded sampling "
-                        "(+ the engine's rank, unless --sglang-random-seed).")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=1234,
+        help="Seed of the trainer ranks (torch, + the rank) and of each engine's unseeded sampling "
+        "(+ the engine's rank, unless --sglang-random-seed).",
+    )
     # Megatron-LM's flag (slime: deterministic torch algorithms); here it makes the whole run reproducible
-    g.add_argument("--deterministic-mode", action="store_true", default=False,
-                   help="Reproducible runs: the same arguments and seeds write the same metrics.jsonl (timings "
-                        "aside). Trainers use deterministic torch algorithms; every sample is drawn with an engine "
-                        "sampling_seed (--rollout-seed + its index in the group, slime's rule); the rollout sends "
-                        "one request at a time, in prompt order, so the engines batch the same way in every run "
-                        "(slower rollouts; SGLang engines also get --enable-deterministic-inference). Timing-"
-                        "dependent features (--partial-rollout, the fully async rollout) are refused.")
-    g.add_argument("--reset-optimizer-states", action="store_true", default=False,
-                   help="Zero Adam's step count and moments before each rollout's training (policy and critic).")
-    g.add_argument("--only-train-params-name-list", type=str, nargs="*", default=None,
-                   help="Regexes (re.search) of parameter names to train; all others are frozen. "
-                        "Names are the Hugging Face model's (model.layers.0.mlp.up_proj.weight).")
-    g.add_argument("--freeze-params-name-list", type=str, nargs="*", default=None,
-                   help="Regexes (re.search) of parameter names to freeze; all others train.")
+    g.add_argument(
+        "--deterministic-mode",
+        action="store_true",
+        default=False,
+        help="Reproducible runs: the same arguments and seeds write the same metrics.jsonl (timings "
+        "aside). Trainers use deterministic torch algorithms; every sample is drawn with an engine "
+        "sampling_seed (--rollout-seed + its index in the group, slime's rule); the rollout sends "
+        "one request at a time, in prompt order, so the engines batch the same way in every run "
+        "(slower rollouts; SGLang engines also get --enable-deterministic-inference). Timing-"
+        "dependent features (--partial-rollout, the fully async rollout) are refused.",
+    )
+    g.add_argument(
+        "--reset-optimizer-states",
+        action="store_true",
+        default=False,
+        help="Zero Adam's step count and moments before each rollout's training (policy and critic).",
+    )
+    g.add_argument(
+        "--only-train-params-name-list",
+        type=str,
+        nargs="*",
+        default=None,
+        help="Regexes (re.search) of parameter names to train; all others are frozen. "
+        "Names are the Hugging Face model's (model.layers.0.mlp.up_proj.weight).",
+    )
+    g.add_argument(
+        "--freeze-params-name-list",
+        type=str,
+        nargs="*",
+        default=None,
+        help="Regexes (re.search) of parameter names to freeze; all others train.",
+    )
 
     g = p.add_argument_group("training actors")
-    g.add_argument("--train-env-vars", type=_json_object, default="{}",
-                   help='JSON object of environment variables for the training actors, e.g. \'{"NCCL_DEBUG": "INFO"}\'.')
+    g.add_argument(
+        "--train-env-vars",
+        type=_json_object,
+        default="{}",
+        help='JSON object of environment variables for the training actors, e.g. \'{"NCCL_DEBUG": "INFO"}\'.',
+    )
 
     g = p.add_argument_group("custom functions")
-    g.add_argument("--custom-config-path", type=str, default=None,
-                   help="YAML mapping whose every key becomes an attribute of args (slime's), for custom functions "
-                        "to read. A key that is already an attribute replaces its value, as under slime, after "
-                        "every other check (named at start-up; the value must keep the argument's type).")
+    g.add_argument(
+        "--custom-config-path",
+        type=str,
+        default=None,
+        help="YAML mapping whose every key becomes an attribute of args (slime's), for custom functions "
+        "to read. A key that is already an attribute replaces its value, as under slime, after "
+        "every other check (named at start-up; the value must keep the argument's type).",
+    )
 
 
 def _json_object(value: str) -> Any:
@@ -118,27 +174,37 @@ def finalize(args: argparse.Namespace) -> None:
         args.save = os.path.join(args.run_dir, "checkpoints")
     require_positive(args, "micro_batch_size", "update_weights_interval")
     # Megatron's option, slime's default (10): how long a collective waits for a rank that died
-    need(args.distributed_timeout_minutes > 0,
-         f"--distributed-timeout-minutes must be > 0, got {args.distributed_timeout_minutes}")
+    need(
+        args.distributed_timeout_minutes > 0,
+        f"--distributed-timeout-minutes must be > 0, got {args.distributed_timeout_minutes}",
+    )
     _finalize_batching(args)
     if args.use_dynamic_batch_size:
-        need(args.max_tokens_per_gpu is not None and args.max_tokens_per_gpu >= 1,
-             "--use-dynamic-batch-size needs --max-tokens-per-gpu (>= 1)")
-        need(args.global_batch_size % args.actor_world_size == 0,
-             f"--global-batch-size ({args.global_batch_size}) must be divisible by the data-parallel size "
-             f"({args.actor_world_size}) with --use-dynamic-batch-size")
+        need(
+            args.max_tokens_per_gpu is not None and args.max_tokens_per_gpu >= 1,
+            "--use-dynamic-batch-size needs --max-tokens-per-gpu (>= 1)",
+        )
+        need(
+            args.global_batch_size % args.actor_world_size == 0,
+            f"--global-batch-size ({args.global_batch_size}) must be divisible by the data-parallel size "
+            f"({args.actor_world_size}) with --use-dynamic-batch-size",
+        )
     else:
         need(args.max_tokens_per_gpu is None, "--max-tokens-per-gpu only applies with --use-dynamic-batch-size")
-    need(args.log_probs_chunk_size == -1 or args.log_probs_chunk_size >= 1,
-         f"--log-probs-chunk-size must be -1 (no chunking) or >= 1, got {args.log_probs_chunk_size}")
+    need(
+        args.log_probs_chunk_size == -1 or args.log_probs_chunk_size >= 1,
+        f"--log-probs-chunk-size must be -1 (no chunking) or >= 1, got {args.log_probs_chunk_size}",
+    )
     need(args.lr_warmup_iters >= 0 and args.critic_lr_warmup_iters >= 0, "--lr-warmup-iters must be >= 0")
     need(0.0 <= args.min_lr <= args.lr, f"--min-lr ({args.min_lr}) must be in [0, --lr ({args.lr})]")
     if args.num_rollout is not None:  # else set when --num-epoch is counted (slime.arguments.set_num_rollout)
         finalize_schedule(args)
     _check_param_patterns(args)
     args.train_env_vars = _env_vars(args.train_env_vars)
-    need(args.start_rollout_id is None or args.start_rollout_id >= 0,
-         f"--start-rollout-id must be >= 0, got {args.start_rollout_id}")
+    need(
+        args.start_rollout_id is None or args.start_rollout_id >= 0,
+        f"--start-rollout-id must be >= 0, got {args.start_rollout_id}",
+    )
     _finalize_determinism(args)
     apply_custom_config(args)
 
@@ -154,26 +220,36 @@ def _finalize_determinism(args: argparse.Namespace) -> None:
     tokens = list(args.sglang_args) if hasattr(args, "sglang_args") else []
     not_used = args.sglang_options_not_used if hasattr(args, "sglang_options_not_used") else []
     if args.deterministic_mode:
-        need(not args.partial_rollout,
-             "--deterministic-mode cannot run with --partial-rollout: the responses it keeps are whatever the "
-             "aborted requests had generated when the batch filled, which depends on timing")
-        need(not args.rollout_function_path.startswith(FULLY_ASYNC_ROLLOUT),
-             f"--deterministic-mode cannot run with --rollout-function-path {args.rollout_function_path}: the fully "
-             "async rollout generates while the trainer trains, so which weights generate a sample depends on timing")
+        need(
+            not args.partial_rollout,
+            "--deterministic-mode cannot run with --partial-rollout: the responses it keeps are whatever the "
+            "aborted requests had generated when the batch filled, which depends on timing",
+        )
+        need(
+            not args.rollout_function_path.startswith(FULLY_ASYNC_ROLLOUT),
+            f"--deterministic-mode cannot run with --rollout-function-path {args.rollout_function_path}: the fully "
+            "async rollout generates while the trainer trains, so which weights generate a sample depends on timing",
+        )
         if args.rollout_backend == "sglang" and DETERMINISTIC_INFERENCE not in tokens:
             args.sglang_args = tokens + [DETERMINISTIC_INFERENCE]
     args.sglang_enable_deterministic_inference = bool(
-        args.deterministic_mode or DETERMINISTIC_INFERENCE in tokens
-        or "--sglang-enable-deterministic-inference" in not_used)
+        args.deterministic_mode
+        or DETERMINISTIC_INFERENCE in tokens
+        or "--sglang-enable-deterministic-inference" in not_used
+    )
 
 
 def _check_param_patterns(args: argparse.Namespace) -> None:
     """Patterns compile and only one list is given (slime's rule); whether each matches a parameter is
     checked when the model is loaded."""
-    need(not (args.only_train_params_name_list and args.freeze_params_name_list),
-         "give only one of --only-train-params-name-list and --freeze-params-name-list")
-    for option, patterns in (("--only-train-params-name-list", args.only_train_params_name_list),
-                             ("--freeze-params-name-list", args.freeze_params_name_list)):
+    need(
+        not (args.only_train_params_name_list and args.freeze_params_name_list),
+        "give only one of --only-train-params-name-list and --freeze-params-name-list",
+    )
+    for option, patterns in (
+        ("--only-train-params-name-list", args.only_train_params_name_list),
+        ("--freeze-params-name-list", args.freeze_params_name_list),
+    ):
         for pat in patterns or ():
             try:
                 re.compile(pat)
@@ -186,8 +262,10 @@ def _env_vars(value: Any) -> dict[str, str]:
     need(isinstance(value, dict), f"--train-env-vars must be a JSON object of NAME: value, got {value!r}")
     out: dict[str, str] = {}
     for name, v in value.items():
-        need(isinstance(v, (str, int, float)) and not isinstance(v, bool),
-             f"--train-env-vars: {name} must be a string or number, got {v!r}")
+        need(
+            isinstance(v, (str, int, float)) and not isinstance(v, bool),
+            f"--train-env-vars: {name} must be a string or number, got {v!r}",
+        )
         out[name] = str(v)
     return out
 
@@ -224,12 +302,16 @@ def _finalize_batching(args: argparse.Namespace) -> None:
 
 def finalize_schedule(args: argparse.Namespace) -> None:
     """The LR schedule's length, once the run's number of rollouts is known."""
-    need(args.start_rollout_id is None or args.start_rollout_id < args.num_rollout,
-         f"--start-rollout-id {args.start_rollout_id} leaves nothing to train: --num-rollout is {args.num_rollout}")
+    need(
+        args.start_rollout_id is None or args.start_rollout_id < args.num_rollout,
+        f"--start-rollout-id {args.start_rollout_id} leaves nothing to train: --num-rollout is {args.num_rollout}",
+    )
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.num_rollout * args.num_steps_per_rollout
-    need(args.lr_decay_iters > args.lr_warmup_iters or args.lr_decay_style == "constant",
-         f"--lr-decay-iters ({args.lr_decay_iters}) must exceed --lr-warmup-iters ({args.lr_warmup_iters})")
+    need(
+        args.lr_decay_iters > args.lr_warmup_iters or args.lr_decay_style == "constant",
+        f"--lr-decay-iters ({args.lr_decay_iters}) must exceed --lr-warmup-iters ({args.lr_warmup_iters})",
+    )
 
 
 def apply_custom_config(args: argparse.Namespace) -> None:
@@ -255,16 +337,19 @@ def apply_custom_config(args: argparse.Namespace) -> None:
     if data is None:
         return
     if not isinstance(data, dict):
-        raise SlimeError(f"--custom-config-path {path}: expected a mapping of names to values, "
-                         f"got a {type(data).__name__}")
+        raise SlimeError(
+            f"--custom-config-path {path}: expected a mapping of names to values, got a {type(data).__name__}"
+        )
     overrides: dict[str, Any] = {}
     for key, value in data.items():
         if not isinstance(key, str):
             raise SlimeError(f"--custom-config-path {path}: key {key!r} is not a string")
         if not hasattr(args, key) and hasattr(args, key.replace("-", "_")):
             # slime would set args.<key> as written and leave the argument as it was
-            raise SlimeError(f"--custom-config-path {path}: key {key!r} is set as written, so it would not replace "
-                             f"args.{key.replace('-', '_')}; write {key.replace('-', '_')!r} to replace it")
+            raise SlimeError(
+                f"--custom-config-path {path}: key {key!r} is set as written, so it would not replace "
+                f"args.{key.replace('-', '_')}; write {key.replace('-', '_')!r} to replace it"
+            )
         if hasattr(args, key):
             old = getattr(args, key)
             _check_same_type(path, key, old, value)
@@ -286,8 +371,12 @@ def _check_same_type(path: str, key: str, old: Any, new: Any) -> None:
     if not ok:
         raise SlimeError(
             f"--custom-config-path {path}: {key!r} replaces args.{key} ({old!r}, a {type(old).__name__}) with "
-            f"{new!r}, a {type(new).__name__}" + (" (YAML reads a number like 1e-5 as a string: write 1.0e-5)"
-                                                   if isinstance(new, str) and isinstance(old, (int, float)) else "")
+            f"{new!r}, a {type(new).__name__}"
+            + (
+                " (YAML reads a number like 1e-5 as a string: write 1.0e-5)"
+                if isinstance(new, str) and isinstance(old, (int, float))
+                else ""
+            )
         )
 
 

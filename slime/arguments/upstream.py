@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from slime.arguments.from_data import add_options
 from slime.errors import SlimeError
@@ -71,8 +72,7 @@ NOT_USED: dict[str, str] = {
     "--use-distributed-post": "rollout requests are posted from the rollout manager here",
 }
 
-NOT_BUILT: dict[str, str] = {
-}
+NOT_BUILT: dict[str, str] = {}
 
 NOT_SUPPORTED: dict[str, str] = {
     "--sglang-config": "SGLang server groups (prefill/decode disaggregation, several models) are not supported yet",
@@ -137,4 +137,5 @@ def unused_note(args: argparse.Namespace) -> str | None:
     if not unused:
         return None
     return "slime options accepted but not used by the fsdp backend: " + "; ".join(
-        f"{o} ({NOT_USED[o]})" for o in unused)
+        f"{o} ({NOT_USED[o]})" for o in unused
+    )

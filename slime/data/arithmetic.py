@@ -14,8 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from slime.errors import SlimeError
 
@@ -136,7 +136,9 @@ def write_arithmetic_dataset(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="slime make-data", description="Write the bundled addition task (train/eval/sft JSONL).")
+    p = argparse.ArgumentParser(
+        prog="slime make-data", description="Write the bundled addition task (train/eval/sft JSONL)."
+    )
     p.add_argument("--out", required=True, help="Output directory.")
     p.add_argument(
         "--difficulty",

@@ -130,7 +130,11 @@ class RolloutDataSource(DataSource):
                 max_prompt_len=args.rollout_max_prompt_len,
             )
             if not self.dataset:
-                dropped = f" ({self.dataset.num_dropped} dropped as longer than --rollout-max-prompt-len)" if self.dataset.num_dropped else ""
+                dropped = (
+                    f" ({self.dataset.num_dropped} dropped as longer than --rollout-max-prompt-len)"
+                    if self.dataset.num_dropped
+                    else ""
+                )
                 raise SlimeError(f"--prompt-data {prompt_data!r} holds no prompts{dropped}")
         self._order = self._epoch_order(self.epoch)
 
@@ -165,8 +169,10 @@ class RolloutDataSource(DataSource):
 
     def _new_groups(self, num_groups: int) -> list[list[Sample]]:
         if self.dataset is None and self.args.rollout_global_dataset:
-            raise SlimeError("no prompt data: set --prompt-data (or --disable-rollout-global-dataset when the "
-                             "rollout function brings its own prompts, or use a custom data source)")
+            raise SlimeError(
+                "no prompt data: set --prompt-data (or --disable-rollout-global-dataset when the "
+                "rollout function brings its own prompts, or use a custom data source)"
+            )
         if num_groups < 0:
             raise SlimeError(f"get_samples: num_groups must be >= 0, got {num_groups}")
         groups: list[list[Sample]] = []
@@ -199,8 +205,10 @@ class RolloutDataSource(DataSource):
         return group
 
     def add_samples(self, samples: list[list[Sample]]) -> None:
-        raise SlimeError(f"{type(self).__name__} is a read-only data source and cannot take groups back "
-                         f"(--partial-rollout needs one with a buffer, e.g. RolloutDataSourceWithBuffer)")
+        raise SlimeError(
+            f"{type(self).__name__} is a read-only data source and cannot take groups back "
+            f"(--partial-rollout needs one with a buffer, e.g. RolloutDataSourceWithBuffer)"
+        )
 
     # -- checkpointing -----------------------------------------------------------------------
 
@@ -311,13 +319,17 @@ def resume(data_source: DataSource, args: Any) -> Path | int | None:
         data_source.load(rollout_id)  # None: "the latest under --load" (the contract's default)
         return rollout_id
     if directory is None or not directory.is_dir():  # no checkpoint of that rollout: as slime, from the start
-        logger.info("no data source state to resume%s; starting the data from its beginning",
-                    f" in {directory}" if directory is not None else "")
+        logger.info(
+            "no data source state to resume%s; starting the data from its beginning",
+            f" in {directory}" if directory is not None else "",
+        )
         return None
     if not (directory / ROLLOUT_STATE_FILE).exists():  # a checkpoint without it would resume at data step 0
-        raise SlimeError(f"--load {args.load}: the checkpoint {directory} has no {ROLLOUT_STATE_FILE} (the data "
-                         f"position and Data Buffer): it is incomplete, or was saved without the global dataset; "
-                         f"resume from a complete checkpoint, or pass --start-rollout-id 0 to start the data over")
+        raise SlimeError(
+            f"--load {args.load}: the checkpoint {directory} has no {ROLLOUT_STATE_FILE} (the data "
+            f"position and Data Buffer): it is incomplete, or was saved without the global dataset; "
+            f"resume from a complete checkpoint, or pass --start-rollout-id 0 to start the data over"
+        )
     data_source.load(directory / ROLLOUT_STATE_FILE)
     return directory / ROLLOUT_STATE_FILE
 
@@ -356,13 +368,17 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         taken = self.buffer_filter(self.args, self.rollout_id, self.buffer, num_groups)
         path = self.args.buffer_filter_path or "pop_first"
         if not isinstance(taken, list) or not all(isinstance(g, list) for g in taken):
-            raise SlimeError(f"--buffer-filter-path {path} must return a list of groups (lists of Sample), "
-                             f"got {type(taken).__name__}")
+            raise SlimeError(
+                f"--buffer-filter-path {path} must return a list of groups (lists of Sample), "
+                f"got {type(taken).__name__}"
+            )
         if len(taken) > num_groups:
             raise SlimeError(f"--buffer-filter-path {path} returned {len(taken)} groups; {num_groups} were asked for")
         if len(self.buffer) != before - len(taken):
-            raise SlimeError(f"--buffer-filter-path {path} must remove the groups it returns from the buffer "
-                             f"(buffer went from {before} to {len(self.buffer)} groups, {len(taken)} returned)")
+            raise SlimeError(
+                f"--buffer-filter-path {path} must remove the groups it returns from the buffer "
+                f"(buffer went from {before} to {len(self.buffer)} groups, {len(taken)} returned)"
+            )
         return taken
 
     def add_samples(self, groups: list[list[Sample]]) -> None:
@@ -370,8 +386,10 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
         for group in groups:
             if not isinstance(group, list) or len(group) != self.n_samples_per_prompt:
                 size = len(group) if isinstance(group, list) else type(group).__name__
-                raise SlimeError(f"add_samples: a group must be a list of --n-samples-per-prompt "
-                                 f"({self.n_samples_per_prompt}) samples, got {size}")
+                raise SlimeError(
+                    f"add_samples: a group must be a list of --n-samples-per-prompt "
+                    f"({self.n_samples_per_prompt}) samples, got {size}"
+                )
         with self.lock:
             self.buffer.extend(groups)
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from slime.errors import SlimeError
 from slime.utils.types import Sample
@@ -161,8 +162,11 @@ def load_prompt_samples(
         row_kwargs = dict(template_kwargs, tools=tools) if tools is not None else template_kwargs
         prompt = _prompt_of(row[input_key], where, input_key, tokenizer if apply_chat_template else None, row_kwargs)
         if max_prompt_len is not None and tokenizer is not None:
-            text = prompt if isinstance(prompt, str) else tokenizer.apply_chat_template(
-                prompt, tokenize=False, add_generation_prompt=True, **row_kwargs)
+            text = (
+                prompt
+                if isinstance(prompt, str)
+                else tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **row_kwargs)
+            )
             if len(tokenizer.encode(text, add_special_tokens=False)) > max_prompt_len:
                 out.num_dropped += 1
                 continue
@@ -181,15 +185,17 @@ def _prompt_of(value: Any, where: str, input_key: str, template_tokenizer: Any, 
     if isinstance(value, list):
         _check_messages(value, where, input_key)
     elif not isinstance(value, str):
-        raise SlimeError(f"{where}: {input_key!r} must be a string or a list of chat messages, "
-                         f"got {type(value).__name__}")
+        raise SlimeError(
+            f"{where}: {input_key!r} must be a string or a list of chat messages, got {type(value).__name__}"
+        )
     complete_conversation = isinstance(value, list) and bool(value) and value[-1].get("role") == "assistant"
     if template_tokenizer is None or complete_conversation:
         return copy.deepcopy(value)
     messages = [{"role": "user", "content": value}] if isinstance(value, str) else value
     try:
-        return template_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                      **template_kwargs)
+        return template_tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, **template_kwargs
+        )
     except Exception as e:
         raise SlimeError(f"{where}: applying the chat template failed: {type(e).__name__}: {e}") from e
 

@@ -22,14 +22,20 @@ import argparse
 import json
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
 from tokenizers.models import BPE
 from transformers import (
-    AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig, Qwen2Config, TokenizersBackend,
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    LlamaConfig,
+    Qwen2Config,
+    TokenizersBackend,
 )
 from transformers.utils import logging as hf_logging
 
@@ -116,8 +122,9 @@ def _train_tokenizer(vocab_size: int, seed: int):
     return tok
 
 
-def build_tokenizer(*, vocab_size: int = 320, seed: int = 0, model_max_length: int = 256,
-                    added_tokens: Sequence[str] = ()):
+def build_tokenizer(
+    *, vocab_size: int = 320, seed: int = 0, model_max_length: int = 256, added_tokens: Sequence[str] = ()
+):
     """The tiny model's tokenizer as a transformers tokenizer (not saved anywhere).
 
     `added_tokens`: optional extra strings, each one ordinary (non-special) token after the trained
@@ -125,7 +132,9 @@ def build_tokenizer(*, vocab_size: int = 320, seed: int = 0, model_max_length: i
     call is a few tokens); they decode back as themselves. None by default."""
     min_vocab = 256 + len(SPECIAL_TOKENS)
     if vocab_size < min_vocab:
-        raise SlimeError(f"tiny model vocab_size={vocab_size} is too small: the byte-level tokenizer needs >= {min_vocab}")
+        raise SlimeError(
+            f"tiny model vocab_size={vocab_size} is too small: the byte-level tokenizer needs >= {min_vocab}"
+        )
     raw = _train_tokenizer(vocab_size, seed)
     if added_tokens:
         if len(set(added_tokens)) != len(added_tokens) or not all(isinstance(t, str) and t for t in added_tokens):
@@ -177,22 +186,37 @@ def build_tiny_model(
     model's vocabulary is exactly the tokenizer's size (plus `added_tokens`, if any: see
     `build_tokenizer`; without them the files are exactly those of earlier versions).
     """
-    _check_shape(arch, hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, intermediate_size,
-                 max_position_embeddings)
+    _check_shape(
+        arch,
+        hidden_size,
+        num_hidden_layers,
+        num_attention_heads,
+        num_key_value_heads,
+        intermediate_size,
+        max_position_embeddings,
+    )
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise SlimeError(f"--out {str(out)!r} exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = build_tokenizer(vocab_size=vocab_size, seed=seed, model_max_length=max_position_embeddings,
-                                added_tokens=added_tokens)
+    tokenizer = build_tokenizer(
+        vocab_size=vocab_size, seed=seed, model_max_length=max_position_embeddings, added_tokens=added_tokens
+    )
     pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
     end_id = tokenizer.convert_tokens_to_ids(END_TOKEN)
     common = dict(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_hidden_layers,
-        num_attention_heads=num_attention_heads, num_key_value_heads=num_key_value_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings, bos_token_id=None, eos_token_id=end_id, pad_token_id=pad_id,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        intermediate_size=intermediate_size,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=None,
+        eos_token_id=end_id,
+        pad_token_id=pad_id,
     )
     config = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
     torch.manual_seed(seed)
@@ -216,8 +240,15 @@ def build_tiny_model(
     return out
 
 
-def _check_shape(arch: str, hidden_size: int, num_hidden_layers: int, num_attention_heads: int,
-                 num_key_value_heads: int, intermediate_size: int, max_position_embeddings: int) -> None:
+def _check_shape(
+    arch: str,
+    hidden_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    intermediate_size: int,
+    max_position_embeddings: int,
+) -> None:
     if arch not in ARCHS:
         raise SlimeError(f"--arch {arch!r} is not supported by the tiny model; choose one of {', '.join(ARCHS)}")
     for name, value in (

@@ -15,8 +15,9 @@ import difflib
 import io
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from slime.errors import SlimeError
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
@@ -40,51 +41,95 @@ def build_arg_parser() -> argparse.ArgumentParser:
         prog="python -m slime.engine.server",
         description="slime's built-in inference engine (a subset of SGLang's HTTP API, CPU).",
     )
-    p.add_argument("--model-path", "--hf-checkpoint", dest="model_path", required=True,
-                   help="local HF model directory (--hf-checkpoint is slime's name for it)")
+    p.add_argument(
+        "--model-path",
+        "--hf-checkpoint",
+        dest="model_path",
+        required=True,
+        help="local HF model directory (--hf-checkpoint is slime's name for it)",
+    )
     p.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--device", default=None,
-                   help="cpu, cuda or cuda:N (SGLang's flag; default: cuda when torch sees a GPU, else cpu). On "
-                        "CUDA the model, KV pool and forward run on the GPU (the torch path; the C kernels are "
-                        "CPU-only) and --mem-fraction-static is a share of that GPU's memory")
-    p.add_argument("--num-threads", type=int, default=None,
-                   help="torch threads of this server (default: every core this process may run on; a "
-                        "training run passes its own budget)")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda or cuda:N (SGLang's flag; default: cuda when torch sees a GPU, else cpu). On "
+        "CUDA the model, KV pool and forward run on the GPU (the torch path; the C kernels are "
+        "CPU-only) and --mem-fraction-static is a share of that GPU's memory",
+    )
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="torch threads of this server (default: every core this process may run on; a "
+        "training run passes its own budget)",
+    )
     p.add_argument("--random-seed", type=int, default=0, help="seed of sampling without sampling_seed")
     p.add_argument("--max-running-requests", type=int, default=256, help="rows in one batch at most")
-    p.add_argument("--context-length", type=int, default=None,
-                   help="max prompt + new tokens (default: the model's max_position_embeddings)")
-    p.add_argument("--batch-wait-ms", type=float, default=0.0,
-                   help="wait up to this long for more requests before starting a batch")
+    p.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="max prompt + new tokens (default: the model's max_position_embeddings)",
+    )
+    p.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        default=0.0,
+        help="wait up to this long for more requests before starting a batch",
+    )
     p.add_argument("--weight-version", default="default", help="initial weight_version")
-    p.add_argument("--step-delay-ms", type=float, default=0.0,
-                   help="sleep this long after every decode step (testing aborts and pauses only)")
-    p.add_argument("--parent-pid", type=int, default=None,
-                   help="exit when this process is gone (no orphan servers)")
+    p.add_argument(
+        "--step-delay-ms",
+        type=float,
+        default=0.0,
+        help="sleep this long after every decode step (testing aborts and pauses only)",
+    )
+    p.add_argument("--parent-pid", type=int, default=None, help="exit when this process is gone (no orphan servers)")
     p.add_argument("--trust-remote-code", action="store_true")
-    p.add_argument("--mkl-vendor-shim", action=argparse.BooleanOptionalAction, default=True,
-                   help="started as a command on an x86 CPU not made by Intel: start again with a one-function "
-                        "library preloaded that makes Intel MKL pick its matrix kernels by the CPU's instruction "
-                        "sets rather than its vendor (slime.utils.mkl_vendor)")
-    p.add_argument("--disable-radix-cache", action="store_true",
-                   help="no prefix reuse at all: neither identical prompts in a batch nor the prefix cache "
-                        "(SGLang's flag name)")
-    p.add_argument("--prefix-cache-tokens", type=int, default=16384,
-                   help="token positions of KV kept from finished requests for later requests with the same "
-                        "prefix (0: off)")
-    p.add_argument("--mem-fraction-static", type=float, default=None,
-                   help="fraction of the device's memory (the GPU's on --device cuda, else the machine's RAM) for "
-                        "weights + KV cache; sets the KV token budget (SGLang's meaning; default: no token budget, "
-                        "only --max-running-requests)")
-    p.add_argument("--max-total-tokens", type=int, default=None,
-                   help="KV token budget of the running batch (overrides --mem-fraction-static)")
-    p.add_argument("--model-impl", default="auto", choices=list(MODEL_IMPLS),
-                   help="forward implementation (SGLang's flag): native (the engine's own, Llama-family models; "
-                        "'sglang' is an alias), transformers (the model's HF forward), auto (native where it covers "
-                        "the model)")
+    p.add_argument(
+        "--mkl-vendor-shim",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="started as a command on an x86 CPU not made by Intel: start again with a one-function "
+        "library preloaded that makes Intel MKL pick its matrix kernels by the CPU's instruction "
+        "sets rather than its vendor (slime.utils.mkl_vendor)",
+    )
+    p.add_argument(
+        "--disable-radix-cache",
+        action="store_true",
+        help="no prefix reuse at all: neither identical prompts in a batch nor the prefix cache (SGLang's flag name)",
+    )
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=16384,
+        help="token positions of KV kept from finished requests for later requests with the same prefix (0: off)",
+    )
+    p.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="fraction of the device's memory (the GPU's on --device cuda, else the machine's RAM) for "
+        "weights + KV cache; sets the KV token budget (SGLang's meaning; default: no token budget, "
+        "only --max-running-requests)",
+    )
+    p.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="KV token budget of the running batch (overrides --mem-fraction-static)",
+    )
+    p.add_argument(
+        "--model-impl",
+        default="auto",
+        choices=list(MODEL_IMPLS),
+        help="forward implementation (SGLang's flag): native (the engine's own, Llama-family models; "
+        "'sglang' is an alias), transformers (the model's HF forward), auto (native where it covers "
+        "the model)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
     _add_guard_args(p)
     return p
@@ -92,27 +137,53 @@ def build_arg_parser() -> argparse.ArgumentParser:
 
 def _add_guard_args(p: argparse.ArgumentParser) -> None:
     """Who may call the server and how much they may send (`slime.engine.guard`)."""
-    p.add_argument("--api-key", default=os.environ.get(ENV_API_KEY),
-                   help="every endpoint but /health and /health_generate needs 'Authorization: Bearer <key>' "
-                        f"(SGLang's flag; default: ${ENV_API_KEY}, which keeps it off the command line)")
-    p.add_argument("--admin-api-key", default=os.environ.get(ENV_ADMIN_API_KEY),
-                   help="weight and control endpoints (weight updates, pause/continue, memory, abort, flush_cache) "
-                        f"need this key, and the API key no longer opens them (SGLang's flag; default: "
-                        f"${ENV_ADMIN_API_KEY})")
-    p.add_argument("--max-queued-requests", type=int, default=8192,
-                   help="waiting requests at most; more answer HTTP 503 (SGLang's flag; the rollout client retries)")
-    p.add_argument("--max-batch-request-size", type=int, default=1024,
-                   help="prompts in one batch /generate request at most (more: HTTP 400)")
-    p.add_argument("--max-request-body-mb", type=float, default=64.0,
-                   help="request bodies larger than this answer HTTP 413 (weight updates: --max-weight-update-mb)")
-    p.add_argument("--max-weight-update-mb", type=float, default=None,
-                   help="body cap of /update_weights_from_tensor (default: room for the model's weights in "
-                        "float32, base64-encoded)")
-    p.add_argument("--weight-load-dirs", nargs="*", default=[],
-                   help="/update_weights_from_disk loads only from these directories (and --model-path itself)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get(ENV_API_KEY),
+        help="every endpoint but /health and /health_generate needs 'Authorization: Bearer <key>' "
+        f"(SGLang's flag; default: ${ENV_API_KEY}, which keeps it off the command line)",
+    )
+    p.add_argument(
+        "--admin-api-key",
+        default=os.environ.get(ENV_ADMIN_API_KEY),
+        help="weight and control endpoints (weight updates, pause/continue, memory, abort, flush_cache) "
+        f"need this key, and the API key no longer opens them (SGLang's flag; default: "
+        f"${ENV_ADMIN_API_KEY})",
+    )
+    p.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=8192,
+        help="waiting requests at most; more answer HTTP 503 (SGLang's flag; the rollout client retries)",
+    )
+    p.add_argument(
+        "--max-batch-request-size",
+        type=int,
+        default=1024,
+        help="prompts in one batch /generate request at most (more: HTTP 400)",
+    )
+    p.add_argument(
+        "--max-request-body-mb",
+        type=float,
+        default=64.0,
+        help="request bodies larger than this answer HTTP 413 (weight updates: --max-weight-update-mb)",
+    )
+    p.add_argument(
+        "--max-weight-update-mb",
+        type=float,
+        default=None,
+        help="body cap of /update_weights_from_tensor (default: room for the model's weights in "
+        "float32, base64-encoded)",
+    )
+    p.add_argument(
+        "--weight-load-dirs",
+        nargs="*",
+        default=[],
+        help="/update_weights_from_disk loads only from these directories (and --model-path itself)",
+    )
 
 
-def resolve_device(name: str | None) -> "torch.device":
+def resolve_device(name: str | None) -> torch.device:
     """`--device`: None (or auto) is cuda when torch sees a GPU, else cpu; a CUDA device this
     machine does not have is a SlimeError naming the option and what the machine has."""
     import torch
@@ -175,8 +246,14 @@ def passthrough_without(tokens: Sequence[str], flags: set[str]) -> list[str]:
     return out
 
 
-def check_passthrough_args(parser: argparse.ArgumentParser, tokens: list[str], engine: str,
-                           prefix: str = "--sglang-", kind: str = "engine", required: tuple[str, ...] = ("--model-path", "x")) -> None:
+def check_passthrough_args(
+    parser: argparse.ArgumentParser,
+    tokens: list[str],
+    engine: str,
+    prefix: str = "--sglang-",
+    kind: str = "engine",
+    required: tuple[str, ...] = ("--model-path", "x"),
+) -> None:
     """Validate forwarded `<prefix>*` tokens (as `--<arg>`) against the parser of the program that
     will run them (`--sglang-*`: the engine's; `--router-*`: sglang-router's)."""
     known = sorted({s for a in parser._actions for s in a.option_strings})

@@ -15,7 +15,6 @@ from safetensors.torch import save
 from slime.utils.api_keys import is_admin_path, key_for
 from slime.utils.http_utils import HTTPRequestError, _error_message
 
-
 DEFAULT_TIMEOUT_S = 600.0  # one call's limit unless the client is given one (set_default_timeout)
 CONNECT_TIMEOUT_S = 10.0
 
@@ -39,12 +38,14 @@ class EngineClient:
     """Calls carry `api_key` (`admin_api_key` on weight and control endpoints when given); without
     either, the keys registered for this server's address (`slime.utils.api_keys.register`)."""
 
-    def __init__(self, url: str, timeout: float | None = None, *, api_key: str | None = None,
-                 admin_api_key: str | None = None):
+    def __init__(
+        self, url: str, timeout: float | None = None, *, api_key: str | None = None, admin_api_key: str | None = None
+    ):
         self.url = url.rstrip("/")
         # never unbounded: a hung engine must not hang its caller (--engine-control-timeout-secs)
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout or DEFAULT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
-                                    trust_env=False)
+        self._client = httpx.Client(
+            timeout=httpx.Timeout(timeout or DEFAULT_TIMEOUT_S, connect=CONNECT_TIMEOUT_S), trust_env=False
+        )
         self._keys = (api_key, admin_api_key)
 
     def _auth(self, path: str) -> dict[str, str] | None:
@@ -58,7 +59,7 @@ class EngineClient:
     def close(self) -> None:
         self._client.close()
 
-    def __enter__(self) -> "EngineClient":
+    def __enter__(self) -> EngineClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -71,14 +72,19 @@ class EngineClient:
             if method == "GET":
                 resp = self._client.get(url, timeout=timeout or self._client.timeout, headers=self._auth(path))
             else:
-                resp = self._client.post(url, json=payload if payload is not None else {},
-                                         timeout=timeout or self._client.timeout, headers=self._auth(path))
+                resp = self._client.post(
+                    url,
+                    json=payload if payload is not None else {},
+                    timeout=timeout or self._client.timeout,
+                    headers=self._auth(path),
+                )
         except httpx.HTTPError as e:
             raise HTTPRequestError(f"{method} {url} failed: {type(e).__name__}: {e}", None, url) from e
         if resp.status_code >= 400:
             raise HTTPRequestError(
                 f"{method} {url}: HTTP {resp.status_code}: {_error_message(resp.status_code, resp.text)}",
-                resp.status_code, url,
+                resp.status_code,
+                url,
             )
         if not resp.content:
             return {}
@@ -112,8 +118,9 @@ class EngineClient:
     def get_load(self) -> dict:
         return self._call("GET", "/get_load", timeout=10.0)
 
-    def update_weights_from_tensor(self, named_tensors: dict, weight_version: str | None = None,
-                                   flush_cache: bool = True) -> dict:
+    def update_weights_from_tensor(
+        self, named_tensors: dict, weight_version: str | None = None, flush_cache: bool = True
+    ) -> dict:
         payload: dict[str, Any] = {
             "serialized_named_tensors": [serialize_named_tensors(named_tensors)],
             "flush_cache": flush_cache,
@@ -128,19 +135,46 @@ class EngineClient:
             payload["weight_version"] = weight_version
         return self._call("POST", "/update_weights_from_disk", payload)
 
-    def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
-                                  world_size: int, group_name: str = "weight_update_group",
-                                  backend: str = "gloo") -> dict:
-        return self._call("POST", "/init_weights_update_group", {
-            "master_address": master_address, "master_port": master_port, "rank_offset": rank_offset,
-            "world_size": world_size, "group_name": group_name, "backend": backend,
-        })
+    def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+    ) -> dict:
+        return self._call(
+            "POST",
+            "/init_weights_update_group",
+            {
+                "master_address": master_address,
+                "master_port": master_port,
+                "rank_offset": rank_offset,
+                "world_size": world_size,
+                "group_name": group_name,
+                "backend": backend,
+            },
+        )
 
-    def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
-                                        group_name: str = "weight_update_group", flush_cache: bool = True,
-                                        weight_version: str | None = None) -> dict:
-        payload: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
-                                   "flush_cache": flush_cache}
+    def update_weights_from_distributed(
+        self,
+        *,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        weight_version: str | None = None,
+    ) -> dict:
+        payload: dict[str, Any] = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+        }
         if weight_version is not None:
             payload["weight_version"] = weight_version
         return self._call("POST", "/update_weights_from_distributed", payload)

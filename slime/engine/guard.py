@@ -37,7 +37,7 @@ class Policy:
     hosts: frozenset[str] = field(default=LOOPBACK_NAMES)  # empty: any host (bound to every interface)
 
     @classmethod
-    def for_server(cls, bind_host: str, **kw: Any) -> "Policy":
+    def for_server(cls, bind_host: str, **kw: Any) -> Policy:
         hosts = frozenset() if bind_host in _ANY_HOST else LOOPBACK_NAMES | {bind_host.strip("[]").lower()}
         return cls(hosts=hosts, **kw)
 
@@ -75,8 +75,9 @@ def check_headers(policy: Policy, method: str, path: str, headers: dict[str, str
             raise Refused(415, f"request bodies must be application/json, got {ctype!r}")
     length = headers.get("content-length")
     if length is not None and (not length.isdigit() or int(length) > body_cap(policy, path)):
-        raise Refused(413, f"request body of {length} bytes is over this endpoint's cap of "
-                           f"{body_cap(policy, path)} bytes")
+        raise Refused(
+            413, f"request body of {length} bytes is over this endpoint's cap of {body_cap(policy, path)} bytes"
+        )
 
 
 def body_cap(policy: Policy, path: str) -> int:
@@ -85,9 +86,17 @@ def body_cap(policy: Policy, path: str) -> int:
 
 async def _answer(send, status: int, message: str) -> None:
     body = dumps(error_body(message))
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})
 
 

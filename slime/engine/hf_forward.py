@@ -63,8 +63,14 @@ class HFForward:
         return cache
 
     def _forward(self, input_ids, attention_mask, position_ids, cache, logits_to_keep: int):
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=True, logits_to_keep=logits_to_keep, **{self._cache_kwarg: cache})
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **{self._cache_kwarg: cache},
+        )
         return out.logits
 
     # ------------------------------------------------------------------ batch interface
@@ -72,8 +78,9 @@ class HFForward:
         return HFBatch()
 
     @torch.inference_mode()
-    def add_rows(self, batch: HFBatch, prompts: list[list[int]], max_new: int, full_logits: bool,
-                 hits: dict, share: bool):
+    def add_rows(
+        self, batch: HFBatch, prompts: list[list[int]], max_new: int, full_logits: bool, hits: dict, share: bool
+    ):
         """Prefill `prompts` and append them to the batch. Returns (last logits [n, V] fp32,
         per-row prompt logits or None, per-row reused prompt tokens), or None when this cache type
         cannot be merged into a running batch (nothing changed then)."""
@@ -81,7 +88,7 @@ class HFForward:
         full = None
         if all_logits is not None:
             width = all_logits.shape[1]
-            full = [all_logits[i, width - len(p):] for i, p in enumerate(prompts)]
+            full = [all_logits[i, width - len(p) :] for i, p in enumerate(prompts)]
         if batch.state is None:
             batch.state = state
         elif not self._merge(batch.state, state):
@@ -119,14 +126,17 @@ class HFForward:
         if n > state.length:
             return None
         start = state.length - n
-        if not bool(state.mask[row, start:state.length].all()):
+        if not bool(state.mask[row, start : state.length].all()):
             return None
         layers = getattr(state.cache, "layers", None)
-        if not layers or not all(is_plain_layer(layer) and getattr(layer, "keys", None) is not None
-                                 for layer in layers):
+        if not layers or not all(
+            is_plain_layer(layer) and getattr(layer, "keys", None) is not None for layer in layers
+        ):
             return None
-        return ([layer.keys[row, :, start:state.length].clone() for layer in layers],
-                [layer.values[row, :, start:state.length].clone() for layer in layers])
+        return (
+            [layer.keys[row, :, start : state.length].clone() for layer in layers],
+            [layer.values[row, :, start : state.length].clone() for layer in layers],
+        )
 
     # ------------------------------------------------------------------ prefill
     def _prefill(self, prompts, max_new, full_logits, hits, share):
@@ -155,8 +165,8 @@ class HFForward:
         mask = torch.zeros((b, capacity), dtype=torch.long)
         for i, p in enumerate(prompts):
             n = len(p)
-            ids[i, max_len - n:] = torch.tensor(p, dtype=torch.long)
-            mask[i, max_len - n:max_len] = 1
+            ids[i, max_len - n :] = torch.tensor(p, dtype=torch.long)
+            mask[i, max_len - n : max_len] = 1
         used = mask[:, :max_len]
         pos = (used.cumsum(-1) - 1).clamp_min_(0)
         cache = self._new_cache()
@@ -197,8 +207,9 @@ class HFForward:
         ids = torch.tensor([prompt[m:]], dtype=torch.long)
         pos = torch.arange(m, n, dtype=torch.long).unsqueeze(0)
         logits = self._forward(ids, mask[:, :n], pos, cache, 1)
-        return logits[:, -1].float(), DecodeState(cache=cache, mask=mask, length=n,
-                                                  next_pos=torch.tensor([[n]], dtype=torch.long), cached=[m])
+        return logits[:, -1].float(), DecodeState(
+            cache=cache, mask=mask, length=n, next_pos=torch.tensor([[n]], dtype=torch.long), cached=[m]
+        )
 
     # ------------------------------------------------------------------ merge / crop
     @staticmethod
@@ -210,8 +221,10 @@ class HFForward:
         layers_b = getattr(other.cache, "layers", None)
         if not layers_a or not layers_b or len(layers_a) != len(layers_b):
             return False
-        if not all(is_plain_layer(layer) and getattr(layer, "keys", None) is not None
-                   and layer.keys.dim() == 4 for layer in (*layers_a, *layers_b)):
+        if not all(
+            is_plain_layer(layer) and getattr(layer, "keys", None) is not None and layer.keys.dim() == 4
+            for layer in (*layers_a, *layers_b)
+        ):
             return False
         la, lb = state.length, other.length
         width = max(la, lb)
@@ -226,8 +239,8 @@ class HFForward:
             a.values = torch.cat([pad_left(a.values, width - la), pad_left(b.values, width - lb)], dim=0)
         room = max(state.mask.shape[1] - la, other.mask.shape[1] - lb)
         mask = torch.zeros((state.mask.shape[0] + other.mask.shape[0], width + room), dtype=torch.long)
-        mask[: state.mask.shape[0], width - la: width] = state.mask[:, :la]
-        mask[state.mask.shape[0]:, width - lb: width] = other.mask[:, :lb]
+        mask[: state.mask.shape[0], width - la : width] = state.mask[:, :la]
+        mask[state.mask.shape[0] :, width - lb : width] = other.mask[:, :lb]
         state.mask = mask
         state.length = width
         state.next_pos = torch.cat([state.next_pos, other.next_pos], dim=0)

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request  # Request at module level: FastAPI resolves endpoint annotations here
 from fastapi.responses import Response
@@ -67,8 +68,15 @@ def json_object(raw: bytes, *, allow_empty: bool) -> dict:
 Answer = Any  # a JSON-able value (HTTP 200) or a Response
 
 
-def route(app: FastAPI, paths: str | tuple[str, ...], handler: Callable[..., Awaitable[Answer]], *,
-          methods: tuple[str, ...] = ("POST",), body: bool = True, allow_empty: bool = True) -> None:
+def route(
+    app: FastAPI,
+    paths: str | tuple[str, ...],
+    handler: Callable[..., Awaitable[Answer]],
+    *,
+    methods: tuple[str, ...] = ("POST",),
+    body: bool = True,
+    allow_empty: bool = True,
+) -> None:
     """Serve `handler` at `paths`. With `body`, it is called with the request's JSON object."""
 
     async def endpoint(request: Request) -> Response:

@@ -24,10 +24,19 @@ from slime.utils.c_library import build_library
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "decode_kernels.c"
-FLAGS = ("-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-shared", "-fPIC")
+FLAGS = (
+    "-O3",
+    "-march=native",
+    "-mprefer-vector-width=512",
+    "-fopenmp",
+    "-fno-math-errno",
+    "-fno-trapping-math",
+    "-shared",
+    "-fPIC",
+)
 
 _lock = threading.Lock()
-_loaded: "DecodeKernels | None" = None
+_loaded: DecodeKernels | None = None
 _tried = False
 
 
@@ -36,7 +45,7 @@ def build(cc: str | None = None) -> Path:
     return build_library(SOURCE, FLAGS, "decode_kernels", cc, libs=("-lm",))
 
 
-def load() -> "DecodeKernels | None":
+def load() -> DecodeKernels | None:
     """The kernels, built and loaded once per process; None (logged once) where unavailable."""
     global _loaded, _tried
     with _lock:
@@ -77,13 +86,15 @@ class DecodeKernels:
         for fn in (lib.add_rms_norm_f32, lib.silu_mul_f32, lib.rope_store_f32, lib.decode_attention_f32):
             fn.restype = None
 
-    def add_rms_norm(self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-                     eps: float) -> torch.Tensor:
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
         """x += delta (in place, when given); returns RMSNorm(x) * weight (rows of the last dim)."""
         n = x.shape[-1]
         out = torch.empty_like(x)
-        self.lib.add_rms_norm_f32(_ptr(x), None if delta is None else _ptr(delta), _ptr(weight), _ptr(out),
-                                  x.numel() // n, n, eps)
+        self.lib.add_rms_norm_f32(
+            _ptr(x), None if delta is None else _ptr(delta), _ptr(weight), _ptr(out), x.numel() // n, n, eps
+        )
         return out
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -93,21 +104,46 @@ class DecodeKernels:
         self.lib.silu_mul_f32(_ptr(gate), _ptr(up), gate.numel())
         return gate
 
-    def rope_store(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   positions: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> None:
+    def rope_store(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        positions: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+    ) -> None:
         """Rotate q [B, hq, d] in place; rotate k [B, hk, d] and store it, and v, at position
         positions[b] of slot b of keys [slots, hk, cap / 16, d, 16] / values [slots, hk, cap, d]."""
         b, hq, d = q.shape
         slots, hk, blocks, _, _ = keys.shape
         cap = blocks * 16
         if slots < b or k.shape != (b, hk, d) or v.shape != (b, hk, d) or d > 512:
-            raise ValueError(f"rope_store: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
-                             f"do not fit keys {tuple(keys.shape)}")
-        self.lib.rope_store_f32(_ptr(q), _ptr(k), _ptr(v), _ptr(cos), _ptr(sin), _ptr(positions), _ptr(keys),
-                                _ptr(values), b, hq, hk, d, cap)
+            raise ValueError(
+                f"rope_store: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)} "
+                f"do not fit keys {tuple(keys.shape)}"
+            )
+        self.lib.rope_store_f32(
+            _ptr(q),
+            _ptr(k),
+            _ptr(v),
+            _ptr(cos),
+            _ptr(sin),
+            _ptr(positions),
+            _ptr(keys),
+            _ptr(values),
+            b,
+            hq,
+            hk,
+            d,
+            cap,
+        )
 
-    def decode_attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lens: torch.Tensor,
-                         scale: float) -> torch.Tensor:
+    def decode_attention(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, lens: torch.Tensor, scale: float
+    ) -> torch.Tensor:
         """q [B, hk * g, d]; keys [slots >= B, hk, cap / 16, d, 16] (blocks of 16 positions,
         feature-major), values [slots, hk, cap, d] (row b in slot b, positions 0..lens[b]
         visible). Returns [B, hk * g, d]."""
@@ -115,11 +151,14 @@ class DecodeKernels:
         slots, hk, blocks, _, block = keys.shape
         cap = blocks * block
         if block != 16 or values.shape[2] != cap:
-            raise ValueError(f"decode_attention: keys {tuple(keys.shape)} / values {tuple(values.shape)} "
-                             "are not in blocks of 16 positions")
+            raise ValueError(
+                f"decode_attention: keys {tuple(keys.shape)} / values {tuple(values.shape)} "
+                "are not in blocks of 16 positions"
+            )
         if slots < b:
             raise IndexError(f"decode_attention: {b} rows, the KV pool has {slots} slots")
         out = torch.empty_like(q)
-        self.lib.decode_attention_f32(_ptr(q), _ptr(keys), _ptr(values), _ptr(out), _ptr(lens), b, hk, hq // hk,
-                                      d, cap, scale)
+        self.lib.decode_attention_f32(
+            _ptr(q), _ptr(keys), _ptr(values), _ptr(out), _ptr(lens), b, hk, hq // hk, d, cap, scale
+        )
         return out

@@ -24,16 +24,21 @@ class GrowableLayer(DynamicLayer):
     def _owns_keys(self) -> bool:
         """Are `keys`/`values` still the front of our buffers (nobody replaced them)?"""
         k, kb = self.keys, self._kbuf
-        return (kb is not None and k is not None and k.dim() == 4 and k.data_ptr() == kb.data_ptr()
-                and k.stride() == kb.stride() and self.values.data_ptr() == self._vbuf.data_ptr())
+        return (
+            kb is not None
+            and k is not None
+            and k.dim() == 4
+            and k.data_ptr() == kb.data_ptr()
+            and k.stride() == kb.stride()
+            and self.values.data_ptr() == self._vbuf.data_ptr()
+        )
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         cur = self.keys.shape[-2] if self.keys is not None and self.keys.dim() == 4 else 0
         n = key_states.shape[-2]
-        fits = (self._owns_keys() and self._kbuf.shape[:2] == key_states.shape[:2]
-                and cur + n <= self._kbuf.shape[-2])
+        fits = self._owns_keys() and self._kbuf.shape[:2] == key_states.shape[:2] and cur + n <= self._kbuf.shape[-2]
         if not fits:
             capacity = cur + n + max(64, (cur + n) // 2)  # amortised: a rebuild every many steps
             shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
@@ -42,17 +47,20 @@ class GrowableLayer(DynamicLayer):
                 kb[:, :, :cur] = self.keys
                 vb[:, :, :cur] = self.values
             self._kbuf, self._vbuf = kb, vb
-        self._kbuf[:, :, cur:cur + n] = key_states
-        self._vbuf[:, :, cur:cur + n] = value_states
-        self.keys = self._kbuf[:, :, :cur + n]
-        self.values = self._vbuf[:, :, :cur + n]
+        self._kbuf[:, :, cur : cur + n] = key_states
+        self._vbuf[:, :, cur : cur + n] = value_states
+        self.keys = self._kbuf[:, :, : cur + n]
+        self.values = self._vbuf[:, :, : cur + n]
         return self.keys, self.values
 
 
 def is_plain_layer(layer) -> bool:
     """A full-attention layer whose keys/values are plain [B, H, L, D] tensors we may re-pad or crop."""
-    return (isinstance(layer, DynamicLayer) and not getattr(layer, "is_sliding", False)
-            and type(layer) in (DynamicLayer, GrowableLayer))
+    return (
+        isinstance(layer, DynamicLayer)
+        and not getattr(layer, "is_sliding", False)
+        and type(layer) in (DynamicLayer, GrowableLayer)
+    )
 
 
 def use_growable_layers(cache) -> None:

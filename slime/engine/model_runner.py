@@ -32,8 +32,15 @@ from slime.utils.accelerator import GIB, describe, free_memory_bytes, total_memo
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16, "half": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+}
 
 
 def column_major_linears(model) -> int:
@@ -51,8 +58,13 @@ def column_major_linears(model) -> int:
     with torch.no_grad():
         for module in model.modules():
             w = getattr(module, "weight", None)
-            if (isinstance(module, torch.nn.Linear) and w is not None and w.dim() == 2
-                    and w.data_ptr() not in shared and w.is_contiguous()):
+            if (
+                isinstance(module, torch.nn.Linear)
+                and w is not None
+                and w.dim() == 2
+                and w.data_ptr() not in shared
+                and w.is_contiguous()
+            ):
                 w.data = w.data.t().contiguous().t()
                 moved += 1
     return moved
@@ -125,8 +137,14 @@ class ModelRunner:
             self.forward, self.model_impl = self._pick_forward(model_impl)
         logger.info(
             "loaded %s: %d params, dtype %s, vocab %d, context %d, eos %s, forward %s, device %s",
-            self.model_path, sum(p.numel() for p in self.model.parameters()), torch_dtype,
-            self.vocab_size, self.context_length, sorted(self.eos_token_ids), self.model_impl, self.device,
+            self.model_path,
+            sum(p.numel() for p in self.model.parameters()),
+            torch_dtype,
+            self.vocab_size,
+            self.context_length,
+            sorted(self.eos_token_ids),
+            self.model_impl,
+            self.device,
         )
 
     # ------------------------------------------------------------------ device
@@ -154,8 +172,10 @@ class ModelRunner:
         total = self.memory_bytes()
         free = free_memory_bytes(self.device) + torch.cuda.memory_allocated(self.device)  # ours counts as free
         if wanted_bytes > min(total, free):
-            raise SystemExit(f"{option} asks for {wanted_bytes / GIB:.2f} GiB of GPU memory (weights + KV cache) "
-                             f"but {describe(self.device)} has {free / GIB:.2f} GiB free of {total / GIB:.2f} GiB")
+            raise SystemExit(
+                f"{option} asks for {wanted_bytes / GIB:.2f} GiB of GPU memory (weights + KV cache) "
+                f"but {describe(self.device)} has {free / GIB:.2f} GiB free of {total / GIB:.2f} GiB"
+            )
 
     def _pick_forward(self, model_impl: str):
         """(forward, its name): the native one where it covers the model, unless told otherwise."""
@@ -176,8 +196,8 @@ class ModelRunner:
     def kv_bytes_per_token(self) -> int:
         """Bytes of KV cache one token takes: keys and values of every layer."""
         c = self.config
-        layers = int(getattr(c, "num_hidden_layers"))
-        heads = int(getattr(c, "num_attention_heads"))
+        layers = int(c.num_hidden_layers)
+        heads = int(c.num_attention_heads)
         kv_heads = int(getattr(c, "num_key_value_heads", None) or heads)
         head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // heads)
         kv_dtype = getattr(self.forward, "kv_dtype", self.dtype)

@@ -205,8 +205,9 @@ class SlotBatch:
 
 
 class NativeForward:
-    def __init__(self, model, dtype: torch.dtype, context_length: int, use_kernels: bool = True,
-                 widen: bool | None = None):
+    def __init__(
+        self, model, dtype: torch.dtype, context_length: int, use_kernels: bool = True, widen: bool | None = None
+    ):
         """`widen`: multiply a bf16/fp16 model's projections in fp32 (`WideWeights`); by default
         where the CPU has no bf16 instructions."""
         self.model = model
@@ -217,7 +218,7 @@ class NativeForward:
         self.kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads)
         self.group = self.num_heads // self.kv_heads
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         self.eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
         self.dtype = dtype
         self.kv_dtype = kv_dtype_for(dtype)
@@ -240,12 +241,16 @@ class NativeForward:
 
     # ------------------------------------------------------------------ batch interface
     def new_batch(self) -> SlotBatch:
-        return SlotBatch(pool=KVPool(len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype,
-                                     zero_fill=self.attention_kernel is None))
+        return SlotBatch(
+            pool=KVPool(
+                len(self.layers), self.kv_heads, self.head_dim, self.kv_dtype, zero_fill=self.attention_kernel is None
+            )
+        )
 
     @torch.inference_mode()
-    def add_rows(self, batch: SlotBatch, prompts: list[list[int]], max_new: int, full_logits: bool,
-                 hits: dict, share: bool):
+    def add_rows(
+        self, batch: SlotBatch, prompts: list[list[int]], max_new: int, full_logits: bool, hits: dict, share: bool
+    ):
         """Prefill `prompts` into the next free slots (rows `batch.rows..`). Identical prompts
         (`share`) are prefilled once and the KV copied to the others; a prompt with a prefix-cache
         hit `hits[j] = (m, entry)` starts from the entry's first `m` positions. Returns (last
@@ -270,8 +275,9 @@ class NativeForward:
                 for layer, (k, v) in enumerate(zip(entry.keys, entry.values)):
                     batch.pool.write(layer, base + j, k[:, :m], v[:, :m])
             starts.append(m)
-        last_c, full_c = self.extend(batch, [base + j for j in computed],
-                                     [prompts[j][m:] for j, m in zip(computed, starts)], starts, full_logits)
+        last_c, full_c = self.extend(
+            batch, [base + j for j in computed], [prompts[j][m:] for j, m in zip(computed, starts)], starts, full_logits
+        )
         pos = {j: i for i, j in enumerate(computed)}
         dups = [j for j in range(n_new) if source[j] != j]
         if dups:  # one copy per tensor for all of them
@@ -409,8 +415,9 @@ class NativeForward:
         if self.attention_kernel is None:
             # position j of row i is visible when j <= lens[i] (the new token sits at lens[i])
             mask = torch.zeros((b, 1, 1, width), dtype=self.kv_dtype)
-            mask.masked_fill_((torch.arange(width).unsqueeze(0) > lens.unsqueeze(1)).view(b, 1, 1, width),
-                              float("-inf"))
+            mask.masked_fill_(
+                (torch.arange(width).unsqueeze(0) > lens.unsqueeze(1)).view(b, 1, 1, width), float("-inf")
+            )
 
         def attend(batch: SlotBatch, i: int, layer, h: torch.Tensor) -> torch.Tensor:
             q, k, v = self._qkv(layer, h, b)
@@ -419,8 +426,9 @@ class NativeForward:
             keys[rows, :, lens // BLOCK, :, lens % BLOCK] = k.to(self.kv_dtype)
             values[rows, :, lens] = v.to(self.kv_dtype)
             if self.attention_kernel is not None:
-                out = self.attention_kernel.decode_attention(q.to(self.kv_dtype).contiguous(), keys, values, lens,
-                                                             self.scaling)
+                out = self.attention_kernel.decode_attention(
+                    q.to(self.kv_dtype).contiguous(), keys, values, lens, self.scaling
+                )
                 return out.view(b, self.num_heads * d).to(h.dtype)
             qg = (q * self.scaling).to(self.kv_dtype).view(b, kv, 1, g, d)
             # [B, kv, 1, g, D] @ [B, kv, blocks, D, BLOCK] -> [B, kv, blocks, g, BLOCK], no copy of keys
@@ -433,8 +441,9 @@ class NativeForward:
         return attend
 
     @torch.inference_mode()
-    def extend(self, batch: SlotBatch, slots: list[int], tokens: list[list[int]], starts: list[int],
-               full_logits: bool) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+    def extend(
+        self, batch: SlotBatch, slots: list[int], tokens: list[list[int]], starts: list[int], full_logits: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
         """Run `tokens[j]` through the model on top of `starts[j]` cached positions of slot
         `slots[j]`; their KV lands in the pool. Returns the last position's logits [n, V] fp32
         and, with `full_logits`, each row's logits for all of its tokens ([len(tokens[j]), V])."""
@@ -496,8 +505,9 @@ class NativeForward:
             vs.masked_fill_(past_end, 0.0)
             q_pad = q.new_zeros((b, n, heads, d), dtype=self.kv_dtype)
             q_pad[real] = q.to(self.kv_dtype)
-            out = F.scaled_dot_product_attention(q_pad.transpose(1, 2), ks, vs, attn_mask=visible,
-                                                 scale=self.scaling, enable_gqa=self.group > 1)
+            out = F.scaled_dot_product_attention(
+                q_pad.transpose(1, 2), ks, vs, attn_mask=visible, scale=self.scaling, enable_gqa=self.group > 1
+            )
             return out.transpose(1, 2)[real].reshape(t, heads * d).to(h.dtype)
 
         ids = torch.tensor([tok for row in tokens for tok in row], dtype=torch.long)

@@ -44,7 +44,7 @@ class PrefixCache:
     def __init__(self, max_tokens: int, min_match: int = 32):
         self.max_tokens = int(max_tokens)
         self.min_match = int(min_match)
-        self._entries: "OrderedDict[bytes, PrefixEntry]" = OrderedDict()
+        self._entries: OrderedDict[bytes, PrefixEntry] = OrderedDict()
         # entries by their first `min_match` tokens: only those can share `min_match` tokens with
         # a prompt (or be a prefix of a new entry), so lookups never scan the whole cache
         self._by_head: dict[bytes, set[bytes]] = {}
@@ -83,8 +83,11 @@ class PrefixCache:
             return
         # an entry that is a prefix of this one adds nothing any more
         head = self._head(arr)
-        for k in [k for k in self._by_head.get(head, ()) if len(self._entries[k]) <= n
-                  and common_prefix_len(self._entries[k].tokens, arr) == len(self._entries[k])]:
+        for k in [
+            k
+            for k in self._by_head.get(head, ())
+            if len(self._entries[k]) <= n and common_prefix_len(self._entries[k].tokens, arr) == len(self._entries[k])
+        ]:
             self._pop(k)
         self._entries[key] = PrefixEntry(arr, keys, values)
         self._by_head.setdefault(head, set()).add(key)

@@ -10,7 +10,6 @@ scheduler, SGLang's answer shape out.
 
 from __future__ import annotations
 
-
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -40,13 +39,34 @@ _NEUTRAL_FIELDS: dict[str, Any] = {
     "return_entropy": False,
 }
 _IGNORED_FIELDS = {
-    "log_metrics", "modalities", "bootstrap_host", "bootstrap_port", "bootstrap_room", "bootstrap_pair_key",
-    "data_parallel_rank", "routed_dp_rank", "priority", "extra_key", "background", "no_logs",
-    "conversation_id", "label", "received_time", "custom_labels", "routing_key",
+    "log_metrics",
+    "modalities",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+    "bootstrap_pair_key",
+    "data_parallel_rank",
+    "routed_dp_rank",
+    "priority",
+    "extra_key",
+    "background",
+    "no_logs",
+    "conversation_id",
+    "label",
+    "received_time",
+    "custom_labels",
+    "routing_key",
     "model",  # sglang-router adds the served model name when it forwards a request
 }
-_FIELDS = {"text", "input_ids", "sampling_params", "return_logprob", "logprob_start_len", "rid",
-           "return_text_in_logprobs"}
+_FIELDS = {
+    "text",
+    "input_ids",
+    "sampling_params",
+    "return_logprob",
+    "logprob_start_len",
+    "rid",
+    "return_text_in_logprobs",
+}
 
 
 @dataclass(eq=False)
@@ -95,9 +115,15 @@ def parse_generate(body: Any, runner, max_total_tokens: int | None) -> tuple[lis
     _check_fields(body)
     prompts, is_batch = _prompts(body, runner)
     n = len(prompts)
-    columns = {name: _per_item(body.get(name, default), n, name, is_batch)
-               for name, default in (("sampling_params", None), ("return_logprob", False),
-                                     ("logprob_start_len", -1), ("return_text_in_logprobs", False))}
+    columns = {
+        name: _per_item(body.get(name, default), n, name, is_batch)
+        for name, default in (
+            ("sampling_params", None),
+            ("return_logprob", False),
+            ("logprob_start_len", -1),
+            ("return_text_in_logprobs", False),
+        )
+    }
     rid = body.get("rid")
     if is_batch and rid is not None and not isinstance(rid, list):
         raise BadRequest("rid must be a list of strings for a batch request")
@@ -108,8 +134,9 @@ def parse_generate(body: Any, runner, max_total_tokens: int | None) -> tuple[lis
         where = f"[{b}]" if is_batch else ""
         raw = columns["sampling_params"][b]
         if id(raw) not in params_of:
-            params_of[id(raw)] = SamplingParams.from_dict(raw, vocab_size=runner.vocab_size,
-                                                          where=f"sampling_params{where}")
+            params_of[id(raw)] = SamplingParams.from_dict(
+                raw, vocab_size=runner.vocab_size, where=f"sampling_params{where}"
+            )
         sp = _with_room(params_of[id(raw)], len(ids), where, runner.context_length, max_total_tokens)
         req = _request(ids, sp, {k: v[b] for k, v in columns.items()}, where, runner)
         _check_fits(req, where, runner.context_length, max_total_tokens)
@@ -167,8 +194,12 @@ def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list:
 
 
 def _request(ids: list[int], sp: SamplingParams, fields: dict[str, Any], where: str, runner) -> Req:
-    rl, tl, ls, r_id = (fields["return_logprob"], fields["return_text_in_logprobs"], fields["logprob_start_len"],
-                        fields["rid"])
+    rl, tl, ls, r_id = (
+        fields["return_logprob"],
+        fields["return_text_in_logprobs"],
+        fields["logprob_start_len"],
+        fields["rid"],
+    )
     rl = False if rl is None else rl
     if not isinstance(rl, bool):
         raise BadRequest(f"return_logprob{where} must be true or false, got {rl!r}")
@@ -182,8 +213,14 @@ def _request(ids: list[int], sp: SamplingParams, fields: dict[str, Any], where: 
     stop_ids = set(sp.stop_token_ids)
     if not sp.ignore_eos:
         stop_ids |= runner.eos_token_ids
-    req = Req(input_ids=list(ids), params=sp, return_logprob=rl, logprob_start_len=ls,
-              return_text_in_logprobs=tl, stop_ids=frozenset(stop_ids))
+    req = Req(
+        input_ids=list(ids),
+        params=sp,
+        return_logprob=rl,
+        logprob_start_len=ls,
+        return_text_in_logprobs=tl,
+        stop_ids=frozenset(stop_ids),
+    )
     if r_id is not None:
         req.rid = r_id
     if sp.sampling_seed is not None:
@@ -191,8 +228,9 @@ def _request(ids: list[int], sp: SamplingParams, fields: dict[str, Any], where: 
     return req
 
 
-def _with_room(sp: SamplingParams, n: int, where: str, context_length: int,
-               max_total_tokens: int | None) -> SamplingParams:
+def _with_room(
+    sp: SamplingParams, n: int, where: str, context_length: int, max_total_tokens: int | None
+) -> SamplingParams:
     """max_new_tokens null: every position the prompt leaves, less one (as SGLang's scheduler)."""
     if sp.max_new_tokens is not None:
         return sp
@@ -206,11 +244,15 @@ def _with_room(sp: SamplingParams, n: int, where: str, context_length: int,
 def _check_fits(req: Req, where: str, context_length: int, max_total_tokens: int | None) -> None:
     n, new = len(req.input_ids), req.params.max_new_tokens
     if n + new > context_length:
-        raise BadRequest(f"prompt{where} has {n} tokens and max_new_tokens is {new}: "
-                         f"together more than the context length {context_length}")
+        raise BadRequest(
+            f"prompt{where} has {n} tokens and max_new_tokens is {new}: "
+            f"together more than the context length {context_length}"
+        )
     if max_total_tokens is not None and n + new > max_total_tokens:
-        raise BadRequest(f"prompt{where} has {n} tokens and max_new_tokens is {new}: together more than the "
-                         f"KV token budget {max_total_tokens} (--max-total-tokens / --mem-fraction-static)")
+        raise BadRequest(
+            f"prompt{where} has {n} tokens and max_new_tokens is {new}: together more than the "
+            f"KV token budget {max_total_tokens} (--max-total-tokens / --mem-fraction-static)"
+        )
 
 
 # ------------------------------------------------------------------------------------ while it runs
@@ -227,7 +269,7 @@ def input_logprobs(logits: torch.Tensor, r: Req) -> list[float | None]:
         first = 1
     if first < n:
         temp = 1.0 if r.params.greedy else r.params.temperature
-        rows = logits[first - 1: n - 1]
+        rows = logits[first - 1 : n - 1]
         if temp != 1.0:
             rows = rows / temp
         lp = torch.log_softmax(rows, dim=-1)
@@ -271,10 +313,11 @@ def result_of(r: Req, tokenizer, weight_version: str) -> dict:
         "e2e_latency": time.perf_counter() - r.created,
     }
     if r.return_logprob:
-        meta["output_token_logprobs"] = _logprob_triples(r.output_logprobs, r.output_ids, tokenizer,
-                                                         r.return_text_in_logprobs)
+        meta["output_token_logprobs"] = _logprob_triples(
+            r.output_logprobs, r.output_ids, tokenizer, r.return_text_in_logprobs
+        )
         if r.logprob_start_len >= 0:
-            in_ids = r.input_ids[min(r.logprob_start_len, len(r.input_ids)):]
+            in_ids = r.input_ids[min(r.logprob_start_len, len(r.input_ids)) :]
             lps = r.input_logprobs or [None] * len(in_ids)
             meta["input_token_logprobs"] = _logprob_triples(lps, in_ids, tokenizer, r.return_text_in_logprobs)
     return {"text": text, "output_ids": list(r.output_ids), "meta_info": meta}

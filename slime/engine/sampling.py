@@ -64,7 +64,7 @@ class SamplingParams:
         return self.temperature <= 1e-6
 
     @classmethod
-    def from_dict(cls, d: Any, *, vocab_size: int, where: str = "sampling_params") -> "SamplingParams":
+    def from_dict(cls, d: Any, *, vocab_size: int, where: str = "sampling_params") -> SamplingParams:
         if d is None:
             d = {}
         if not isinstance(d, dict):
@@ -76,8 +76,7 @@ class SamplingParams:
             if key in _NEUTRAL_ONLY:
                 if value is not None and value != _NEUTRAL_ONLY[key]:
                     raise BadRequest(
-                        f"{where}.{key}={value!r} is not supported by the built-in engine "
-                        f"(only {_NEUTRAL_ONLY[key]!r})"
+                        f"{where}.{key}={value!r} is not supported by the built-in engine (only {_NEUTRAL_ONLY[key]!r})"
                     )
                 continue
             if key not in _FIELDS:
@@ -192,9 +191,7 @@ class BatchSampler:
         self.top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float32)
         self.min_p = torch.tensor([p.min_p for p in ps], dtype=torch.float32)
         sampled = [not p.greedy for p in ps]
-        self.need_filter = any(
-            s and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0) for s, p in zip(sampled, ps)
-        )
+        self.need_filter = any(s and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0) for s, p in zip(sampled, ps))
         self.seeded = [i for i, r in enumerate(rows) if r.generator is not None]
 
     def select(self, keep: list[int]) -> None:

@@ -30,8 +30,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -141,10 +142,15 @@ class Scheduler:
         return True
 
     def stats(self) -> dict:
-        return {"batches_run": self.batches_run, "rows_run": self.rows_run,
-                "tokens_generated": self.tokens_generated, "busy_s": round(self.busy_s, 4),
-                "max_total_num_tokens": self.max_total_tokens, "peak_kv_tokens": self.peak_kv_tokens,
-                "peak_running_requests": self.peak_rows}
+        return {
+            "batches_run": self.batches_run,
+            "rows_run": self.rows_run,
+            "tokens_generated": self.tokens_generated,
+            "busy_s": round(self.busy_s, 4),
+            "max_total_num_tokens": self.max_total_tokens,
+            "peak_kv_tokens": self.peak_kv_tokens,
+            "peak_running_requests": self.peak_rows,
+        }
 
     @staticmethod
     def _reserved(needs: list[int]) -> int:
@@ -158,8 +164,7 @@ class Scheduler:
         taken: list[Req] = []
         while self._waiting and len(taken) < limit:
             need = self._waiting[0].kv_need()
-            if (self.max_total_tokens is not None and needs
-                    and self._reserved(needs + [need]) > self.max_total_tokens):
+            if self.max_total_tokens is not None and needs and self._reserved(needs + [need]) > self.max_total_tokens:
                 break  # FIFO: a later, smaller request does not overtake it
             needs.append(need)
             taken.append(self._waiting.popleft())
@@ -175,8 +180,12 @@ class Scheduler:
             # already delivered, so it is no longer load
             running = [r for r in self._running if r.finish_reason is None]
         reqs = waiting + running
-        load = {"num_reqs": len(reqs), "num_tokens": sum(r.num_tokens() for r in reqs),
-                "num_waiting_reqs": len(waiting), "num_running_reqs": len(running)}
+        load = {
+            "num_reqs": len(reqs),
+            "num_tokens": sum(r.num_tokens() for r in reqs),
+            "num_waiting_reqs": len(waiting),
+            "num_running_reqs": len(running),
+        }
         if self.max_total_tokens:
             load["token_usage"] = round(self._reserved([r.kv_need() for r in running]) / self.max_total_tokens, 4)
         return load
@@ -279,14 +288,15 @@ class Scheduler:
                     continue
                 batch = self._take_fitting([], self.max_running)
                 self._running = batch
-                self._interrupt = bool(self._controls or self._abort_all or self._abort_rids
-                                       or self._pause_mode or self._stopped)
+                self._interrupt = bool(
+                    self._controls or self._abort_all or self._abort_rids or self._pause_mode or self._stopped
+                )
             t0 = time.perf_counter()
             try:
                 self._run_batch(batch)
             except _Retract:
                 pass
-            except BaseException as e:  # noqa: BLE001 - the worker must survive a bad batch
+            except BaseException as e:
                 logger.exception("batch of %d requests failed", len(batch))
                 failed = [r for r in batch if not r.finished]
                 for r in failed:
@@ -324,9 +334,13 @@ class Scheduler:
         deadline = time.perf_counter() + BURST_MAX_WAIT_S
         waited = False
         with self._cv:
-            while (len(self._waiting) > alive and alive + len(self._waiting) < self.max_running
-                   and not self._interrupt and time.perf_counter() - self._last_submit < BURST_GAP_S
-                   and time.perf_counter() < deadline):
+            while (
+                len(self._waiting) > alive
+                and alive + len(self._waiting) < self.max_running
+                and not self._interrupt
+                and time.perf_counter() - self._last_submit < BURST_GAP_S
+                and time.perf_counter() < deadline
+            ):
                 waited = True
                 self._cv.wait(timeout=BURST_GAP_S)
         return waited
@@ -363,7 +377,7 @@ class Scheduler:
             r.delivered = True
         try:
             self.deliver(reqs)
-        except Exception:  # noqa: BLE001
+        except Exception:
             logger.exception("delivering %d results failed", len(reqs))
 
     # ---------------------------------------------------------------- one batch
@@ -425,8 +439,13 @@ class Scheduler:
         rows, logits = self._add_rows(state, [], list(batch))
         if not rows:
             return
-        run = _Running(state, rows, BatchSampler(rows, runner.vocab_size, self.generator),
-                       self._suppress_table(rows), alive=len(rows))
+        run = _Running(
+            state,
+            rows,
+            BatchSampler(rows, runner.vocab_size, self.generator),
+            self._suppress_table(rows),
+            alive=len(rows),
+        )
         steps_since_admit = 0
         while True:
             suppress = None
@@ -450,8 +469,12 @@ class Scheduler:
             logits = runner.decode(state, tokens_t)
             steps_since_admit += 1
             settled = bool(self._waiting) and self.continuous and self._settle_burst(run.alive)
-            if (self._waiting and self.continuous and run.alive < self.max_running
-                    and (settled or steps_since_admit >= 4 or len(self._waiting) >= self.max_running - run.alive)):
+            if (
+                self._waiting
+                and self.continuous
+                and run.alive < self.max_running
+                and (settled or steps_since_admit >= 4 or len(self._waiting) >= self.max_running - run.alive)
+            ):
                 new = self._admit(batch, run.rows, run.alive)
                 if new:
                     steps_since_admit = 0
@@ -480,7 +503,7 @@ class Scheduler:
                 newly.append(r)
         return newly
 
-    def _maybe_compact(self, run: "_Running", tokens_t: torch.Tensor) -> torch.Tensor:
+    def _maybe_compact(self, run: _Running, tokens_t: torch.Tensor) -> torch.Tensor:
         """Finished rows leave the batch when enough of them pile up: each compaction moves KV
         rows, so one at a time is slower than carrying a few dead rows along."""
         if len(run.rows) - run.alive >= self.compact_fraction * len(run.rows):
@@ -495,7 +518,7 @@ class Scheduler:
             self._running = [r for r in run.rows if r.finish_reason is None]
         return tokens_t
 
-    def _join(self, run: "_Running", batch: list[Req], new: list[Req], logits: torch.Tensor) -> torch.Tensor:
+    def _join(self, run: _Running, batch: list[Req], new: list[Req], logits: torch.Tensor) -> torch.Tensor:
         """Prefill admitted requests into the running batch; returns the logits of every row."""
         got = self._add_rows(run.state, run.rows, new)
         if got is None:  # cannot merge this cache type: back to the front of the queue

@@ -64,8 +64,12 @@ def create_app(state: EngineState):
 
     @asynccontextmanager
     async def lifespan(app):
-        logger.info("engine server ready at http://%s:%d (model loaded in %.1fs)",
-                    state.args.host, state.args.port, state.load_time)
+        logger.info(
+            "engine server ready at http://%s:%d (model loaded in %.1fs)",
+            state.args.host,
+            state.args.port,
+            state.load_time,
+        )
         yield
         state.scheduler.stop()
 
@@ -79,14 +83,19 @@ def create_app(state: EngineState):
 def guard_policy(state: EngineState) -> Policy:
     """Keys, hosts and body caps of this server (`slime.engine.guard`)."""
     args = state.args
-    mib = 1024 ** 2
+    mib = 1024**2
     if args.max_weight_update_mb is not None:
         weight_cap = int(args.max_weight_update_mb * mib)
     else:  # a full state dict in float32, base64 (4/3), and room for the JSON around it
         numel = sum(p.numel() for p in state.runner.model.parameters())
         weight_cap = int(numel * 4 * 4 / 3 * 1.1) + 64 * mib
-    return Policy.for_server(args.host, api_key=args.api_key, admin_api_key=args.admin_api_key,
-                             max_body=int(args.max_request_body_mb * mib), max_weight_body=weight_cap)
+    return Policy.for_server(
+        args.host,
+        api_key=args.api_key,
+        admin_api_key=args.admin_api_key,
+        max_body=int(args.max_request_body_mb * mib),
+        max_weight_body=weight_cap,
+    )
 
 
 class _Server(uvicorn.Server):
@@ -114,7 +123,8 @@ def main(argv: list[str] | None = None, from_command_line: bool | None = None) -
         print(f"slime serve: error: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(
-        level=args.log_level.upper(), stream=sys.stderr,
+        level=args.log_level.upper(),
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -127,10 +137,16 @@ def main(argv: list[str] | None = None, from_command_line: bool | None = None) -
     sys.setswitchinterval(0.001)
     state = EngineState(args)
     config = uvicorn.Config(
-        create_app(state), host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-        timeout_graceful_shutdown=3, lifespan="on",
+        create_app(state),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=3,
+        lifespan="on",
         # a rollout opens hundreds of connections at once, and keeps them between rollouts
-        timeout_keep_alive=120, backlog=4096,
+        timeout_keep_alive=120,
+        backlog=4096,
     )
     _Server(config, state).run()
     state.scheduler.stop()

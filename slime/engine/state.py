@@ -8,7 +8,8 @@ import argparse
 import asyncio
 import time
 from collections import defaultdict
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime import __version__
 from slime.engine.model_runner import ModelRunner
@@ -33,21 +34,26 @@ def kv_token_budget(args: argparse.Namespace, runner: ModelRunner) -> int | None
     if args.max_total_tokens is not None:
         if args.max_total_tokens < 1:
             raise SystemExit(f"--max-total-tokens must be >= 1, got {args.max_total_tokens}")
-        runner.check_memory(f"--max-total-tokens {args.max_total_tokens}",  # on a GPU: does it fit the card
-                            runner.weight_bytes() + args.max_total_tokens * runner.kv_bytes_per_token())
+        runner.check_memory(
+            f"--max-total-tokens {args.max_total_tokens}",  # on a GPU: does it fit the card
+            runner.weight_bytes() + args.max_total_tokens * runner.kv_bytes_per_token(),
+        )
         return int(args.max_total_tokens)
     if args.mem_fraction_static is None:
         return None
     if not 0.0 < args.mem_fraction_static <= 1.0:
         raise SystemExit(f"--mem-fraction-static must be in (0, 1], got {args.mem_fraction_static}")
     # the GPU's memory on CUDA (SGLang's meaning), the machine's RAM on the CPU
-    runner.check_memory(f"--mem-fraction-static {args.mem_fraction_static}",
-                        args.mem_fraction_static * runner.memory_bytes())
+    runner.check_memory(
+        f"--mem-fraction-static {args.mem_fraction_static}", args.mem_fraction_static * runner.memory_bytes()
+    )
     free = args.mem_fraction_static * runner.memory_bytes() - runner.weight_bytes()
     tokens = int(free // runner.kv_bytes_per_token())
     if tokens < runner.context_length:
-        raise SystemExit(f"--mem-fraction-static {args.mem_fraction_static} leaves room for {max(tokens, 0)} KV "
-                         f"tokens, less than one request of the context length {runner.context_length}")
+        raise SystemExit(
+            f"--mem-fraction-static {args.mem_fraction_static} leaves room for {max(tokens, 0)} KV "
+            f"tokens, less than one request of the context length {runner.context_length}"
+        )
     return tokens
 
 
@@ -70,18 +76,28 @@ class EngineState:
         self.args = args
         t0 = time.perf_counter()
         self.runner = ModelRunner(
-            args.model_path, dtype=args.dtype, context_length=args.context_length,
-            tokenizer_path=args.tokenizer_path, trust_remote_code=args.trust_remote_code,
-            share_prefix=not args.disable_radix_cache, prefix_cache_tokens=args.prefix_cache_tokens,
-            model_impl=args.model_impl, device=args.device,
+            args.model_path,
+            dtype=args.dtype,
+            context_length=args.context_length,
+            tokenizer_path=args.tokenizer_path,
+            trust_remote_code=args.trust_remote_code,
+            share_prefix=not args.disable_radix_cache,
+            prefix_cache_tokens=args.prefix_cache_tokens,
+            model_impl=args.model_impl,
+            device=args.device,
         )
         self.model_path = args.model_path
         self.max_total_tokens = kv_token_budget(args, self.runner)
         self.scheduler = Scheduler(
-            self.runner, max_running_requests=args.max_running_requests, max_total_tokens=self.max_total_tokens,
-            batch_wait_s=args.batch_wait_ms / 1000.0, seed=args.random_seed,
-            deliver=self._deliver, weight_version=args.weight_version,
-            step_delay_s=args.step_delay_ms / 1000.0, lending=EngineLending.from_env(),
+            self.runner,
+            max_running_requests=args.max_running_requests,
+            max_total_tokens=self.max_total_tokens,
+            batch_wait_s=args.batch_wait_ms / 1000.0,
+            seed=args.random_seed,
+            deliver=self._deliver,
+            weight_version=args.weight_version,
+            step_delay_s=args.step_delay_ms / 1000.0,
+            lending=EngineLending.from_env(),
         )
         self.scheduler.start()
         self.load_time = time.perf_counter() - t0
@@ -94,8 +110,9 @@ class EngineState:
     def parse_generate(self, body: Any) -> tuple[list[Req], bool]:
         n = batch_size(body)
         if n > self.args.max_batch_request_size:
-            raise BadRequest(f"a batch of {n} prompts is over --max-batch-request-size "
-                             f"{self.args.max_batch_request_size}; split it")
+            raise BadRequest(
+                f"a batch of {n} prompts is over --max-batch-request-size {self.args.max_batch_request_size}; split it"
+            )
         return parse_generate(body, self.runner, self.max_total_tokens)
 
     async def run(self, reqs: list[Req]) -> list[dict]:
@@ -106,8 +123,9 @@ class EngineState:
         for r in reqs:
             r.loop, r.future = loop, loop.create_future()
         if not self.scheduler.submit(reqs, self.args.max_queued_requests):
-            raise QueueFull(f"the engine's queue is full (--max-queued-requests {self.args.max_queued_requests}); "
-                            "retry later")
+            raise QueueFull(
+                f"the engine's queue is full (--max-queued-requests {self.args.max_queued_requests}); retry later"
+            )
         try:
             return list(await asyncio.gather(*(r.future for r in reqs)))
         except asyncio.CancelledError:
@@ -123,8 +141,9 @@ class EngineState:
             if r.error is not None:
                 by_loop[r.loop].append((r.future, None, r.error))
             else:
-                by_loop[r.loop].append((r.future, result_of(r, self.runner.tokenizer, self.scheduler.weight_version),
-                                        None))
+                by_loop[r.loop].append(
+                    (r.future, result_of(r, self.runner.tokenizer, self.scheduler.weight_version), None)
+                )
         for loop, items in by_loop.items():
             loop.call_soon_threadsafe(_resolve, items)
 
@@ -174,8 +193,15 @@ class EngineState:
         pc = self.runner.prefix_cache
         if pc is None:
             return {"prefix_cache": None}
-        return {"prefix_cache": {"entries": len(pc), "tokens": pc.num_tokens, "max_tokens": pc.max_tokens,
-                                 "hits": pc.hits, "hit_tokens": pc.hit_tokens}}
+        return {
+            "prefix_cache": {
+                "entries": len(pc),
+                "tokens": pc.num_tokens,
+                "max_tokens": pc.max_tokens,
+                "hits": pc.hits,
+                "hit_tokens": pc.hit_tokens,
+            }
+        }
 
 
 def _resolve(items) -> None:

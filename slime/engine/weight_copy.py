@@ -50,9 +50,18 @@ def _load():
 
 def copy_into(dst: torch.Tensor, src: torch.Tensor) -> None:
     """dst.copy_(src), the transposing float32 case in C."""
-    if (dst.dim() == 2 and dst.dtype == torch.float32 and src.dtype == torch.float32 and dst.device.type == "cpu"
-            and src.device.type == "cpu" and src.is_contiguous() and not dst.is_contiguous()
-            and dst.t().is_contiguous() and dst.shape == src.shape and dst.numel() >= 4096):
+    if (
+        dst.dim() == 2
+        and dst.dtype == torch.float32
+        and src.dtype == torch.float32
+        and dst.device.type == "cpu"
+        and src.device.type == "cpu"
+        and src.is_contiguous()
+        and not dst.is_contiguous()
+        and dst.t().is_contiguous()
+        and dst.shape == src.shape
+        and dst.numel() >= 4096
+    ):
         lib = _load()
         if lib is not None:
             rows, cols = src.shape

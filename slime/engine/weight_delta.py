@@ -67,11 +67,11 @@ class _Adler32:
 
 def new_hasher(algorithm: str):
     if algorithm == "xxh3-128":
-        import xxhash  # noqa: PLC0415
+        import xxhash
 
         return xxhash.xxh3_128()
     if algorithm == "blake3":
-        import blake3  # noqa: PLC0415 - optional: --update-weight-delta-checksum blake3 checks it is installed
+        import blake3
 
         return blake3.blake3()
     if algorithm == "adler32":
@@ -120,13 +120,13 @@ def apply(encoding: str, region: np.ndarray, delta: bytes) -> None:
 
 
 def compress(data: bytes) -> bytes:
-    import zstandard  # noqa: PLC0415
+    import zstandard
 
     return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
 
 
 def decompress(data: bytes) -> bytes:
-    import zstandard  # noqa: PLC0415
+    import zstandard
 
     return zstandard.ZstdDecompressor().decompress(data)
 
@@ -210,8 +210,10 @@ def apply_version(local_dir: str | os.PathLike, vdir: str | os.PathLike) -> int:
     if applied == version:
         return 0
     if applied != base:
-        raise DeltaError(f"out-of-order delta: the local checkpoint is at version {applied}, "
-                         f"{Path(vdir).name} builds on version {base}")
+        raise DeltaError(
+            f"out-of-order delta: the local checkpoint is at version {applied}, "
+            f"{Path(vdir).name} builds on version {base}"
+        )
     if meta.get("compression_format") != COMPRESSION:
         raise DeltaError(f"{Path(vdir).name}: compression {meta.get('compression_format')!r} is not supported")
     encoding, algorithm = meta["delta_encoding"], meta["checksum_format"]
@@ -227,7 +229,7 @@ def apply_version(local_dir: str | os.PathLike, vdir: str | os.PathLike) -> int:
             if name not in locations:
                 raise DeltaError(f"{Path(vdir).name}: tensor {name!r} is not in the local checkpoint")
             b, e = info["data_offsets"]
-            items.append((name, blob[data_start + b:data_start + e], want.get(name)))
+            items.append((name, blob[data_start + b : data_start + e], want.get(name)))
     maps: dict[str, tuple] = {}
     mismatches: list[str] = []
     lock = threading.Lock()
@@ -255,15 +257,16 @@ def apply_version(local_dir: str | os.PathLike, vdir: str | os.PathLike) -> int:
             mm.close()
             fh.close()
     if mismatches:
-        raise DeltaChecksumError(f"checksum mismatch ({algorithm}) after applying {Path(vdir).name} to "
-                                 f"{sorted(mismatches)[:5]}{' ...' if len(mismatches) > 5 else ''}: refused; the "
-                                 "local checkpoint needs a full version")
+        raise DeltaChecksumError(
+            f"checksum mismatch ({algorithm}) after applying {Path(vdir).name} to "
+            f"{sorted(mismatches)[:5]}{' ...' if len(mismatches) > 5 else ''}: refused; the "
+            "local checkpoint needs a full version"
+        )
     _set_applied(local_dir, version)
     return len(items)
 
 
-def pull(local_dir: str | os.PathLike, base_dir: str | os.PathLike, source_dir: str | os.PathLike,
-         target: int) -> dict:
+def pull(local_dir: str | os.PathLike, base_dir: str | os.PathLike, source_dir: str | os.PathLike, target: int) -> dict:
     """Bring `local_dir` to version `target` (see the module's doc); returns what was done. Engines
     on one host sharing `local_dir` take turns (a file lock): the first applies, the rest find it done."""
     if target < 0:

@@ -18,9 +18,18 @@ import torch.distributed as dist
 DEFAULT_GROUP_NAME = "weight_update_group"
 
 _DTYPES = {
-    "float32": torch.float32, "float": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-    "half": torch.float16, "float64": torch.float64, "double": torch.float64, "int64": torch.int64,
-    "int32": torch.int32, "uint8": torch.uint8, "int8": torch.int8, "bool": torch.bool,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float64": torch.float64,
+    "double": torch.float64,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "uint8": torch.uint8,
+    "int8": torch.int8,
+    "bool": torch.bool,
 }
 
 
@@ -37,8 +46,9 @@ def parse_dtype(name: object) -> torch.dtype:
     raise ValueError(f"unknown dtype {name!r} (expected e.g. 'float32' or 'bfloat16')")
 
 
-def create_gloo_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
-                      timeout_s: float = 60.0):
+def create_gloo_group(
+    master_address: str, master_port: int, rank: int, world_size: int, group_name: str, timeout_s: float = 60.0
+):
     """Join a gloo group that lives apart from torch.distributed's default group.
 
     Rank 0 hosts the TCP store on a socket it binds to `master_address` itself (so it never

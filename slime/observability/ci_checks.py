@@ -41,9 +41,12 @@ def fail(args: Namespace, check: str, where: str, detail: str, metrics: dict[str
         saved = f" (report: {path})"
     except OSError:
         saved = ""
-    shown = ", ".join(f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted((metrics or {}).items()))
-    raise SlimeError(f"--ci-test check failed: {check} at {where}: {detail}" + (f"; metrics: {shown}" if shown else "")
-                     + saved)
+    shown = ", ".join(
+        f"{k}={v:.6g}" if isinstance(v, float) else f"{k}={v}" for k, v in sorted((metrics or {}).items())
+    )
+    raise SlimeError(
+        f"--ci-test check failed: {check} at {where}: {detail}" + (f"; metrics: {shown}" if shown else "") + saved
+    )
 
 
 def check_train_step(args: Namespace, rollout_id: int, step_id: int, metrics: dict[str, float]) -> None:
@@ -53,14 +56,24 @@ def check_train_step(args: Namespace, rollout_id: int, step_id: int, metrics: di
     where = f"rollout {rollout_id} step {step_id}"
     if step_id == 0 and "train/ppo_kl" in metrics and "train/pg_clipfrac" in metrics:
         if not metrics["train/ppo_kl"] < ON_POLICY_KL_LIMIT:
-            fail(args, "first step's train/ppo_kl", where,
-                 f"train/ppo_kl = {metrics['train/ppo_kl']:.6g}, must be < {ON_POLICY_KL_LIMIT:g} (the old "
-                 f"log-probs are the policy's own before its first step)", metrics)
+            fail(
+                args,
+                "first step's train/ppo_kl",
+                where,
+                f"train/ppo_kl = {metrics['train/ppo_kl']:.6g}, must be < {ON_POLICY_KL_LIMIT:g} (the old "
+                f"log-probs are the policy's own before its first step)",
+                metrics,
+            )
     if rollout_id == 0 and step_id == 0 and "train/kl_loss" in metrics:
         if not metrics["train/kl_loss"] < ON_POLICY_KL_LIMIT:
-            fail(args, "first train/kl_loss", where,
-                 f"train/kl_loss = {metrics['train/kl_loss']:.6g}, must be < {ON_POLICY_KL_LIMIT:g} (the policy "
-                 f"is the reference before the first step)", metrics)
+            fail(
+                args,
+                "first train/kl_loss",
+                where,
+                f"train/kl_loss = {metrics['train/kl_loss']:.6g}, must be < {ON_POLICY_KL_LIMIT:g} (the policy "
+                f"is the reference before the first step)",
+                metrics,
+            )
 
 
 def check_logprob_diff(args: Namespace, rollout_id: int, metrics: dict[str, float]) -> None:
@@ -69,8 +82,13 @@ def check_logprob_diff(args: Namespace, rollout_id: int, metrics: dict[str, floa
         return
     limit = args.ci_train_rollout_logprob_abs_diff_threshold
     if not metrics[key] <= limit:
-        fail(args, key, f"rollout {rollout_id}",
-             f"{key} = {metrics[key]:.6g} exceeds --ci-train-rollout-logprob-abs-diff-threshold {limit:g}", metrics)
+        fail(
+            args,
+            key,
+            f"rollout {rollout_id}",
+            f"{key} = {metrics[key]:.6g} exceeds --ci-train-rollout-logprob-abs-diff-threshold {limit:g}",
+            metrics,
+        )
 
 
 def check_weight_versions(args: Namespace, expected: str, versions: dict[str, Any]) -> None:
@@ -79,16 +97,21 @@ def check_weight_versions(args: Namespace, expected: str, versions: dict[str, An
         return
     wrong = {url: v for url, v in versions.items() if str(v) != str(expected)}
     if wrong:
-        fail(args, "engine weight_version", f"weight update to version {expected}",
-             "engines report another version: " + ", ".join(f"{u}: {v!r}" for u, v in wrong.items()))
+        fail(
+            args,
+            "engine weight_version",
+            f"weight update to version {expected}",
+            "engines report another version: " + ", ".join(f"{u}: {v!r}" for u, v in wrong.items()),
+        )
 
 
 def grad_norm_path(pattern: str, rollout_id: int, step_id: int, role: str = "actor") -> Path:
     return Path(pattern.format(role=role, rollout_id=rollout_id, step_id=step_id))
 
 
-def save_or_check_grad_norm(args: Namespace, rollout_id: int, step_id: int, grad_norm: float, writer: bool,
-                            role: str = "actor") -> None:
+def save_or_check_grad_norm(
+    args: Namespace, rollout_id: int, step_id: int, grad_norm: float, writer: bool, role: str = "actor"
+) -> None:
     """`--ci-save-grad-norm` (the writing rank) / `--ci-load-grad-norm` (every rank)."""
     if args.ci_save_grad_norm is not None:
         if writer:
@@ -102,6 +125,11 @@ def save_or_check_grad_norm(args: Namespace, rollout_id: int, step_id: int, grad
             fail(args, "--ci-load-grad-norm", where, f"no saved grad norm {path}")
         expected = float(torch.load(path, weights_only=True))
         if not math.isclose(grad_norm, expected, rel_tol=GRAD_NORM_TOLERANCE, abs_tol=GRAD_NORM_TOLERANCE):
-            fail(args, "--ci-load-grad-norm", where,
-                 f"grad norm {grad_norm:.6g} differs from the saved {expected:.6g} ({path}) by more than "
-                 f"{GRAD_NORM_TOLERANCE:g} (relative and absolute)", {"train/grad_norm": grad_norm})
+            fail(
+                args,
+                "--ci-load-grad-norm",
+                where,
+                f"grad norm {grad_norm:.6g} differs from the saved {expected:.6g} ({path}) by more than "
+                f"{GRAD_NORM_TOLERANCE:g} (relative and absolute)",
+                {"train/grad_norm": grad_norm},
+            )

@@ -30,8 +30,17 @@ from slime.utils.types import Sample
 logger = logging.getLogger(__name__)
 
 # what a readable record of a rollout sample holds (the rest stays in the .pt)
-_READABLE_SAMPLE_KEYS = ("index", "group_index", "prompt", "response", "label", "reward", "status",
-                         "response_length", "weight_versions")
+_READABLE_SAMPLE_KEYS = (
+    "index",
+    "group_index",
+    "prompt",
+    "response",
+    "label",
+    "reward",
+    "status",
+    "response_length",
+    "weight_versions",
+)
 
 
 def rollout_data_path(pattern: str, rollout_id: int | str) -> Path:
@@ -47,9 +56,10 @@ def save_rollout_data(args: Namespace, samples: list[Sample], rollout_id: int, e
     records = [s.to_dict() for s in samples]
     torch.save({"rollout_id": rollout_id, "samples": records}, path)
     if args.dump_details is not None:
-        write_jsonl(path.with_suffix(".jsonl"),
-                    [{k: r.get(k) for k in _READABLE_SAMPLE_KEYS} | {"tokens": len(r.get("tokens") or [])}
-                     for r in records])
+        write_jsonl(
+            path.with_suffix(".jsonl"),
+            [{k: r.get(k) for k in _READABLE_SAMPLE_KEYS} | {"tokens": len(r.get("tokens") or [])} for r in records],
+        )
     logger.info("saved %d samples of rollout %s to %s", len(records), rollout_id, path)
 
 
@@ -75,8 +85,10 @@ def read_samples(path: Path, rollout_id: int, option: str = "--load-debug-rollou
         records = saved["samples"]
         return [Sample.from_dict(r) for r in records]
     except Exception as e:
-        raise SlimeError(f"{option}: {path} is not saved rollout data "
-                         f"({{'rollout_id', 'samples'}} from --save-debug-rollout-data): {type(e).__name__}: {e}") from e
+        raise SlimeError(
+            f"{option}: {path} is not saved rollout data "
+            f"({{'rollout_id', 'samples'}} from --save-debug-rollout-data): {type(e).__name__}: {e}"
+        ) from e
 
 
 def regroup(samples: list[Sample], n_samples_per_prompt: int) -> list[list[Sample]]:
@@ -103,21 +115,28 @@ def check_batch_shape(args: Namespace, groups: list[list[Sample]], path: Path, r
     if args.load_debug_rollout_data_subsample is None:
         expected = args.rollout_batch_size * args.n_samples_per_prompt
         if n != expected:
-            raise SlimeError(f"{where} holds {n} samples, but this run's rollout is --rollout-batch-size "
-                             f"{args.rollout_batch_size} x --n-samples-per-prompt {args.n_samples_per_prompt} "
-                             f"= {expected} samples")
+            raise SlimeError(
+                f"{where} holds {n} samples, but this run's rollout is --rollout-batch-size "
+                f"{args.rollout_batch_size} x --n-samples-per-prompt {args.n_samples_per_prompt} "
+                f"= {expected} samples"
+            )
         sizes = sorted({len(g) for g in groups})
         if sizes != [args.n_samples_per_prompt]:
-            raise SlimeError(f"{where} holds groups of {', '.join(map(str, sizes))} samples, but "
-                             f"--n-samples-per-prompt is {args.n_samples_per_prompt}")
+            raise SlimeError(
+                f"{where} holds groups of {', '.join(map(str, sizes))} samples, but "
+                f"--n-samples-per-prompt is {args.n_samples_per_prompt}"
+            )
     elif n == 0 or n % args.global_batch_size:
-        raise SlimeError(f"{where}: --load-debug-rollout-data-subsample {args.load_debug_rollout_data_subsample} "
-                         f"keeps {n} samples, not a whole number of optimizer steps of --global-batch-size "
-                         f"{args.global_batch_size}")
+        raise SlimeError(
+            f"{where}: --load-debug-rollout-data-subsample {args.load_debug_rollout_data_subsample} "
+            f"keeps {n} samples, not a whole number of optimizer steps of --global-batch-size "
+            f"{args.global_batch_size}"
+        )
 
 
-def save_train_data(path_pattern: str, rollout_id: int, rank: int, samples: list[dict[str, Any]],
-                    readable: bool) -> Path:
+def save_train_data(
+    path_pattern: str, rollout_id: int, rank: int, samples: list[dict[str, Any]], readable: bool
+) -> Path:
     """`--save-debug-train-data`: one file for the rollout with every rank's samples, by sample index."""
     path = Path(path_pattern.format(rollout_id=rollout_id, rank=rank))
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -31,8 +31,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from slime.observability.wandb_sink import WandbSink
 
-__all__ = ["MetricsLogger", "read_metrics", "sink_scalars", "tensorboard_dir", "METRICS_FILE", "TENSORBOARD_DIR",
-           "DEFAULT_CONSOLE_KEYS"]
+__all__ = [
+    "MetricsLogger",
+    "read_metrics",
+    "sink_scalars",
+    "tensorboard_dir",
+    "METRICS_FILE",
+    "TENSORBOARD_DIR",
+    "DEFAULT_CONSOLE_KEYS",
+]
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -69,8 +76,11 @@ def tensorboard_dir(args: Namespace) -> Path:
 def sink_scalars(record: Mapping[str, Any]) -> dict[str, int | float]:
     """The metrics of a JSON record that TensorBoard and wandb receive: every int/float value
     (None, i.e. non-finite, and strings left out), the bookkeeping keys excluded."""
-    return {k: v for k, v in record.items()
-            if k not in RESERVED_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        k: v
+        for k, v in record.items()
+        if k not in RESERVED_KEYS and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _metrics_path(path: str | Path) -> Path:
@@ -182,7 +192,7 @@ class MetricsLogger:
         console: bool = True,
         console_keys: Iterable[str] | None = None,
         tensorboard_dir: str | Path | None = None,
-        wandb: "WandbSink | None" = None,
+        wandb: WandbSink | None = None,
     ) -> None:
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +214,7 @@ class MetricsLogger:
             self._writer = SummaryWriter(log_dir=str(tb_dir))
 
     @classmethod
-    def from_args(cls, args: Namespace, *, console: bool = True) -> "MetricsLogger":
+    def from_args(cls, args: Namespace, *, console: bool = True) -> MetricsLogger:
         """The logger of one training stage: ``args.run_dir``, ``args.stage``, TensorBoard with
         ``--use-tensorboard`` (in ``tensorboard_dir(args)``), a wandb run with ``--use-wandb``.
         Prints the wandb run's mode and place."""
@@ -212,8 +222,14 @@ class MetricsLogger:
 
         sink = WandbSink.from_args(args, args.run_dir)
         try:
-            return cls(args.run_dir, use_tensorboard=args.use_tensorboard, stage=args.stage, console=console,
-                       tensorboard_dir=tensorboard_dir(args) if args.use_tensorboard else None, wandb=sink)
+            return cls(
+                args.run_dir,
+                use_tensorboard=args.use_tensorboard,
+                stage=args.stage,
+                console=console,
+                tensorboard_dir=tensorboard_dir(args) if args.use_tensorboard else None,
+                wandb=sink,
+            )
         except BaseException:
             if sink is not None:
                 sink.close()
@@ -292,7 +308,7 @@ class MetricsLogger:
                 self._wandb.close()
                 self._wandb = None
 
-    def __enter__(self) -> "MetricsLogger":
+    def __enter__(self) -> MetricsLogger:
         return self
 
     def __exit__(self, *exc: object) -> None:

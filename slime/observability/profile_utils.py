@@ -33,8 +33,9 @@ class TrainProfiler:
         self._overall: torch.profiler.profile | None = None
         if args.use_pytorch_profiler and "train_overall" in args.profile_target:
             start, end = args.profile_step_start, args.profile_step_end
-            schedule = torch.profiler.schedule(wait=max(start - 1, 0), warmup=1 if start > 0 else 0,
-                                               active=end - start, repeat=1)
+            schedule = torch.profiler.schedule(
+                wait=max(start - 1, 0), warmup=1 if start > 0 else 0, active=end - start, repeat=1
+            )
             self._overall = _profiler(args, f"train_overall_rank_{rank}", schedule)
 
     def on_init_end(self) -> None:
@@ -54,8 +55,11 @@ class TrainProfiler:
     def phase(self, target: str) -> Iterator[None]:
         """Trace this block when `target` is profiled and the current step is in the window."""
         a = self.args
-        if not (a.use_pytorch_profiler and target in a.profile_target
-                and a.profile_step_start <= self.step_index < a.profile_step_end):
+        if not (
+            a.use_pytorch_profiler
+            and target in a.profile_target
+            and a.profile_step_start <= self.step_index < a.profile_step_end
+        ):
             yield
             return
         with _profiler(a, f"{target}_rank_{self.rank}_step_{self.step_index}", None):
@@ -67,8 +71,9 @@ def _profiler(args: Namespace, worker_name: str, schedule) -> torch.profiler.pro
     return torch.profiler.profile(
         activities=[torch.profiler.ProfilerActivity.CPU],
         schedule=schedule,
-        on_trace_ready=torch.profiler.tensorboard_trace_handler(args.tensorboard_dir, worker_name=worker_name,
-                                                                use_gzip=True),
+        on_trace_ready=torch.profiler.tensorboard_trace_handler(
+            args.tensorboard_dir, worker_name=worker_name, use_gzip=True
+        ),
         record_shapes=True,
         with_stack=True,
         profile_memory=True,

@@ -65,17 +65,30 @@ DEFAULT_MAX_BYTES = 40_000_000  # sample logs embedded beyond this are thinned (
 # (panel id, title, exact keys, key patterns): a panel shows the keys present in metrics.jsonl
 PANELS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ("reward", "Reward", ("rollout/raw_reward", "rollout/rewards"), (r"^passrate/",)),
-    ("eval", "Evaluation (incl. pass@k)", (), (r"^eval/(?!.*(/response_len/|/failed$|/dropped_long_prompts$|/error_cat/))",)),
+    (
+        "eval",
+        "Evaluation (incl. pass@k)",
+        (),
+        (r"^eval/(?!.*(/response_len/|/failed$|/dropped_long_prompts$|/error_cat/))",),
+    ),
     ("response_len", "Response length", ("rollout/response_len/mean", "rollout/response_len/max"), ()),
     ("truncated", "Truncation ratio", ("rollout/truncated_ratio",), ()),
     ("clipfrac", "pg_clipfrac", ("train/pg_clipfrac",), ()),
     ("kl", "ppo_kl / kl_loss", ("train/ppo_kl", "train/kl_loss"), ()),
     ("entropy", "Entropy", ("train/entropy_loss", "rollout/entropy"), ()),
     ("grad_norm", "Grad norm", ("train/grad_norm",), ()),
-    ("logprob_diff", "Train / rollout log-prob difference",
-     ("train/train_rollout_logprob_abs_diff", "train/weight_sync_logprob_abs_diff", "train/mis_log_ppl_abs_diff"), ()),
-    ("time", "Step time: rollout / train / weight sync / eval (s)",
-     ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/eval_time", "perf/step_time"), ()),
+    (
+        "logprob_diff",
+        "Train / rollout log-prob difference",
+        ("train/train_rollout_logprob_abs_diff", "train/weight_sync_logprob_abs_diff", "train/mis_log_ppl_abs_diff"),
+        (),
+    ),
+    (
+        "time",
+        "Step time: rollout / train / weight sync / eval (s)",
+        ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/eval_time", "perf/step_time"),
+        (),
+    ),
     ("staleness", "Staleness (async)", (), (r"staleness",)),
 ]
 STAGE_TIME_KEYS = ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/eval_time")
@@ -95,8 +108,10 @@ def read_metrics_lenient(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     records: list[dict[str, Any]] = []
     for lineno, obj, problem, torn in parse_metrics_lines(text):
         if torn:
-            notes.append(f"{path.name}: the last line (line {lineno}) is torn, a write cut short (crash or kill?); "
-                         "it is left out, the rows before it are shown")
+            notes.append(
+                f"{path.name}: the last line (line {lineno}) is torn, a write cut short (crash or kill?); "
+                "it is left out, the rows before it are shown"
+            )
         elif problem:
             notes.append(f"{path.name}:{lineno}: {problem}; line left out")
         else:
@@ -142,8 +157,17 @@ def _stage_times(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     stages: dict[str, dict[str, Any]] = {}
     for r in records:
         name = r.get("stage") or "(run)"
-        st = stages.setdefault(name, {"stage": name, "rows": 0, "first_step": None, "last_step": None,
-                                      "wall_s": None, **{k: 0.0 for k in STAGE_TIME_KEYS}})
+        st = stages.setdefault(
+            name,
+            {
+                "stage": name,
+                "rows": 0,
+                "first_step": None,
+                "last_step": None,
+                "wall_s": None,
+                **dict.fromkeys(STAGE_TIME_KEYS, 0.0),
+            },
+        )
         st["rows"] += 1
         rid = r.get("rollout_id")
         if _is_number(rid):
@@ -202,8 +226,10 @@ def _sample_logs(run_dir: Path, notes: list[str], max_rollouts: int | None, max_
         total = sum(sizes[i] for i in keep)
         keep = _evenly(keep, min(len(keep) - 1, max(1, len(keep) * max_bytes // max(total, 1))))
     if len(keep) < len(found):
-        notes.append(f"{len(found)} sample logs in {base}; {len(keep)} are embedded (evenly spaced, the last "
-                     f"included; --max-rollouts / size limit). The others stay on disk as JSON.")
+        notes.append(
+            f"{len(found)} sample logs in {base}; {len(keep)} are embedded (evenly spaced, the last "
+            f"included; --max-rollouts / size limit). The others stay on disk as JSON."
+        )
     logs = []
     for i in keep:
         stage, kind, rid, f = found[i]
@@ -224,25 +250,41 @@ def _sample_logs(run_dir: Path, notes: list[str], max_rollouts: int | None, max_
                 if ti is not None and str(ti) in adv:
                     s["advantages"] = adv[str(ti)]
                 n_failed += s.get("status") == "failed"
-        logs.append({"key": f"{stage or ''}:{kind}:{rid}", "stage": stage, "kind": kind, "rollout_id": rid,
-                     "num_groups": obj.get("num_groups"), "num_samples": obj.get("num_samples"),
-                     "num_failed_logged": n_failed, "has_advantages": bool(adv), "groups": obj["groups"]})
+        logs.append(
+            {
+                "key": f"{stage or ''}:{kind}:{rid}",
+                "stage": stage,
+                "kind": kind,
+                "rollout_id": rid,
+                "num_groups": obj.get("num_groups"),
+                "num_samples": obj.get("num_samples"),
+                "num_failed_logged": n_failed,
+                "has_advantages": bool(adv),
+                "groups": obj["groups"],
+            }
+        )
     return logs
 
 
-def collect(run_dir: str | Path, *, max_rollouts: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, Any]:
+def collect(
+    run_dir: str | Path, *, max_rollouts: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+) -> dict[str, Any]:
     """Everything the report shows, read from a run directory (see the module doc). Raises
     SlimeError only when `run_dir` is not a directory; anything else unreadable becomes a note."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise SlimeError(f"slime report: {run_dir} is not a directory (give a run directory: the --run-dir of a run, "
-                         "holding metrics.jsonl and args.json)")
+        raise SlimeError(
+            f"slime report: {run_dir} is not a directory (give a run directory: the --run-dir of a run, "
+            "holding metrics.jsonl and args.json)"
+        )
     notes: list[str] = []
     metrics_path = run_dir / METRICS_FILE
     args_files = sorted(run_dir.glob("args*.json"))
     if not metrics_path.is_file() and not args_files:
-        notes.append(f"{run_dir} is not a run directory: it has no {METRICS_FILE} and no args.json "
-                     "(a run's --run-dir has both). Showing what is there.")
+        notes.append(
+            f"{run_dir} is not a run directory: it has no {METRICS_FILE} and no args.json "
+            "(a run's --run-dir has both). Showing what is there."
+        )
     records: list[dict[str, Any]] = []
     if metrics_path.is_file():
         records, more = read_metrics_lenient(metrics_path)
@@ -254,13 +296,20 @@ def collect(run_dir: str | Path, *, max_rollouts: int | None = None, max_bytes: 
     series, _ = _series(records)
     panels = panel_keys(list(series))
     if records and not panels["eval"]:
-        notes.append("no evaluation points in metrics.jsonl (run without --eval-prompt-data, or no eval step "
-                     "yet): the evaluation panel is empty")
-    failed_rows = [r.get("rollout_id") for r in records if _is_number(r.get("rollout/status/failed"))
-                   and r["rollout/status/failed"] > 0]
+        notes.append(
+            "no evaluation points in metrics.jsonl (run without --eval-prompt-data, or no eval step "
+            "yet): the evaluation panel is empty"
+        )
+    failed_rows = [
+        r.get("rollout_id")
+        for r in records
+        if _is_number(r.get("rollout/status/failed")) and r["rollout/status/failed"] > 0
+    ]
     if failed_rows:
-        notes.append(f"FAILED samples (never trained on) in the rollouts of steps {_ids(failed_rows)}: see "
-                     "rollout/status/failed and the browser's status filter")
+        notes.append(
+            f"FAILED samples (never trained on) in the rollouts of steps {_ids(failed_rows)}: see "
+            "rollout/status/failed and the browser's status filter"
+        )
 
     args_json = {}
     for f in args_files:
@@ -277,12 +326,16 @@ def collect(run_dir: str | Path, *, max_rollouts: int | None = None, max_bytes: 
     if (run_dir / SAMPLES_DIR).is_dir() and not rollouts:
         notes.append(f"{SAMPLES_DIR}/ holds no readable sample log")
     elif not (run_dir / SAMPLES_DIR).is_dir() and (metrics_path.is_file() or args_files):
-        notes.append(f"no sample log ({SAMPLES_DIR}/): the rollout browser is empty (the run predates it, or "
-                     "ran with --report-groups-per-rollout 0)")
+        notes.append(
+            f"no sample log ({SAMPLES_DIR}/): the rollout browser is empty (the run predates it, or "
+            "ran with --report-groups-per-rollout 0)"
+        )
     failed_logged = sum(r["num_failed_logged"] for r in rollouts)
     if failed_logged:
-        notes.append(f"{failed_logged} logged samples are FAILED (kept, counted, never trained on): shown with "
-                     "their error in the rollout browser")
+        notes.append(
+            f"{failed_logged} logged samples are FAILED (kept, counted, never trained on): shown with "
+            "their error in the rollout browser"
+        )
 
     return {
         "run_dir": str(run_dir.resolve()),
@@ -309,8 +362,13 @@ def _json_for_script(obj: Any) -> str:
     """JSON that is safe inside <script>: `<`, `>`, `&` only as \\u escapes (they occur in strings
     only), so no `</script>` or `<!--` in the data can end the block; still valid JSON."""
     text = json.dumps(obj, ensure_ascii=False, allow_nan=False, default=str)
-    return (text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _sanitize(obj: Any) -> Any:
@@ -328,41 +386,46 @@ def render(data: dict[str, Any]) -> str:
     title = f"slime run report: {Path(data['run_dir']).name}"
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in data["notes"])
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title>"
-        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; "
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; img-src data:; '
         "style-src 'unsafe-inline'; script-src 'unsafe-inline'\">"
         f"<style>{PAGE_CSS}</style></head><body>"
-        f"<header><h1>{html.escape(title)}</h1><div class=\"sub\">{html.escape(data['run_dir'])} · "
+        f'<header><h1>{html.escape(title)}</h1><div class="sub">{html.escape(data["run_dir"])} · '
         f"{data['num_records']} metrics rows · {len(data['rollouts'])} sample logs</div>"
-        "<nav><a href=\"#curves\">Curves</a> <a href=\"#browser\">Rollout browser</a> "
-        "<a href=\"#facts\">Run facts</a></nav></header>"
-        + (f"<section id=\"notes\" class=\"notes\"><h2>Notes</h2><ul>{notes}</ul></section>" if notes else "")
-        + "<section id=\"curves\"><h2>Curves</h2><div class=\"hint\">x: step (a metrics row's rollout id; "
+        '<nav><a href="#curves">Curves</a> <a href="#browser">Rollout browser</a> '
+        '<a href="#facts">Run facts</a></nav></header>'
+        + (f'<section id="notes" class="notes"><h2>Notes</h2><ul>{notes}</ul></section>' if notes else "")
+        + '<section id="curves"><h2>Curves</h2><div class="hint">x: step (a metrics row\'s rollout id; '
         "the global step across stages). Drag across a chart to zoom all charts, double-click or "
-        "<button id=\"reset-zoom\" type=\"button\">reset zoom</button>; hover for values.</div>"
-        "<div id=\"charts\" class=\"charts\"></div>"
-        "<div class=\"any\"><label>Any metric: <select id=\"any-metric\"></select></label>"
-        "<div id=\"any-chart\" class=\"charts\"></div></div></section>"
-        "<section id=\"browser\"><h2>Rollout browser</h2><div class=\"controls\">"
-        "<label>Rollout: <select id=\"rollout-select\"></select></label> "
-        "<span id=\"status-filters\"></span> "
-        "<label>reward ≥ <input id=\"reward-min\" type=\"number\" step=\"any\" size=\"6\"></label> "
-        "<label>reward ≤ <input id=\"reward-max\" type=\"number\" step=\"any\" size=\"6\"></label> "
-        "<span class=\"legend\"><span class=\"tok m1\">trained token</span> "
-        "<span class=\"tok m0\">environment / tool token</span> darker = lower log-prob</span></div>"
-        "<div id=\"rollout-note\" class=\"rollout-note\"></div>"
-        "<div class=\"browser\"><div id=\"groups\" class=\"groups\"></div>"
-        "<div id=\"sample-detail\" class=\"detail\"><em>Click a sample to see its tokens.</em></div></div></section>"
-        "<section id=\"facts\"><h2>Run facts</h2><div id=\"facts-body\"></div></section>"
-        "<div id=\"tooltip\" class=\"tooltip\"></div>"
-        f"<script id=\"report-data\" type=\"application/json\">{_json_for_script(_sanitize(data))}</script>"
+        '<button id="reset-zoom" type="button">reset zoom</button>; hover for values.</div>'
+        '<div id="charts" class="charts"></div>'
+        '<div class="any"><label>Any metric: <select id="any-metric"></select></label>'
+        '<div id="any-chart" class="charts"></div></div></section>'
+        '<section id="browser"><h2>Rollout browser</h2><div class="controls">'
+        '<label>Rollout: <select id="rollout-select"></select></label> '
+        '<span id="status-filters"></span> '
+        '<label>reward ≥ <input id="reward-min" type="number" step="any" size="6"></label> '
+        '<label>reward ≤ <input id="reward-max" type="number" step="any" size="6"></label> '
+        '<span class="legend"><span class="tok m1">trained token</span> '
+        '<span class="tok m0">environment / tool token</span> darker = lower log-prob</span></div>'
+        '<div id="rollout-note" class="rollout-note"></div>'
+        '<div class="browser"><div id="groups" class="groups"></div>'
+        '<div id="sample-detail" class="detail"><em>Click a sample to see its tokens.</em></div></div></section>'
+        '<section id="facts"><h2>Run facts</h2><div id="facts-body"></div></section>'
+        '<div id="tooltip" class="tooltip"></div>'
+        f'<script id="report-data" type="application/json">{_json_for_script(_sanitize(data))}</script>'
         f"<script>{PAGE_JS}</script></body></html>\n"
     )
 
 
-def write_report(run_dir: str | Path, output: str | Path | None = None, *, max_rollouts: int | None = None,
-                 max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[Path, list[str]]:
+def write_report(
+    run_dir: str | Path,
+    output: str | Path | None = None,
+    *,
+    max_rollouts: int | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> tuple[Path, list[str]]:
     """Write the report (default `<run_dir>/report.html`, via a temporary file and a rename);
     returns its path and the notes it shows."""
     data = collect(run_dir, max_rollouts=max_rollouts, max_bytes=max_bytes)
@@ -387,14 +450,20 @@ def report_run(run_dir: str | Path) -> Path | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="slime report",
-                                description="Write a self-contained HTML report of a run directory "
-                                            "(curves, rollout browser, run facts); opens from disk.")
+    p = argparse.ArgumentParser(
+        prog="slime report",
+        description="Write a self-contained HTML report of a run directory "
+        "(curves, rollout browser, run facts); opens from disk.",
+    )
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run's --run-dir (metrics.jsonl, args.json, samples/)")
     p.add_argument("--output", "-o", default=None, help="where to write the HTML (default: RUN_DIR/report.html)")
-    p.add_argument("--max-rollouts", type=int, default=None,
-                   help="embed at most this many sample logs (evenly spaced, the last included; default: all "
-                        f"that fit in {DEFAULT_MAX_BYTES // 1_000_000} MB)")
+    p.add_argument(
+        "--max-rollouts",
+        type=int,
+        default=None,
+        help="embed at most this many sample logs (evenly spaced, the last included; default: all "
+        f"that fit in {DEFAULT_MAX_BYTES // 1_000_000} MB)",
+    )
     a = p.parse_args(list(sys.argv[1:] if argv is None else argv))
     if a.max_rollouts is not None and a.max_rollouts < 1:
         print(f"slime report: error: --max-rollouts must be >= 1, got {a.max_rollouts}", file=sys.stderr)

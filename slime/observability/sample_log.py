@@ -63,8 +63,7 @@ def samples_dir(run_dir: str | Path, stage: str | None = None) -> Path:
     return d / stage if stage else d
 
 
-def rollout_log_path(run_dir: str | Path, rollout_id: int, stage: str | None = None,
-                     evaluation: bool = False) -> Path:
+def rollout_log_path(run_dir: str | Path, rollout_id: int, stage: str | None = None, evaluation: bool = False) -> Path:
     name = f"{'eval' if evaluation else 'rollout'}_{int(rollout_id):06d}.json"
     return samples_dir(run_dir, stage) / name
 
@@ -138,7 +137,7 @@ def sample_record(args: Namespace, s: Sample, train_index: int | None, tokenizer
     """One sample as the report shows it (see the module doc)."""
     n = int(s.response_length or 0)
     tokens = [int(t) for t in (s.tokens or [])]
-    response_ids = tokens[len(tokens) - n:] if n else []
+    response_ids = tokens[len(tokens) - n :] if n else []
     mask = [int(m) for m in s.loss_mask] if s.loss_mask is not None else [1] * n
     meta = s.metadata if isinstance(s.metadata, dict) else {}
     status = s.status.value if isinstance(s.status, Sample.Status) else str(s.status)
@@ -211,17 +210,25 @@ def _run_dir_exists(args: Namespace) -> bool:
     return args.run_dir is not None and Path(args.run_dir).is_dir()
 
 
-def _groups_payload(args: Namespace, groups: list[list[Sample]], limit: int, dataset: str | None = None,
-                    start: int = 0) -> list[dict[str, Any]]:
+def _groups_payload(
+    args: Namespace, groups: list[list[Sample]], limit: int, dataset: str | None = None, start: int = 0
+) -> list[dict[str, Any]]:
     tokenizer = _tokenizer(args.hf_checkpoint)
     out = []
     offsets = [0]
     for g in groups:
         offsets.append(offsets[-1] + len(g))
     for gi, group in enumerate(groups[:limit]):
-        out.append({"group": start + gi, "dataset": dataset,
-                    "samples": [sample_record(args, s, offsets[gi] + j if dataset is None else None, tokenizer)
-                                for j, s in enumerate(group)]})
+        out.append(
+            {
+                "group": start + gi,
+                "dataset": dataset,
+                "samples": [
+                    sample_record(args, s, offsets[gi] + j if dataset is None else None, tokenizer)
+                    for j, s in enumerate(group)
+                ],
+            }
+        )
     return out
 
 
@@ -235,9 +242,14 @@ def write_rollout_samples(args: Namespace, groups: list[list[Sample]], rollout_i
     path = rollout_log_path(run_dir, rollout_id, args.stage)
     try:
         _write_facts_once(run_dir)
-        payload = {"rollout_id": int(rollout_id), "stage": args.stage, "evaluation": False,
-                   "num_groups": len(groups), "num_samples": sum(len(g) for g in groups),
-                   "groups": _groups_payload(args, groups, limit)}
+        payload = {
+            "rollout_id": int(rollout_id),
+            "stage": args.stage,
+            "evaluation": False,
+            "num_groups": len(groups),
+            "num_samples": sum(len(g) for g in groups),
+            "groups": _groups_payload(args, groups, limit),
+        }
         _atomic_write_json(path, payload)
     except Exception as e:  # the log is for people; a failure to write it never stops training
         logger.warning("sample log of rollout %s not written (%s: %s)", rollout_id, type(e).__name__, e)
@@ -271,8 +283,17 @@ def write_eval_samples(args: Namespace, results: dict[str, Any], rollout_id: int
             n_groups += len(groups)
             n_samples += len(samples)
             groups_out += _groups_payload(args, groups, limit, dataset=str(name), start=0)
-        _atomic_write_json(path, {"rollout_id": int(rollout_id), "stage": args.stage, "evaluation": True,
-                                  "num_groups": n_groups, "num_samples": n_samples, "groups": groups_out})
+        _atomic_write_json(
+            path,
+            {
+                "rollout_id": int(rollout_id),
+                "stage": args.stage,
+                "evaluation": True,
+                "num_groups": n_groups,
+                "num_samples": n_samples,
+                "groups": groups_out,
+            },
+        )
     except Exception as e:
         logger.warning("sample log of evaluation %s not written (%s: %s)", rollout_id, type(e).__name__, e)
         return None
@@ -286,8 +307,12 @@ def write_advantages(args: Namespace, rollout_id: int, data: dict[str, Any], min
         return None
     log = rollout_log_path(args.run_dir, rollout_id, args.stage)
     try:
-        logged = {s["train_index"] for g in json.loads(log.read_text(encoding="utf-8"))["groups"]
-                  for s in g["samples"] if s.get("train_index") is not None}
+        logged = {
+            s["train_index"]
+            for g in json.loads(log.read_text(encoding="utf-8"))["groups"]
+            for s in g["samples"]
+            if s.get("train_index") is not None
+        }
     except (OSError, ValueError, KeyError, TypeError):
         return None
     adv = data["advantages"]

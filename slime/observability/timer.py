@@ -1,9 +1,9 @@
 """Wall-clock timers that record ``perf/<name>_time`` (seconds) into a metrics dict.
 
-    store = {}
-    with timer("rollout", store):
-        ...
-    store  # {"perf/rollout_time": 1.23}
+store = {}
+with timer("rollout", store):
+    ...
+store  # {"perf/rollout_time": 1.23}
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Timer:
         self.elapsed: float | None = None
         self._start: float | None = None
 
-    def __enter__(self) -> "Timer":
+    def __enter__(self) -> Timer:
         self._start = time.perf_counter()
         return self
 

@@ -81,10 +81,15 @@ def _have_credentials(key: str | None, host: str) -> bool:
         return False
 
 
-def resolve_mode(wandb_mode: str | None, wandb_key: str | None, wandb_host: str | None, *,
-                 env: Mapping[str, str] | None = None,
-                 have_credentials: Callable[[str | None, str], bool] | None = None,
-                 reachable: Callable[[str], bool] | None = None) -> tuple[str, str | None]:
+def resolve_mode(
+    wandb_mode: str | None,
+    wandb_key: str | None,
+    wandb_host: str | None,
+    *,
+    env: Mapping[str, str] | None = None,
+    have_credentials: Callable[[str | None, str], bool] | None = None,
+    reachable: Callable[[str], bool] | None = None,
+) -> tuple[str, str | None]:
     """(wandb mode, why offline was chosen or None). Raises SlimeError when online mode was asked
     for explicitly and cannot work. Contacts the network only to decide an online mode (one TCP
     connect, bounded by PROBE_TIMEOUT_S)."""
@@ -99,14 +104,18 @@ def resolve_mode(wandb_mode: str | None, wandb_key: str | None, wandb_host: str 
     host = wandb_host or env.get("WANDB_BASE_URL") or _default_host()
     if not have_credentials(wandb_key, host):
         if asked == "online":
-            raise SlimeError(f"{source} online: no wandb API key (give --wandb-key, set WANDB_API_KEY or run "
-                             f"`wandb login`), or use --wandb-mode offline and `wandb sync` later")
+            raise SlimeError(
+                f"{source} online: no wandb API key (give --wandb-key, set WANDB_API_KEY or run "
+                f"`wandb login`), or use --wandb-mode offline and `wandb sync` later"
+            )
         return "offline", "no API key (--wandb-key, WANDB_API_KEY or `wandb login`)"
     if not reachable(host):
         if asked == "online":
-            raise SlimeError(f"{source} online: the wandb host {host} is not reachable (no connection within "
-                             f"{PROBE_TIMEOUT_S:g} s); use --wandb-mode offline (upload later with `wandb sync`) "
-                             f"or check the network")
+            raise SlimeError(
+                f"{source} online: the wandb host {host} is not reachable (no connection within "
+                f"{PROBE_TIMEOUT_S:g} s); use --wandb-mode offline (upload later with `wandb sync`) "
+                f"or check the network"
+            )
         return "offline", f"{host} is not reachable"
     return "online", None
 
@@ -135,7 +144,7 @@ class WandbSink:
         self._warned_back = False
 
     @classmethod
-    def from_args(cls, args: Namespace, run_dir: str | Path) -> "WandbSink | None":
+    def from_args(cls, args: Namespace, run_dir: str | Path) -> WandbSink | None:
         """Start (or resume) the run for `--use-wandb`; None without it. Prints one line saying
         the mode, the run and where it is written; sets `args.wandb_run_id` as slime does."""
         if not args.use_wandb:
@@ -175,18 +184,31 @@ class WandbSink:
         if args.wandb_key and mode == "online":
             settings["api_key"] = args.wandb_key
         try:
-            run = wandb.init(entity=args.wandb_team, project=args.wandb_project, group=group, name=name,
-                             id=run_id, resume="allow" if run_id else None, dir=str(wandb_dir), mode=mode,
-                             config=_config(args), settings=wandb.Settings(**settings),
-                             # a resumed run's config takes the new stage's values
-                             allow_val_change=True)
+            run = wandb.init(
+                entity=args.wandb_team,
+                project=args.wandb_project,
+                group=group,
+                name=name,
+                id=run_id,
+                resume="allow" if run_id else None,
+                dir=str(wandb_dir),
+                mode=mode,
+                config=_config(args),
+                settings=wandb.Settings(**settings),
+                # a resumed run's config takes the new stage's values
+                allow_val_change=True,
+            )
         except Exception as e:
             raise SlimeError(f"--use-wandb: wandb.init failed ({mode} mode): {type(e).__name__}: {e}") from e
 
         args.wandb_run_id = run.id
         if mode != "disabled":
-            run_file.write_text(json.dumps({"id": run.id, "group": group, "name": name,
-                                            "project": args.wandb_project, "team": args.wandb_team}) + "\n")
+            run_file.write_text(
+                json.dumps(
+                    {"id": run.id, "group": group, "name": name, "project": args.wandb_project, "team": args.wandb_team}
+                )
+                + "\n"
+            )
         sink = cls(run, mode, why_offline)
         print(f"[slime] {sink.describe(wandb_dir)}", flush=True)
         return sink
@@ -207,8 +229,11 @@ class WandbSink:
             return
         if self._last_step is not None and step < self._last_step and not self._warned_back:
             # wandb drops rows whose step goes back (a stage resumed before its last logged row)
-            print(f"[slime] wandb: step {step} is before the run's last step {self._last_step}; wandb ignores "
-                  f"such rows (they are in metrics.jsonl)", flush=True)
+            print(
+                f"[slime] wandb: step {step} is before the run's last step {self._last_step}; wandb ignores "
+                f"such rows (they are in metrics.jsonl)",
+                flush=True,
+            )
             self._warned_back = True
         self.run.log(dict(scalars), step=step)
         self._last_step = step if self._last_step is None else max(self._last_step, step)
@@ -239,11 +264,11 @@ def _wandb_records(path: Path):
         if left < _LOG_HEADER:  # block trailer padding
             pos += left
             continue
-        length = int.from_bytes(data[pos + 4:pos + 6], "little")
+        length = int.from_bytes(data[pos + 4 : pos + 6], "little")
         kind = data[pos + 6]
         if pos + _LOG_HEADER + length > len(data):  # a chunk still being written
             break
-        chunk = data[pos + _LOG_HEADER:pos + _LOG_HEADER + length]
+        chunk = data[pos + _LOG_HEADER : pos + _LOG_HEADER + length]
         pos += _LOG_HEADER + length
         if kind == 1:  # full
             payload = chunk
@@ -262,8 +287,9 @@ def _wandb_records(path: Path):
         yield rec
 
 
-def read_offline_history(wandb_dir: str | Path, run_id: str | None = None, *,
-                         wait_s: float = 0.0) -> list[tuple[int, dict[str, Any]]]:
+def read_offline_history(
+    wandb_dir: str | Path, run_id: str | None = None, *, wait_s: float = 0.0
+) -> list[tuple[int, dict[str, Any]]]:
     """(step, {key: value}) of every history row of the offline run(s) under `wandb_dir` (the
     directory holding `wandb/`, or `wandb/` itself), in order; wandb's own `_step`, `_runtime`,
     `_timestamp` left out. With `run_id`, only that run's files (a resumed run has several).

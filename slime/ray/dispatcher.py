@@ -38,7 +38,7 @@ from slime.utils.process import pid_alive
 
 logger = logging.getLogger("slime.dispatcher")
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)
-MAX_BODY = 256 * 1024 ** 2  # rollout traffic; weight updates go to the engines directly
+MAX_BODY = 256 * 1024**2  # rollout traffic; weight updates go to the engines directly
 
 
 class Worker:
@@ -50,10 +50,18 @@ class Worker:
 
 
 class Dispatcher:
-    def __init__(self, worker_urls: list[str], health_interval: float = 1.0, *, host: str = "127.0.0.1",
-                 api_key: str | None = None, admin_api_key: str | None = None):
-        self.policy = Policy.for_server(host, api_key=api_key, admin_api_key=admin_api_key, max_body=MAX_BODY,
-                                        max_weight_body=MAX_BODY)
+    def __init__(
+        self,
+        worker_urls: list[str],
+        health_interval: float = 1.0,
+        *,
+        host: str = "127.0.0.1",
+        api_key: str | None = None,
+        admin_api_key: str | None = None,
+    ):
+        self.policy = Policy.for_server(
+            host, api_key=api_key, admin_api_key=admin_api_key, max_body=MAX_BODY, max_weight_body=MAX_BODY
+        )
         self.workers: dict[str, Worker] = {}
         for url in worker_urls:
             self.add(url)
@@ -97,8 +105,10 @@ class Dispatcher:
     async def forward(self, request: web.Request) -> web.Response:
         body = await request.read()
         key = request.headers.get(ROUTING_KEY_HEADER)
-        headers = {"Content-Type": request.headers.get("Content-Type", "application/json"),
-                   **self._worker_auth(request.path)}
+        headers = {
+            "Content-Type": request.headers.get("Content-Type", "application/json"),
+            **self._worker_auth(request.path),
+        }
         tried: set[str] = set()
         while True:
             worker = self.pick(key, tried)
@@ -106,11 +116,13 @@ class Dispatcher:
                 return web.json_response({"error": {"message": "no healthy worker"}}, status=503)
             tried.add(worker.id)
             try:
-                async with self.session.request(request.method, worker.url + request.path_qs, data=body,
-                                                headers=headers) as resp:
+                async with self.session.request(
+                    request.method, worker.url + request.path_qs, data=body, headers=headers
+                ) as resp:
                     data = await resp.read()
-                    out = web.Response(body=data, status=resp.status,
-                                       content_type=resp.content_type or "application/json")
+                    out = web.Response(
+                        body=data, status=resp.status, content_type=resp.content_type or "application/json"
+                    )
                     if "Retry-After" in resp.headers:  # a full engine queue: the client waits, not fails
                         out.headers["Retry-After"] = resp.headers["Retry-After"]
                     return out
@@ -166,7 +178,7 @@ class Dispatcher:
                         if r.status == 200:
                             w.healthy = True
                             logger.info("worker %s is healthy again", w.url)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                except (TimeoutError, aiohttp.ClientError, OSError):
                     pass
 
     def app(self, parent_pid: int | None = None) -> web.Application:
@@ -182,7 +194,8 @@ class Dispatcher:
             self.session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0),
                 timeout=aiohttp.ClientTimeout(total=self.request_timeout, sock_connect=10),
-                trust_env=False)
+                trust_env=False,
+            )
             app["tasks"] = [asyncio.create_task(self._probe())]
             if parent_pid:
                 app["tasks"].append(asyncio.create_task(_watch_parent(parent_pid)))
@@ -210,18 +223,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--worker-urls", nargs="*", default=[])
     p.add_argument("--parent-pid", type=int, default=None)
-    p.add_argument("--request-timeout-secs", type=float, default=None,
-                   help="Limit on one forwarded request (slime's --sglang-router-request-timeout-secs).")
+    p.add_argument(
+        "--request-timeout-secs",
+        type=float,
+        default=None,
+        help="Limit on one forwarded request (slime's --sglang-router-request-timeout-secs).",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    d = Dispatcher(args.worker_urls, host=args.host, api_key=os.environ.get(ENV_API_KEY),
-                   admin_api_key=os.environ.get(ENV_ADMIN_API_KEY))
+    d = Dispatcher(
+        args.worker_urls,
+        host=args.host,
+        api_key=os.environ.get(ENV_API_KEY),
+        admin_api_key=os.environ.get(ENV_ADMIN_API_KEY),
+    )
     d.request_timeout = args.request_timeout_secs
     logger.info("dispatcher on http://%s:%d over %d workers", args.host, args.port, len(d.workers))
     # handler_cancellation: a client that disconnects cancels its forward, which closes the
     # connection to the engine, which then aborts the request
-    web.run_app(d.app(args.parent_pid), host=args.host, port=args.port, print=None, access_log=None,
-                handler_cancellation=True)
+    web.run_app(
+        d.app(args.parent_pid), host=args.host, port=args.port, print=None, access_log=None, handler_cancellation=True
+    )
 
 
 if __name__ == "__main__":

@@ -66,12 +66,20 @@ def launch_spec(args: Namespace, rank: int) -> LaunchSpec:
     extra = passthrough_without(tokens, {"--host", "--port", "--api-key", "--admin-api-key"})
     if passthrough_value(extra, "--random-seed") is None:
         extra += ["--random-seed", str(args.seed + rank)]
-    return LaunchSpec(host=passthrough_value(tokens, "--host") or "127.0.0.1",
-                      port=int(port) + rank if port else None, extra=extra)
+    return LaunchSpec(
+        host=passthrough_value(tokens, "--host") or "127.0.0.1", port=int(port) + rank if port else None, extra=extra
+    )
 
 
-def start_engine(args: Namespace, rank: int, *, num_threads: int, base_gpu_id: int,
-                 log_path: str | os.PathLike, port: int | None = None) -> EngineProcess:
+def start_engine(
+    args: Namespace,
+    rank: int,
+    *,
+    num_threads: int,
+    base_gpu_id: int,
+    log_path: str | os.PathLike,
+    port: int | None = None,
+) -> EngineProcess:
     """Launch engine `rank` with `--rollout-backend`'s server; returns at once (see wait_until_healthy).
     `port`: the port of the engine it replaces (a restart keeps the engine's address).
 
@@ -95,9 +103,16 @@ def start_engine(args: Namespace, rank: int, *, num_threads: int, base_gpu_id: i
     env = key_env(args)
     if args.engine_lend_files and args.engine_lend_files[rank]:  # its cores go to a trainer rank while it idles
         env[ENV_LEND_FILE] = args.engine_lend_files[rank]
-    return EngineProcess.start(args.hf_checkpoint, host=spec.host, port=port or spec.port,
-                               num_threads=int(threads or num_threads),
-                               extra_args=extra, log_path=log_path, env=env, mkl_vendor_shim=args.mkl_vendor_shim)
+    return EngineProcess.start(
+        args.hf_checkpoint,
+        host=spec.host,
+        port=port or spec.port,
+        num_threads=int(threads or num_threads),
+        extra_args=extra,
+        log_path=log_path,
+        env=env,
+        mkl_vendor_shim=args.mkl_vendor_shim,
+    )
 
 
 def _last_weight_load_dirs(extra: list[str]) -> list[str]:
@@ -132,20 +147,32 @@ def check_framework_owned(sglang_args: list[str]) -> None:
     for tok in sglang_args:
         name = tok.split("=", 1)[0]
         if name in FRAMEWORK_OWNED:
-            raise SlimeError(f"--sglang-{name[2:]} is set by the framework with --rollout-backend sglang "
-                             f"(from {FRAMEWORK_OWNED[name]}); remove it")
+            raise SlimeError(
+                f"--sglang-{name[2:]} is set by the framework with --rollout-backend sglang "
+                f"(from {FRAMEWORK_OWNED[name]}); remove it"
+            )
 
 
 def sglang_server_command(args: Namespace, rank: int, base_gpu_id: int, port: int) -> tuple[str, list[str]]:
     """(host, argv) of engine `rank`'s `sglang.launch_server`; `port` unless --sglang-port is given."""
     check_framework_owned(args.sglang_args)
     spec = launch_spec(args, rank)
-    cmd = [sys.executable, "-m", "sglang.launch_server",
-           "--model-path", str(args.hf_checkpoint),
-           "--host", spec.host, "--port", str(spec.port or port),
-           "--tp-size", str(args.rollout_num_gpus_per_engine),
-           "--base-gpu-id", str(base_gpu_id),
-           *spec.extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.launch_server",
+        "--model-path",
+        str(args.hf_checkpoint),
+        "--host",
+        spec.host,
+        "--port",
+        str(spec.port or port),
+        "--tp-size",
+        str(args.rollout_num_gpus_per_engine),
+        "--base-gpu-id",
+        str(base_gpu_id),
+        *spec.extra,
+    ]
     # SGLang reads its keys from the command line only (visible to local users; see README)
     if args.engine_api_key is not None:
         cmd += ["--api-key", args.engine_api_key]
@@ -166,8 +193,10 @@ def sglang_arg_parser() -> argparse.ArgumentParser:
 def validate_sglang_args(sglang_args: list[str]) -> None:
     """Check the forwarded `--sglang-*` arguments against SGLang's parser, before any launch."""
     if not sglang_installed():
-        raise SlimeError("--rollout-backend sglang needs the `sglang` package (and GPUs), which this "
-                         "environment does not have; use --rollout-backend builtin")
+        raise SlimeError(
+            "--rollout-backend sglang needs the `sglang` package (and GPUs), which this "
+            "environment does not have; use --rollout-backend builtin"
+        )
     check_framework_owned(sglang_args)
     check_passthrough_args(sglang_arg_parser(), sglang_args, "sglang.launch_server")
 
@@ -180,12 +209,14 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         pass
 
 
-def _start_sglang_server(args: Namespace, rank: int, base_gpu_id: int, log_path: str | os.PathLike,
-                        port: int | None = None) -> EngineProcess:
+def _start_sglang_server(
+    args: Namespace, rank: int, base_gpu_id: int, log_path: str | os.PathLike, port: int | None = None
+) -> EngineProcess:
     host, cmd = sglang_server_command(args, rank, base_gpu_id, port or free_port())
     port = int(passthrough_value(cmd, "--port"))
     env = dict(os.environ)
     if env.get("CUDA_VISIBLE_DEVICES") == "":  # set empty for GPU-less Ray actors: it would hide every GPU
         env.pop("CUDA_VISIBLE_DEVICES")
-    return EngineProcess.spawn(cmd, host, port, Path(log_path), env,
-                               preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+    return EngineProcess.spawn(
+        cmd, host, port, Path(log_path), env, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None
+    )

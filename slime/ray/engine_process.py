@@ -18,8 +18,8 @@ import sys
 import tempfile
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import httpx
 
@@ -50,8 +50,7 @@ def _tail(path: Path | None, n_lines: int = 40) -> str:
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """This process's environment for a child that imports `slime` from the same place."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(
-        [PACKAGE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
     return env
@@ -62,7 +61,7 @@ def redacted(cmd: list[str]) -> list[str]:
     return ["***" if i and cmd[i - 1] in ("--api-key", "--admin-api-key") else tok for i, tok in enumerate(cmd)]
 
 
-_live: "weakref.WeakSet[EngineProcess]" = weakref.WeakSet()
+_live: weakref.WeakSet[EngineProcess] = weakref.WeakSet()
 
 
 @atexit.register
@@ -90,8 +89,15 @@ class EngineProcess:
         return self.proc.pid
 
     @classmethod
-    def spawn(cls, cmd: list[str], host: str, port: int, log_path: str | os.PathLike, env: dict[str, str],
-              preexec_fn: Callable[[], None] | None = None) -> "EngineProcess":
+    def spawn(
+        cls,
+        cmd: list[str],
+        host: str,
+        port: int,
+        log_path: str | os.PathLike,
+        env: dict[str, str],
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> EngineProcess:
         """Run `cmd` (a server listening on host:port) with its output appended to `log_path`."""
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,8 +105,9 @@ class EngineProcess:
         log_file.write(("$ " + " ".join(redacted(cmd)) + "\n").encode())
         log_file.flush()
         try:
-            proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=env, preexec_fn=preexec_fn)
+            proc = subprocess.Popen(
+                cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, preexec_fn=preexec_fn
+            )
         except OSError as e:
             log_file.close()
             raise EngineLaunchError(f"cannot start the engine server ({cmd[0]}): {e}") from e
@@ -119,7 +126,7 @@ class EngineProcess:
         log_path: str | os.PathLike | None = None,
         env: dict[str, str] | None = None,
         mkl_vendor_shim: bool = True,
-    ) -> "EngineProcess":
+    ) -> EngineProcess:
         """Launch the built-in engine, `python -m slime.engine.server` (returns at once; see
         `wait_until_healthy`). `mkl_vendor_shim`: preload `slime.utils.mkl_vendor`'s shim where it
         applies (built on this node, which is the engine's)."""
@@ -129,12 +136,19 @@ class EngineProcess:
             fd, log_path = tempfile.mkstemp(prefix=f"slime-engine-{port}-", suffix=".log")
             os.close(fd)
         cmd = [
-            sys.executable, "-m", "slime.engine.server",
-            "--model-path", str(model_path),
-            "--host", host,
-            "--port", str(port),
-            "--num-threads", str(num_threads),
-            "--parent-pid", str(os.getpid()),
+            sys.executable,
+            "-m",
+            "slime.engine.server",
+            "--model-path",
+            str(model_path),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            "--num-threads",
+            str(num_threads),
+            "--parent-pid",
+            str(os.getpid()),
             *(extra_args or []),
         ]
         if not mkl_vendor_shim:
@@ -145,7 +159,7 @@ class EngineProcess:
         child.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
         return cls.spawn(cmd, host, port, log_path, child)
 
-    def wait_until_healthy(self, timeout: float = 120.0, interval: float = 0.1) -> "EngineProcess":
+    def wait_until_healthy(self, timeout: float = 120.0, interval: float = 0.1) -> EngineProcess:
         deadline = time.monotonic() + timeout
         with httpx.Client(timeout=5.0, trust_env=False) as client:
             while True:
@@ -194,7 +208,7 @@ class EngineProcess:
                 pass
             _live.discard(self)
 
-    def __enter__(self) -> "EngineProcess":
+    def __enter__(self) -> EngineProcess:
         return self
 
     def __exit__(self, *exc) -> None:

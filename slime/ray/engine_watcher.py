@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import httpx
 
@@ -36,8 +36,11 @@ def probe(client: httpx.Client, url: str, path: str, timeout: float) -> str | No
     """None when `url + path` answers 200 within `timeout` s, else why not (dead, hung, unhealthy)."""
     key = key_for(url, path)
     try:
-        resp = client.get(url + path, timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
-                          headers={"Authorization": f"Bearer {key}"} if key else None)
+        resp = client.get(
+            url + path,
+            timeout=httpx.Timeout(timeout, connect=min(timeout, 5.0)),
+            headers={"Authorization": f"Bearer {key}"} if key else None,
+        )
     except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as e:
         return f"dead (connection failed: {type(e).__name__})"  # refused, or reset mid-answer
     except httpx.TimeoutException:
@@ -59,10 +62,19 @@ class EngineWatcher:
     `first_wait` is the grace period after each `resume()`, and it starts paused.
     """
 
-    def __init__(self, router: RouterProcess | None, engine_urls: Iterable[str], *, interval: float = 1.0,
-                 failures: int = 2, on_removed: Callable[[str], None] | None = None, timeout: float = 5.0,
-                 first_wait: float = 0.0, restart: Callable[[str], str] | None = None,
-                 restart_router: Callable[[], RouterProcess] | None = None):
+    def __init__(
+        self,
+        router: RouterProcess | None,
+        engine_urls: Iterable[str],
+        *,
+        interval: float = 1.0,
+        failures: int = 2,
+        on_removed: Callable[[str], None] | None = None,
+        timeout: float = 5.0,
+        first_wait: float = 0.0,
+        restart: Callable[[str], str] | None = None,
+        restart_router: Callable[[], RouterProcess] | None = None,
+    ):
         self.router, self.interval, self.failures, self.on_removed = router, interval, failures, on_removed
         self.timeout, self.first_wait = timeout, first_wait
         self.restart, self.restart_router = restart, restart_router
@@ -70,7 +82,7 @@ class EngineWatcher:
         self.removed: list[str] = []
         # one per recovery: {"what", "url", "reason", "detected_at", "recovered_s", "ok"}
         self.events: list[dict] = []
-        self._strikes = {u: 0 for u in self.urls}
+        self._strikes = dict.fromkeys(self.urls, 0)
         self._stop = threading.Event()
         self._active = threading.Event()  # cleared while paused
         if restart is None:
@@ -79,7 +91,7 @@ class EngineWatcher:
         self._resumed_at = time.monotonic()
         self._thread = threading.Thread(target=self._run, name="engine-watcher", daemon=True)
 
-    def start(self) -> "EngineWatcher":
+    def start(self) -> EngineWatcher:
         self._thread.start()
         return self
 
@@ -141,7 +153,7 @@ class EngineWatcher:
         try:
             replace()
             event["ok"] = True
-        except Exception as e:  # noqa: BLE001 - tried again at the next check
+        except Exception as e:
             logger.exception("restarting %s %s failed; trying again at the next check", what, url)
             event["error"] = f"{type(e).__name__}: {e}"
         event["recovered_s"] = time.monotonic() - detected
@@ -165,8 +177,11 @@ class EngineWatcher:
 
     # ------------------------------------------------------------------ without fault tolerance
     def _check_and_remove(self, client: httpx.Client) -> None:
-        if self.router is not None and probe(client, self.router.url, "/health", 10.0) is not None \
-                and "router" not in self.removed:
+        if (
+            self.router is not None
+            and probe(client, self.router.url, "/health", 10.0) is not None
+            and "router" not in self.removed
+        ):
             self.removed.append("router")
             logger.error("the router %s does not answer; %s", self.router.url, NOT_RESTARTED)
         for url in list(self.urls):
@@ -178,8 +193,9 @@ class EngineWatcher:
             except httpx.HTTPError:  # a timeout: busy, not dead
                 continue
             if self._strikes[url] >= self.failures:
-                logger.warning("engine %s stopped accepting connections; removing it from the router (%s)", url,
-                               NOT_RESTARTED)
+                logger.warning(
+                    "engine %s stopped accepting connections; removing it from the router (%s)", url, NOT_RESTARTED
+                )
                 try:
                     self.router.remove_worker(url)
                 except (httpx.HTTPError, SlimeError) as e:
@@ -200,5 +216,5 @@ class EngineWatcher:
                     continue
                 try:
                     self.check_once(client, only_if_active=True)
-                except Exception:  # noqa: BLE001 - the watcher must outlive a bad probe
+                except Exception:
                     logger.exception("engine watcher probe failed")

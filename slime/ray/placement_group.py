@@ -49,7 +49,9 @@ def init_ray(args: Namespace) -> None:
         return
     os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
     # Hooks are loaded by dotted path inside actors: give workers the driver's import path.
-    pythonpath = os.pathsep.join(dict.fromkeys([os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]))
+    pythonpath = os.pathsep.join(
+        dict.fromkeys([os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+    )
     runtime_env = {"env_vars": {**WORKER_ENV, "PYTHONPATH": pythonpath}}
     address = os.environ.get("RAY_ADDRESS")
     auth = _configure_auth(joining=bool(address))
@@ -64,9 +66,11 @@ def init_ray(args: Namespace) -> None:
     shim = preload_env(args.mkl_vendor_shim)  # built here: the workers of a local cluster run here
     if shim:
         runtime_env["env_vars"].update(shim)
-        print("[slime] MKL vendor shim preloaded into this run's Ray workers and engines: MKL picks its matrix "
-              f"kernels by this {cpu_info().get('vendor_id')} CPU's instruction sets (--no-mkl-vendor-shim: off)",
-              flush=True)
+        print(
+            "[slime] MKL vendor shim preloaded into this run's Ray workers and engines: MKL picks its matrix "
+            f"kernels by this {cpu_info().get('vendor_id')} CPU's instruction sets (--no-mkl-vendor-shim: off)",
+            flush=True,
+        )
     if auth:
         _ensure_private_token()
     _bind_to_loopback()
@@ -97,7 +101,8 @@ def _configure_auth(joining: bool) -> bool:
         logger.warning(
             "RAY_AUTH_MODE=%s: Ray's token authentication is OFF. Anyone who can reach this Ray "
             "cluster's ports can run code as this user. Unset RAY_AUTH_MODE to keep it on (%s).",
-            mode, AUTH_DOC,
+            mode,
+            AUTH_DOC,
         )
         return False
     os.environ["RAY_AUTH_MODE"] = "token"  # inherited by the raylet, hence by every worker
@@ -162,8 +167,10 @@ def _bind_to_loopback() -> None:
 def _slots(args: Namespace) -> tuple[int, int]:
     """(trainer ranks, engine slots) this run starts: --debug-rollout-only has no trainer,
     --debug-train-only no engines (slime's placement of its debug modes)."""
-    return (0 if args.debug_rollout_only else args.actor_world_size,
-            0 if args.debug_train_only else args.rollout_num_gpus)
+    return (
+        0 if args.debug_rollout_only else args.actor_world_size,
+        0 if args.debug_train_only else args.rollout_num_gpus,
+    )
 
 
 def num_bundles(args: Namespace) -> int:
@@ -189,8 +196,10 @@ class ProcessPlace:
     def describe(self) -> str:
         where = f"node {self.node_ip} ({self.node_id[:8]})"
         if self.cores is None:
-            return (f"{self.role}: {where}, not pinned (shares cores {format_cores(self.node_cores)} with the "
-                    f"node's other processes), {self.threads} thread(s)")
+            return (
+                f"{self.role}: {where}, not pinned (shares cores {format_cores(self.node_cores)} with the "
+                f"node's other processes), {self.threads} thread(s)"
+            )
         borrows = ""
         if self.lenders:
             lent = format_cores([c for lender in self.lenders for c in lender.cores])
@@ -219,12 +228,23 @@ class Placement:
 def describe_request(args: Namespace) -> str:
     """What the command line asks for, in slime's option names."""
     actors, engines = _slots(args)
-    trainer = (f"{actors} trainer rank(s) (--actor-num-nodes {args.actor_num_nodes} x --actor-num-gpus-per-node "
-               f"{args.actor_num_gpus_per_node})" if actors else "no trainer")
-    rollout = (f"{engines} engine slot(s) (--rollout-num-gpus {args.rollout_num_gpus}, "
-               f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine})" if engines else "no engines")
-    how = ("--colocate: trainer and engines take turns on the same cores, so the larger side counts"
-           if args.colocate else "disaggregated: one core at least per trainer rank and per engine slot")
+    trainer = (
+        f"{actors} trainer rank(s) (--actor-num-nodes {args.actor_num_nodes} x --actor-num-gpus-per-node "
+        f"{args.actor_num_gpus_per_node})"
+        if actors
+        else "no trainer"
+    )
+    rollout = (
+        f"{engines} engine slot(s) (--rollout-num-gpus {args.rollout_num_gpus}, "
+        f"--rollout-num-gpus-per-engine {args.rollout_num_gpus_per_engine})"
+        if engines
+        else "no engines"
+    )
+    how = (
+        "--colocate: trainer and engines take turns on the same cores, so the larger side counts"
+        if args.colocate
+        else "disaggregated: one core at least per trainer rank and per engine slot"
+    )
     return f"{trainer} and {rollout}; {how}: {num_bundles(args)} core(s) needed"
 
 
@@ -240,8 +260,9 @@ def check_fits(args: Namespace, cores: float, where: str) -> None:
 def _cluster_cpus() -> tuple[float, str]:
     """(total CPUs, "node ip (id): n CPU, ...") of the Ray cluster this process joined."""
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    per_node = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeID'][:8]}): {n['Resources'].get('CPU', 0):g} CPU"
-                         for n in nodes)
+    per_node = ", ".join(
+        f"{n['NodeManagerAddress']} ({n['NodeID'][:8]}): {n['Resources'].get('CPU', 0):g} CPU" for n in nodes
+    )
     return ray.cluster_resources().get("CPU", 0.0), per_node
 
 
@@ -255,8 +276,10 @@ def _node_cores(node_ids: list[str], local: bool) -> dict[str, tuple[int, ...]]:
     workers inherit them), else asked on each node."""
     if local:
         return {n: tuple(node_cores()) for n in node_ids}
-    refs = [_probe_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
-            for n in node_ids]
+    refs = [
+        _probe_node.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False)).remote()
+        for n in node_ids
+    ]
     return {n: tuple(cores) for n, cores in ray.get(refs, timeout=PLACEMENT_TIMEOUT_S)}
 
 
@@ -272,8 +295,10 @@ def create_placement(args: Namespace) -> Placement:
     if not ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)[0]:
         total, per_node = _cluster_cpus()
         remove_placement_group(pg)
-        raise SlimeError(f"cannot place this run within {PLACEMENT_TIMEOUT_S} s: {describe_request(args)}; the Ray "
-                         f"cluster has {total:g} CPU in all ({per_node}), some of them possibly in use")
+        raise SlimeError(
+            f"cannot place this run within {PLACEMENT_TIMEOUT_S} s: {describe_request(args)}; the Ray "
+            f"cluster has {total:g} CPU in all ({per_node}), some of them possibly in use"
+        )
     bundle_node = ray.util.placement_group_table(pg)["bundles_to_node_id"]
     ips = {node["NodeID"]: node["NodeManagerAddress"] for node in ray.nodes()}
     # slime's order: by node address, then (here) node id; bundle indices within a node kept
@@ -281,17 +306,19 @@ def create_placement(args: Namespace) -> Placement:
     actors, engines = _slots(args)
     per = args.rollout_num_gpus_per_engine
     first_engine = 0 if args.colocate else actors
-    engine_slots = [order[first_engine + i * per: first_engine + (i + 1) * per] for i in range(engines // per)]
+    engine_slots = [order[first_engine + i * per : first_engine + (i + 1) * per] for i in range(engines // per)]
     for rank, slots in enumerate(engine_slots):
         if len({bundle_node[b] for b in slots}) > 1:
             remove_placement_group(pg)
             raise SlimeError(
                 f"engine {rank}'s --rollout-num-gpus-per-engine {per} slots landed on different nodes "
                 f"({sorted({ips.get(bundle_node[b], '?') for b in slots})}); an engine is one process on one node: "
-                f"make --rollout-num-gpus-per-engine fit in one node's CPUs")
+                f"make --rollout-num-gpus-per-engine fit in one node's CPUs"
+            )
     share = 0.4 if args.colocate else 0.9
-    placement = Placement(pg, [order[i] for i in range(actors)], [s[0] for s in engine_slots],
-                          actor_cpus=share, engine_cpus=share)
+    placement = Placement(
+        pg, [order[i] for i in range(actors)], [s[0] for s in engine_slots], actor_cpus=share, engine_cpus=share
+    )
     units = [("trainer", f"trainer rank {r}", [order[r]]) for r in range(actors)]
     units += [("engine", f"engine {e}", slots) for e, slots in enumerate(engine_slots)]
     cores = _node_cores(sorted({bundle_node[b] for b in range(n)}), local=not os.environ.get("RAY_ADDRESS"))
@@ -313,8 +340,13 @@ def _ip_key(ip: str) -> tuple:
         return tuple(ord(c) for c in ip)
 
 
-def _assign_cores(args: Namespace, units: list[tuple[str, str, list[int]]], bundle_node: dict,
-                  ips: dict[str, str], cores: dict[str, tuple[int, ...]]) -> list[ProcessPlace]:
+def _assign_cores(
+    args: Namespace,
+    units: list[tuple[str, str, list[int]]],
+    bundle_node: dict,
+    ips: dict[str, str],
+    cores: dict[str, tuple[int, ...]],
+) -> list[ProcessPlace]:
     """Split each node's cores among the processes sharing them, in proportion to their slots."""
     groups = [["trainer"], ["engine"]] if args.colocate else [["trainer", "engine"]]
     user_engine_threads = passthrough_value(list(args.sglang_args), "--num-threads")

@@ -61,8 +61,14 @@ class EngineActor:
 
     def start(self, port: int | None = None) -> str:
         log_path = Path(self.args.run_dir) / "logs" / f"engine_{self.rank}.log"
-        self.process = start_engine(self.args, self.rank, num_threads=self.num_threads,
-                                    base_gpu_id=self.base_gpu_id, log_path=log_path, port=port)
+        self.process = start_engine(
+            self.args,
+            self.rank,
+            num_threads=self.num_threads,
+            base_gpu_id=self.base_gpu_id,
+            log_path=log_path,
+            port=port,
+        )
         sglang = self.args.rollout_backend == "sglang"
         self.process.wait_until_healthy(timeout=SGLANG_LAUNCH_TIMEOUT_S if sglang else BUILTIN_LAUNCH_TIMEOUT_S)
         return self.process.url
@@ -103,8 +109,13 @@ def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: fl
             f"rollout {rollout_id}: {len(failed)} of {len(samples)} samples FAILED ({ratio:.0%}), more than "
             f"--max-failed-sample-ratio {max_ratio:g} allows; first error: {first}"
         )
-    logger.warning("rollout %d: %d of %d samples FAILED (first: %s)", rollout_id, len(failed), len(samples),
-                   failed[0].metadata.get("error"))
+    logger.warning(
+        "rollout %d: %d of %d samples FAILED (first: %s)",
+        rollout_id,
+        len(failed),
+        len(samples),
+        failed[0].metadata.get("error"),
+    )
 
 
 def sample_weight_version(sample: Sample) -> int | None:
@@ -144,8 +155,9 @@ def skips_default_log(args: Namespace, name: str, fn: Any, rollout_id: int, *cal
         if inspect.isawaitable(answer):  # an async hook, on the process's event loop
             answer = run(answer)
     except Exception as e:
-        raise SlimeError(f"rollout {rollout_id}: --{name.replace('_', '-')} {getattr(args, name)} raised "
-                         f"{type(e).__name__}: {e}") from e
+        raise SlimeError(
+            f"rollout {rollout_id}: --{name.replace('_', '-')} {getattr(args, name)} raised {type(e).__name__}: {e}"
+        ) from e
     return bool(answer)
 
 
@@ -170,7 +182,7 @@ class RolloutManager:
             return
         _, engine_threads = thread_budget(args)
         if args.rollout_external_engine_addrs is not None:  # engines this run did not launch (slime's option)
-            from slime.sync.external import discover  # noqa: PLC0415
+            from slime.sync.external import discover
 
             self.engines, self.engine_urls = [], list(args.rollout_external_engine_addrs)
             discover(self.engine_urls, api_key=args.engine_api_key, admin_api_key=args.engine_admin_api_key)
@@ -200,9 +212,13 @@ class RolloutManager:
                 # slime's health monitor: dead or hung engines (and the router) are restarted, given the
                 # current weights and put back; it runs during generate/eval (resumed there, paused after)
                 self.watcher = EngineWatcher(
-                    self.router, self.engine_urls, interval=args.rollout_health_check_interval,
-                    timeout=args.rollout_health_check_timeout, first_wait=args.rollout_health_check_first_wait,
-                    restart=self._restart_engine, restart_router=self._restart_router if self.router else None,
+                    self.router,
+                    self.engine_urls,
+                    interval=args.rollout_health_check_interval,
+                    timeout=args.rollout_health_check_timeout,
+                    first_wait=args.rollout_health_check_first_wait,
+                    restart=self._restart_engine,
+                    restart_router=self._restart_router if self.router else None,
                 ).start()
             elif self.router is not None:
                 # An engine that dies is removed from the router; retried requests go to live ones.
@@ -214,10 +230,16 @@ class RolloutManager:
         args.rollout_engine_urls = list(self.engine_urls)  # where a partial rollout sends its aborts
         # every request from this process (hooks' post(url, payload) included) to these servers
         # carries the run's key, and to no other address
-        register_keys([*self.engine_urls, f"http://{args.sglang_router_ip}:{args.sglang_router_port}"],
-                      args.engine_api_key, args.engine_admin_api_key)
-        configure_requests(timeout=args.sglang_router_request_timeout_secs, max_retries=args.rollout_request_max_retries,
-                           retry_interval=args.rollout_request_retry_interval)
+        register_keys(
+            [*self.engine_urls, f"http://{args.sglang_router_ip}:{args.sglang_router_port}"],
+            args.engine_api_key,
+            args.engine_admin_api_key,
+        )
+        configure_requests(
+            timeout=args.sglang_router_request_timeout_secs,
+            max_retries=args.rollout_request_max_retries,
+            retry_interval=args.rollout_request_retry_interval,
+        )
         set_engine_timeout(args.engine_control_timeout_secs)
         self.load_hooks()
         # the data position (and Data Buffer) of rollout --start-rollout-id - 1, or of the --load checkpoint
@@ -261,19 +283,29 @@ class RolloutManager:
         return list(self.engine_urls)
 
     def _engine_removed(self, url: str) -> None:
-        logger.warning("engine %s died and was removed from the router; %d engines remain (it is not restarted: "
-                       "run with --use-fault-tolerance to restart dead or hung engines)", url,
-                       len(self.engine_urls) - 1)
+        logger.warning(
+            "engine %s died and was removed from the router; %d engines remain (it is not restarted: "
+            "run with --use-fault-tolerance to restart dead or hung engines)",
+            url,
+            len(self.engine_urls) - 1,
+        )
         self.engine_urls = [u for u in self.engine_urls if u != url]
         self.args.rollout_engine_urls = list(self.engine_urls)
 
     # ------------------------------------------------------------------ fault tolerance
     def _start_router(self, port: int | None = None):
         args = self.args
-        return start_router(self.engine_urls, policy=args.router_policy, model_path=args.hf_checkpoint,
-                            log_dir=Path(args.run_dir) / "logs", extra_args=args.router_args,
-                            api_key=args.engine_api_key, admin_api_key=args.engine_admin_api_key, port=port,
-                            request_timeout_secs=args.sglang_router_request_timeout_secs)
+        return start_router(
+            self.engine_urls,
+            policy=args.router_policy,
+            model_path=args.hf_checkpoint,
+            log_dir=Path(args.run_dir) / "logs",
+            extra_args=args.router_args,
+            api_key=args.engine_api_key,
+            admin_api_key=args.engine_admin_api_key,
+            port=port,
+            request_timeout_secs=args.sglang_router_request_timeout_secs,
+        )
 
     def _restart_engine(self, url: str) -> str:
         """The watcher's restart: a new server at `url` (same port), serving the current weights: the
@@ -284,8 +316,9 @@ class RolloutManager:
             raise SlimeError(f"engine {url} came back at {new_url}")
         version = weight_snapshot_version(self.args.run_dir)
         if version is not None:
-            client_for(url).update_weights_from_disk(str(weight_snapshot_dir(self.args.run_dir)),
-                                                     weight_version=version)
+            client_for(url).update_weights_from_disk(
+                str(weight_snapshot_dir(self.args.run_dir)), weight_version=version
+            )
         if self._offloaded:  # --offload-rollout: released like the others until onload
             client_for(url).release_memory_occupation()
         return url
@@ -331,8 +364,10 @@ class RolloutManager:
             lost_engine = any(s in str(e) for s in ("Cannot connect", "failed after", "Server disconnected"))
             if self.args.use_fault_tolerance or not lost_engine:
                 raise
-            raise SlimeError(f"{e} (an engine or the router that dies is not restarted: run with "
-                             "--use-fault-tolerance to restart them and retry their requests)") from e
+            raise SlimeError(
+                f"{e} (an engine or the router that dies is not restarted: run with "
+                "--use-fault-tolerance to restart them and retry their requests)"
+            ) from e
         finally:
             self._watch(False)
         if self.args.use_fault_tolerance:
@@ -348,7 +383,8 @@ class RolloutManager:
             groups, extra_metrics = load_debug_rollout_data(self.args, rollout_id), {}
         else:
             groups, extra_metrics = unwrap_train_output(
-                self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False))
+                self.generate_rollout(self.args, rollout_id, self.data_source, evaluation=False)
+            )
         # as generated, before any filter or conversion (slime's point of saving)
         save_debug_rollout_data(self.args, [s for g in groups for s in g], rollout_id)
         write_rollout_samples(self.args, groups, rollout_id)  # the report's sample log (first groups)
@@ -357,12 +393,23 @@ class RolloutManager:
             try:
                 self.sample_filter(self.args, [s for g in groups for s in g])
             except Exception as e:
-                raise SlimeError(f"rollout {rollout_id}: --rollout-sample-filter-path "
-                                 f"{self.args.rollout_sample_filter_path} raised {type(e).__name__}: {e}") from e
+                raise SlimeError(
+                    f"rollout {rollout_id}: --rollout-sample-filter-path "
+                    f"{self.args.rollout_sample_filter_path} raised {type(e).__name__}: {e}"
+                ) from e
         samples = [s for g in groups for s in g]
         # slime's call, before the conversion; a hook may add to extra_metrics and return False
-        skip = skips_default_log(self.args, "custom_rollout_log_function_path", self.rollout_log, rollout_id,
-                                 rollout_id, self.args, samples, extra_metrics, time.perf_counter() - t0)
+        skip = skips_default_log(
+            self.args,
+            "custom_rollout_log_function_path",
+            self.rollout_log,
+            rollout_id,
+            rollout_id,
+            self.args,
+            samples,
+            extra_metrics,
+            time.perf_counter() - t0,
+        )
         data = samples_to_train_data(self.args, groups)
         if skip:  # the hook logs instead; failures are still counted (never dropped silently)
             return data, {"rollout/status/failed": float(sum(s.status == Sample.Status.FAILED for s in samples))}
@@ -387,15 +434,28 @@ class RolloutManager:
         t0 = time.perf_counter()
         set_current_rollout_id(rollout_id)
         results, extra_metrics = unwrap_eval_output(
-            self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True))
-        save_debug_rollout_data(self.args, [s for res in results.values() for s in res.get("samples") or []],
-                                rollout_id, evaluation=True)
+            self.eval_rollout(self.args, rollout_id, self.data_source, evaluation=True)
+        )
+        save_debug_rollout_data(
+            self.args, [s for res in results.values() for s in res.get("samples") or []], rollout_id, evaluation=True
+        )
         write_eval_samples(self.args, results, rollout_id)  # the report's sample log (first groups)
-        if skips_default_log(self.args, "custom_eval_rollout_log_function_path", self.eval_log, rollout_id,
-                             rollout_id, self.args, results, extra_metrics):
+        if skips_default_log(
+            self.args,
+            "custom_eval_rollout_log_function_path",
+            self.eval_log,
+            rollout_id,
+            rollout_id,
+            self.args,
+            results,
+            extra_metrics,
+        ):
             # the hook logs instead; failed samples are still counted
-            return {f"eval/{name}/failed": float(sum(s.status == Sample.Status.FAILED for s in res["samples"]))
-                    for name, res in results.items() if res.get("samples")}
+            return {
+                f"eval/{name}/failed": float(sum(s.status == Sample.Status.FAILED for s in res["samples"]))
+                for name, res in results.items()
+                if res.get("samples")
+            }
         metrics = eval_metrics(self.args, results)
         metrics.update(extra_metrics)
         metrics["perf/eval_time"] = time.perf_counter() - t0

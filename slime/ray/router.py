@@ -24,8 +24,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import httpx
 
@@ -51,8 +51,16 @@ def sglang_router_available() -> bool:
 class RouterProcess:
     """A running router (sglang-router or the built-in dispatcher) and its membership API."""
 
-    def __init__(self, kind: str, host: str, port: int, proc: subprocess.Popen, log_path: Path | None,
-                 metrics_port: int | None = None, admin_api_key: str | None = None):
+    def __init__(
+        self,
+        kind: str,
+        host: str,
+        port: int,
+        proc: subprocess.Popen,
+        log_path: Path | None,
+        metrics_port: int | None = None,
+        admin_api_key: str | None = None,
+    ):
         self.kind, self.host, self.port, self.proc = kind, host, port, proc
         self.log_path, self.metrics_port = log_path, metrics_port
         # membership is the router's control plane: the admin key (the run's key when one)
@@ -63,7 +71,7 @@ class RouterProcess:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def wait_until_healthy(self, timeout: float = 60.0) -> "RouterProcess":
+    def wait_until_healthy(self, timeout: float = 60.0) -> RouterProcess:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -126,9 +134,12 @@ class RouterProcess:
 
 
 # set from slime-rl's own options (--router-policy) and the engines it starts
-ROUTER_OWNED = {"--worker-urls": "the engines this run starts", "--policy": "--router-policy",
-                "--api-key": "the run's key (--sglang-api-key)",
-                "--control-plane-api-keys": "the run's key (--sglang-admin-api-key, else --sglang-api-key)"}
+ROUTER_OWNED = {
+    "--worker-urls": "the engines this run starts",
+    "--policy": "--router-policy",
+    "--api-key": "the run's key (--sglang-api-key)",
+    "--control-plane-api-keys": "the run's key (--sglang-admin-api-key, else --sglang-api-key)",
+}
 
 
 def router_option_parser() -> argparse.ArgumentParser:
@@ -151,19 +162,41 @@ def check_router_args(tokens: list[str]) -> str | None:
     for name in (tok.split("=", 1)[0] for tok in tokens):
         if name in ROUTER_OWNED:
             raise SlimeError(f"--router-{name[2:]} is set by the framework ({ROUTER_OWNED[name]})")
-    check_passthrough_args(router_option_parser(), tokens, "sglang-router", prefix="--router-", kind="router",
-                           required=())
+    check_passthrough_args(
+        router_option_parser(), tokens, "sglang-router", prefix="--router-", kind="router", required=()
+    )
     return None
 
 
-def sglang_router_command(policy: str, host: str, port: int, metrics_port: int, worker_urls: Iterable[str],
-                          model_path: str | None = None, extra: Iterable[str] = ()) -> list[str]:
+def sglang_router_command(
+    policy: str,
+    host: str,
+    port: int,
+    metrics_port: int,
+    worker_urls: Iterable[str],
+    model_path: str | None = None,
+    extra: Iterable[str] = (),
+) -> list[str]:
     """`python -m slime.ray.router ...`: sglang-router through its Python API, bound to `host`."""
     if policy not in ROUTER_POLICIES:
         raise SlimeError(f"--router-policy {policy!r}: choose from {', '.join(ROUTER_POLICIES)}")
-    cmd = [sys.executable, "-m", "slime.ray.router", "--parent-pid", str(os.getpid()),
-           "--host", host, "--port", str(port), "--prometheus-host", host, "--prometheus-port", str(metrics_port),
-           "--policy", policy]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slime.ray.router",
+        "--parent-pid",
+        str(os.getpid()),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--prometheus-host",
+        host,
+        "--prometheus-port",
+        str(metrics_port),
+        "--policy",
+        policy,
+    ]
     if model_path:  # lets cache_aware tokenize token-id requests
         cmd += ["--model-path", str(model_path)]
     cmd += list(extra)  # the user's --router-* options, after the framework's (argparse: the last wins)
@@ -175,15 +208,32 @@ def sglang_router_command(policy: str, host: str, port: int, metrics_port: int, 
 
 def dispatcher_command(host: str, port: int, worker_urls: Iterable[str]) -> list[str]:
     urls = list(worker_urls)
-    cmd = [sys.executable, "-m", "slime.ray.dispatcher", "--parent-pid", str(os.getpid()),
-           "--host", host, "--port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slime.ray.dispatcher",
+        "--parent-pid",
+        str(os.getpid()),
+        "--host",
+        host,
+        "--port",
+        str(port),
+    ]
     return cmd + (["--worker-urls", *urls] if urls else [])
 
 
-def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: str = DEFAULT_ROUTER_POLICY,
-                 model_path: str | None = None, extra_args: Iterable[str] = (), api_key: str | None = None,
-                 admin_api_key: str | None = None, port: int | None = None,
-                 request_timeout_secs: int | None = None) -> RouterProcess:
+def start_router(
+    worker_urls: list[str],
+    *,
+    log_dir: str | os.PathLike,
+    policy: str = DEFAULT_ROUTER_POLICY,
+    model_path: str | None = None,
+    extra_args: Iterable[str] = (),
+    api_key: str | None = None,
+    admin_api_key: str | None = None,
+    port: int | None = None,
+    request_timeout_secs: int | None = None,
+) -> RouterProcess:
     """Start the router for `worker_urls` (sglang-router, or the built-in dispatcher without it);
     `extra_args`: sglang-router's own options (`--router-*` as `--<arg>`). With `api_key`, clients
     need it (the admin key, when given, for membership) and the router sends it to the engines."""
@@ -195,13 +245,18 @@ def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: 
     log_dir.mkdir(parents=True, exist_ok=True)
     if sglang_router_available():
         kind, metrics_port = "sglang-router", free_port(host)
-        cmd = sglang_router_command(policy, host, port, metrics_port, worker_urls, model_path=model_path,
-                                    extra=extra_args)
+        cmd = sglang_router_command(
+            policy, host, port, metrics_port, worker_urls, model_path=model_path, extra=extra_args
+        )
         log_path = log_dir / "router.log"
     else:
-        logger.warning("sglang-router is not installed (pip install sglang-router); using slime's built-in "
-                       "round-robin dispatcher instead (--router-policy %s is not applied; requests with "
-                       "%s still stick to one engine)", policy, ROUTING_KEY_HEADER)
+        logger.warning(
+            "sglang-router is not installed (pip install sglang-router); using slime's built-in "
+            "round-robin dispatcher instead (--router-policy %s is not applied; requests with "
+            "%s still stick to one engine)",
+            policy,
+            ROUTING_KEY_HEADER,
+        )
         kind, metrics_port = "builtin-dispatcher", None
         cmd = dispatcher_command(host, port, worker_urls)
         if request_timeout_secs is not None:
@@ -210,10 +265,16 @@ def start_router(worker_urls: list[str], *, log_dir: str | os.PathLike, policy: 
     with open(log_path, "ab") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env(_key_env(api_key, admin_api_key)))
-    router = RouterProcess(kind, host, port, proc, log_path, metrics_port,
-                           admin_api_key=admin_api_key or api_key).wait_until_healthy()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=child_env(_key_env(api_key, admin_api_key)),
+        )
+    router = RouterProcess(
+        kind, host, port, proc, log_path, metrics_port, admin_api_key=admin_api_key or api_key
+    ).wait_until_healthy()
     # Registration is asynchronous in sglang-router: wait until every worker is listed.
     deadline = time.monotonic() + 60
     while set(worker_urls) - set(router.worker_urls()):

@@ -33,9 +33,14 @@ class RayTrainGroup:
             for rank, bundle in enumerate(placement.actor_bundles)
         ]
         # each rank binds itself to its cores before anything else runs in it (Ray runs an actor's calls in order)
-        self.places = ray.get([actor.pin_cores.remote(list(p.cores) if p and p.cores else None, threads[rank],
-                                                      p.lenders if p else None)
-                               for rank, (actor, p) in enumerate(zip(self.actors, places))])
+        self.places = ray.get(
+            [
+                actor.pin_cores.remote(
+                    list(p.cores) if p and p.cores else None, threads[rank], p.lenders if p else None
+                )
+                for rank, (actor, p) in enumerate(zip(self.actors, places))
+            ]
+        )
         self.engine_urls: list[str] = []
         self._offloaded = False
 

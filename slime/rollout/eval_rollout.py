@@ -34,7 +34,8 @@ def eval_sampling_params(args: Namespace, cfg: EvalDatasetConfig) -> dict[str, A
         "top_p": cfg.top_p,
         "top_k": cfg.top_k,
         "max_new_tokens": cfg.max_response_len,
-        "skip_special_tokens": args.rollout_skip_special_tokens if cfg.skip_special_tokens is None
+        "skip_special_tokens": args.rollout_skip_special_tokens
+        if cfg.skip_special_tokens is None
         else cfg.skip_special_tokens,
         "no_stop_trim": True if cfg.no_stop_trim is None else cfg.no_stop_trim,
         "spaces_between_special_tokens": False,
@@ -57,18 +58,30 @@ def load_eval_prompts(args: Namespace, cfg: EvalDatasetConfig, tokenizer: Any) -
     max_len = args.eval_max_prompt_len
     try:
         prompts = load_prompt_samples(
-            cfg.path, input_key=cfg.input_key, label_key=cfg.label_key, metadata_key=cfg.metadata_key,
-            tool_key=cfg.tool_key, tokenizer=tokenizer, apply_chat_template=bool(cfg.apply_chat_template),
-            apply_chat_template_kwargs=cfg.apply_chat_template_kwargs, max_prompt_len=max_len)
+            cfg.path,
+            input_key=cfg.input_key,
+            label_key=cfg.label_key,
+            metadata_key=cfg.metadata_key,
+            tool_key=cfg.tool_key,
+            tokenizer=tokenizer,
+            apply_chat_template=bool(cfg.apply_chat_template),
+            apply_chat_template_kwargs=cfg.apply_chat_template_kwargs,
+            max_prompt_len=max_len,
+        )
     except SlimeError as e:
         raise SlimeError(f"eval data set {cfg.name!r}: {e}") from None
     if not prompts:
-        raise SlimeError(f"eval data set {cfg.name!r} ({cfg.path}) holds no prompts"
-                         + (f" ({prompts.num_dropped} longer than --eval-max-prompt-len {max_len})"
-                            if prompts.num_dropped else ""))
+        raise SlimeError(
+            f"eval data set {cfg.name!r} ({cfg.path}) holds no prompts"
+            + (f" ({prompts.num_dropped} longer than --eval-max-prompt-len {max_len})" if prompts.num_dropped else "")
+        )
     if prompts.num_dropped:
-        logger.warning("eval data set %r: %d prompts longer than --eval-max-prompt-len %d dropped",
-                       cfg.name, prompts.num_dropped, max_len)
+        logger.warning(
+            "eval data set %r: %d prompts longer than --eval-max-prompt-len %d dropped",
+            cfg.name,
+            prompts.num_dropped,
+            max_len,
+        )
     return prompts
 
 
@@ -85,8 +98,9 @@ def _eval_datasets(args: Namespace) -> list[tuple[EvalDatasetConfig, list[Sample
     return [(cfg, state.eval_datasets[name]) for name, cfg in configs.items()]
 
 
-async def eval_rollout_single_dataset(args: Namespace, rollout_id: int, dataset_cfg: EvalDatasetConfig,
-                                      prompts: list[Sample] | None = None) -> dict[str, dict[str, Any]]:
+async def eval_rollout_single_dataset(
+    args: Namespace, rollout_id: int, dataset_cfg: EvalDatasetConfig, prompts: list[Sample] | None = None
+) -> dict[str, dict[str, Any]]:
     """slime's per-data-set eval: `n_samples_per_eval_prompt` samples of every prompt, generated
     with the data set's sampling parameters (its generate hook and reward, if it names them) and
     scored. Returns {name: {"rewards", "truncated", "samples", "dropped_long_prompts"}}."""
@@ -111,17 +125,22 @@ async def eval_rollout_single_dataset(args: Namespace, rollout_id: int, dataset_
     done = await asyncio.gather(*(generate_and_rm_group(args, g, params, evaluation=True) for g in groups))
     samples = [s for g in done for s in g]
     key_args = SimpleNamespace(reward_key=args.eval_reward_key or args.reward_key)
-    return {dataset_cfg.name: {"rewards": [s.get_reward_value(key_args) for s in samples],
-                               "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
-                               "samples": samples,
-                               "dropped_long_prompts": getattr(prompts, "num_dropped", 0)}}
+    return {
+        dataset_cfg.name: {
+            "rewards": [s.get_reward_value(key_args) for s in samples],
+            "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
+            "samples": samples,
+            "dropped_long_prompts": getattr(prompts, "num_dropped", 0),
+        }
+    }
 
 
 async def eval_rollout_async(args: Namespace, rollout_id: int) -> dict[str, dict[str, Any]]:
     """Every eval data set (`--eval-prompt-data` or `--eval-config`), each with its own settings."""
     results: dict[str, dict[str, Any]] = {}
-    for part in await asyncio.gather(*(eval_rollout_single_dataset(args, rollout_id, cfg, prompts)
-                                       for cfg, prompts in _eval_datasets(args))):
+    for part in await asyncio.gather(
+        *(eval_rollout_single_dataset(args, rollout_id, cfg, prompts) for cfg, prompts in _eval_datasets(args))
+    ):
         results.update(part)
     return results
 

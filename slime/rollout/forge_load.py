@@ -29,8 +29,10 @@ logger = logging.getLogger(__name__)
 def forge_path(args: Namespace, rollout_id: int, evaluation: bool) -> Path | None:
     pattern = args.load_forge_rollout_data
     if not pattern:
-        raise SlimeError("slime.rollout.forge_load needs --load-forge-rollout-data PATH (a file, or a "
-                         "pattern with {rollout_id}, as --save-debug-rollout-data wrote)")
+        raise SlimeError(
+            "slime.rollout.forge_load needs --load-forge-rollout-data PATH (a file, or a "
+            "pattern with {rollout_id}, as --save-debug-rollout-data wrote)"
+        )
     if "{rollout_id}" not in pattern:
         return None if evaluation else Path(pattern)
     path = Path(pattern.format(rollout_id=("eval_" if evaluation else "") + str(rollout_id)))
@@ -47,10 +49,14 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
         if path is None:
             return RolloutFnEvalOutput(data={})
         samples = read_samples(path, rollout_id, "--load-forge-rollout-data")
-        return RolloutFnEvalOutput(data={"forge_eval": {
-            "rewards": [s.get_reward_value(args) if s.reward is not None else 0.0 for s in samples],
-            "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
-            "samples": samples,
-        }})
+        return RolloutFnEvalOutput(
+            data={
+                "forge_eval": {
+                    "rewards": [s.get_reward_value(args) if s.reward is not None else 0.0 for s in samples],
+                    "truncated": [s.status == Sample.Status.TRUNCATED for s in samples],
+                    "samples": samples,
+                }
+            }
+        )
     samples = read_samples(path, rollout_id, "--load-forge-rollout-data")
     return RolloutFnTrainOutput(samples=regroup(samples, args.n_samples_per_prompt))

@@ -137,7 +137,7 @@ class AsyncRolloutWorker:
         self.thread = threading.Thread(target=self._main, name="fully-async-rollout", daemon=True)
 
     # ------------------------------------------------------------------ caller side (any thread)
-    def start(self) -> "AsyncRolloutWorker":
+    def start(self) -> AsyncRolloutWorker:
         self.thread.start()
         return self
 
@@ -153,8 +153,10 @@ class AsyncRolloutWorker:
 
     def raise_if_failed(self) -> None:
         if self.error is not None:
-            raise SlimeError(f"fully async rollout: the background rollout worker failed: "
-                             f"{type(self.error).__name__}: {self.error}\n{self.error_traceback}") from self.error
+            raise SlimeError(
+                f"fully async rollout: the background rollout worker failed: "
+                f"{type(self.error).__name__}: {self.error}\n{self.error_traceback}"
+            ) from self.error
 
     def take(self, n: int, poll_s: float = 0.2) -> list[FinishedGroup]:
         """Block until `n` finished groups are taken; raise at once if the worker failed or stopped."""
@@ -166,8 +168,9 @@ class AsyncRolloutWorker:
             except queue.Empty:
                 if not self.thread.is_alive() and self.queue.empty():
                     self.raise_if_failed()
-                    raise SlimeError(f"fully async rollout: the rollout worker has stopped with {len(out)} of "
-                                     f"{n} groups taken")
+                    raise SlimeError(
+                        f"fully async rollout: the rollout worker has stopped with {len(out)} of {n} groups taken"
+                    )
         self.raise_if_failed()
         return out
 
@@ -185,8 +188,10 @@ class AsyncRolloutWorker:
         t0 = time.monotonic()
         while self._inflight and self.thread.is_alive():
             if time.monotonic() - t0 > timeout:
-                raise SlimeError(f"fully async rollout: {self._inflight} groups still generating {timeout:g} s after "
-                                 f"the engines were asked to abort for a weight update")
+                raise SlimeError(
+                    f"fully async rollout: {self._inflight} groups still generating {timeout:g} s after "
+                    f"the engines were asked to abort for a weight update"
+                )
             time.sleep(0.01)
         return self.groups_resumed - before
 
@@ -215,8 +220,12 @@ class AsyncRolloutWorker:
         try:
             while not self._stop.is_set():
                 # Back-pressure: queued + in-flight groups stay within the queue size.
-                while (len(tasks) < self.max_inflight and self.queue.qsize() + len(tasks) < self.queue.maxsize
-                       and not self._stop.is_set() and not self._paused.is_set()):
+                while (
+                    len(tasks) < self.max_inflight
+                    and self.queue.qsize() + len(tasks) < self.queue.maxsize
+                    and not self._stop.is_set()
+                    and not self._paused.is_set()
+                ):
                     group = self.data_source.get_samples(1)[0]
                     tasks.add(asyncio.create_task(self._one_group(group, state.sampling_params)))
                 self._inflight = len(tasks)

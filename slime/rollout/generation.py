@@ -51,10 +51,10 @@ class _ClassOrInstanceMethod:
 class GenerateState:
     """Per-process state shared by every generate call (slime's singleton)."""
 
-    _instance: "GenerateState | None" = None
+    _instance: GenerateState | None = None
     _lock = threading.Lock()
 
-    def __new__(cls, args: Namespace) -> "GenerateState":
+    def __new__(cls, args: Namespace) -> GenerateState:
         with cls._lock:  # a hook's background thread and the rollout may both ask first
             if cls._instance is None:
                 inst = super().__new__(cls)
@@ -68,7 +68,7 @@ class GenerateState:
         # --deterministic-mode: one group at a time, in the order they were submitted (asyncio's
         # semaphore wakes waiters first come, first served), so every run batches the same way
         self.concurrency = 1 if args.deterministic_mode else args.sglang_server_concurrency * args.num_engines
-        self._semaphores: "weakref.WeakKeyDictionary[Any, asyncio.Semaphore]" = weakref.WeakKeyDictionary()
+        self._semaphores: weakref.WeakKeyDictionary[Any, asyncio.Semaphore] = weakref.WeakKeyDictionary()
         self.sampling_params = sampling_params_from_args(args, evaluation=False)
         self.custom_generate = (
             load_function(args.custom_generate_function_path, arg_name="--custom-generate-function-path")
@@ -117,8 +117,13 @@ class GenerateState:
     def submit_generate_tasks(self, samples: list[list[Sample]]) -> None:
         """Start generating each group as one task (into `pendings`); counts them as remaining."""
         for group in samples:
-            self.pendings.add(asyncio.ensure_future(
-                generate_and_rm_group(self.args, group, sampling_params=dict(self.sampling_params), evaluation=False)))
+            self.pendings.add(
+                asyncio.ensure_future(
+                    generate_and_rm_group(
+                        self.args, group, sampling_params=dict(self.sampling_params), evaluation=False
+                    )
+                )
+            )
         self.remaining_batch_size += len(samples)
 
     def _reset_rollout(self) -> None:
@@ -166,8 +171,9 @@ def prompt_ids_of(state: GenerateState, sample: Sample) -> list[int]:
         return list(sample.tokens[: len(sample.tokens) - sample.response_length])
     if isinstance(sample.prompt, list):  # chat messages not yet templated
         # rendered, then encoded: with tokenize=True transformers 5 returns a BatchEncoding, not ids
-        text = state.tokenizer.apply_chat_template(sample.prompt, add_generation_prompt=True, tokenize=False,
-                                                   **(state.args.apply_chat_template_kwargs or {}))
+        text = state.tokenizer.apply_chat_template(
+            sample.prompt, add_generation_prompt=True, tokenize=False, **(state.args.apply_chat_template_kwargs or {})
+        )
         return state.tokenizer.encode(text, add_special_tokens=False)
     return state.tokenizer(sample.prompt, add_special_tokens=False)["input_ids"]
 
@@ -253,8 +259,9 @@ def _resume_point(args: Namespace, sample: Sample, sampling_params: dict[str, An
     return list(sample.tokens), params
 
 
-async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, Any], *,
-                   evaluation: bool = False) -> Sample:
+async def generate(
+    args: Namespace, sample: Sample, sampling_params: dict[str, Any], *, evaluation: bool = False
+) -> Sample:
     """Default single-sample generate: one `/generate` call, token in, token out. A partial
     sample (ABORTED with a response, from the Data Buffer) continues where it stopped. With
     --rollout-max-context-len, `max_new_tokens` is cut so that what is sent plus the answer fits."""
@@ -271,8 +278,9 @@ async def generate(args: Namespace, sample: Sample, sampling_params: dict[str, A
     return _apply_output(sample, input_ids, output)
 
 
-async def _generate_group_batched(args: Namespace, group: list[Sample], sampling_params: dict[str, Any],
-                                  evaluation: bool = False) -> None:
+async def _generate_group_batched(
+    args: Namespace, group: list[Sample], sampling_params: dict[str, Any], evaluation: bool = False
+) -> None:
     """The n samples of one prompt as one batch request: one HTTP round trip per group."""
     state = GenerateState(args)
     if state.aborted:
@@ -383,8 +391,9 @@ def _generate_function(args: Namespace, sample: Sample) -> tuple[Callable | None
     return fn or load_function(path, arg_name="--custom-generate-function-path"), path
 
 
-async def _call_generate_hook(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
-                              evaluation: bool) -> Sample | list[Sample]:
+async def _call_generate_hook(
+    args: Namespace, sample: Sample, sampling_params: dict[str, Any], evaluation: bool
+) -> Sample | list[Sample]:
     """One call of the sample's generate hook, its answer as it gave it (a Sample or a list of
     them); its exception fails only this sample (which is then the answer)."""
     state = GenerateState(args)
@@ -406,14 +415,16 @@ async def _call_generate_hook(args: Namespace, sample: Sample, sampling_params: 
         return sample
 
 
-async def _custom_generate_one(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
-                               evaluation: bool) -> list[Sample]:
+async def _custom_generate_one(
+    args: Namespace, sample: Sample, sampling_params: dict[str, Any], evaluation: bool
+) -> list[Sample]:
     result = await _call_generate_hook(args, sample, sampling_params, evaluation)
     return result if isinstance(result, list) else [result]
 
 
-async def _default_generate_one(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
-                                evaluation: bool = False) -> Sample:
+async def _default_generate_one(
+    args: Namespace, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False
+) -> Sample:
     """`generate` on one sample; an error fails only this sample."""
     try:
         return await generate(args, sample, sampling_params, evaluation=evaluation)
@@ -424,8 +435,9 @@ async def _default_generate_one(args: Namespace, sample: Sample, sampling_params
         return sample
 
 
-async def generate_and_rm(args: Namespace, sample: Sample, sampling_params: dict[str, Any],
-                          evaluation: bool = False) -> Sample | list[Sample]:
+async def generate_and_rm(
+    args: Namespace, sample: Sample, sampling_params: dict[str, Any], evaluation: bool = False
+) -> Sample | list[Sample]:
     """slime's per-sample step: generate one sample, then score it (unless `--group-rm`, where the
     group is scored whole by the caller). A generate function that returns several samples
     gets them scored in one `batched_async_rm` call, as slime does; a sample that already has a
@@ -495,9 +507,12 @@ async def generate_and_rm_group(
     async with state.semaphore:
         if state.custom_generate is not None or any(getattr(s, "generate_function_path", None) for s in todo):
             results = await each(
-                lambda s: _custom_generate_one(args, s, copy.deepcopy(params_of(s)), evaluation)
-                if _generate_function(args, s)[0] is not None
-                else _as_list(_default_generate_one(args, s, params_of(s), evaluation)))
+                lambda s: (
+                    _custom_generate_one(args, s, copy.deepcopy(params_of(s)), evaluation)
+                    if _generate_function(args, s)[0] is not None
+                    else _as_list(_default_generate_one(args, s, params_of(s), evaluation))
+                )
+            )
             generated = [r for res in results for r in res]
             by_id = {id(s): res for s, res in zip(todo, results)}
             group[:] = [r for s in group for r in by_id.get(id(s), [s])]

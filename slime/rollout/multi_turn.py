@@ -28,15 +28,16 @@ from __future__ import annotations
 import inspect
 import uuid
 from argparse import Namespace
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Any, Awaitable, Callable, Union
+from typing import Any
 
 from slime.rollout.sglang_rollout import GenerateState, engine_url, prompt_ids_of
 from slime.utils.http_utils import post, session_headers
 from slime.utils.types import Sample
 
 # env_step(model_text, trajectory) -> observation text, observation token ids, or None (finished)
-EnvStep = Callable[[str, "Trajectory"], Union[str, list[int], None, Awaitable[Union[str, list[int], None]]]]
+EnvStep = Callable[[str, "Trajectory"], str | list[int] | None | Awaitable[str | list[int] | None]]
 
 
 @dataclass
@@ -166,8 +167,11 @@ async def run_multi_turn(
         params = dict(sampling_params)
         caps = [c for c in (room(), max_new_tokens_per_turn) if c is not None]
         params["max_new_tokens"] = min(caps) if caps else None
-        output = await post(engine_url(args), {"input_ids": list(sample.tokens), "sampling_params": params,
-                                                 "return_logprob": True}, headers=session_headers(sample.session_id))
+        output = await post(
+            engine_url(args),
+            {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True},
+            headers=session_headers(sample.session_id),
+        )
         text = traj.add_model_turn(output)
         finish = traj.turns[-1].finish_reason
         if finish == "abort":
@@ -182,7 +186,11 @@ async def run_multi_turn(
             return stop(Sample.Status.COMPLETED, "env_done")
         if traj.turns_left == 0:  # no model turn would read it: not appended
             return stop(Sample.Status.TRUNCATED, "max_turns")
-        ids = list(observation) if isinstance(observation, list) else tokenizer.encode(observation, add_special_tokens=False)
+        ids = (
+            list(observation)
+            if isinstance(observation, list)
+            else tokenizer.encode(observation, add_special_tokens=False)
+        )
         left = room()
         if left is not None and len(ids) >= left:  # the observation would leave no room for another model turn
             ids = ids[: max(0, left)]

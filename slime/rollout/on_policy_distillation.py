@@ -29,8 +29,7 @@ async def reward_func(args: Namespace, sample: Sample, **kwargs: Any) -> dict[st
         raise SlimeError("slime.rollout.on_policy_distillation.reward_func needs --rm-url (the teacher's /generate)")
     payload = {
         "input_ids": list(sample.tokens),
-        "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0,
-                            "skip_special_tokens": False},
+        "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0, "skip_special_tokens": False},
         "return_logprob": True,
         "logprob_start_len": 0,
     }
@@ -43,7 +42,7 @@ def teacher_log_probs(answer: dict[str, Any], response_length: int) -> list[floa
     values = [float(item[0]) for item in per_token]
     if len(values) < response_length:
         raise SlimeError(f"the teacher returned {len(values)} log-probs for a response of {response_length} tokens")
-    return values[len(values) - response_length:] if response_length else []
+    return values[len(values) - response_length :] if response_length else []
 
 
 def post_process_rewards(args: Namespace, samples: list[Sample], **kwargs: Any) -> tuple[list[float], list[float]]:
@@ -55,7 +54,9 @@ def post_process_rewards(args: Namespace, samples: list[Sample], **kwargs: Any) 
         elif sample.status == Sample.Status.FAILED:  # never trained on (zero loss mask); keeps the column whole
             sample.teacher_log_probs = [0.0] * sample.response_length
         elif sample.teacher_log_probs is None:  # (already read: a second call changes nothing)
-            raise SlimeError(f"sample {sample.index}: no teacher answer to read log-probs from (is --custom-rm-path "
-                             f"slime.rollout.on_policy_distillation.reward_func?)")
+            raise SlimeError(
+                f"sample {sample.index}: no teacher answer to read log-probs from (is --custom-rm-path "
+                f"slime.rollout.on_policy_distillation.reward_func?)"
+            )
     zeros = [0.0] * len(samples)
     return zeros, list(zeros)

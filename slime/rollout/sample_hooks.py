@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import inspect
 from argparse import Namespace
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.utils.misc import load_function
 from slime.utils.types import Sample

@@ -158,23 +158,30 @@ def mask_generator(tokenizer: Any, loss_mask_type: str) -> MultiTurnLossMaskGene
         try:
             _GENERATORS[key] = MultiTurnLossMaskGenerator(tokenizer, tokenizer_type=loss_mask_type)
         except Exception as e:
-            raise SlimeError(f"--loss-mask-type {loss_mask_type}: the chat template of the tokenizer cannot be "
-                             f"measured ({type(e).__name__}: {e}); try another --loss-mask-type") from e
+            raise SlimeError(
+                f"--loss-mask-type {loss_mask_type}: the chat template of the tokenizer cannot be "
+                f"measured ({type(e).__name__}: {e}); try another --loss-mask-type"
+            ) from e
     return _GENERATORS[key]
 
 
-def sft_tokens(generator: MultiTurnLossMaskGenerator, messages: list[dict], tools: list | None,
-               where: str) -> tuple[list[int], list[int], int]:
+def sft_tokens(
+    generator: MultiTurnLossMaskGenerator, messages: list[dict], tools: list | None, where: str
+) -> tuple[list[int], list[int], int]:
     """(tokens, the response's loss mask, response length) of one conversation, as slime's SFT rollout
     makes them: the response starts at the first trained token."""
     try:
         token_ids, loss_mask = generator.get_loss_mask(messages, tools=tools)
     except Exception as e:
-        raise SlimeError(f"{where}: --loss-mask-type {generator.tokenizer_type} failed on this conversation "
-                         f"({type(e).__name__}: {e})") from e
+        raise SlimeError(
+            f"{where}: --loss-mask-type {generator.tokenizer_type} failed on this conversation "
+            f"({type(e).__name__}: {e})"
+        ) from e
     if len(token_ids) != len(loss_mask):
-        raise SlimeError(f"{where}: --loss-mask-type {generator.tokenizer_type} gave {len(token_ids)} tokens "
-                         f"but {len(loss_mask)} loss-mask entries")
+        raise SlimeError(
+            f"{where}: --loss-mask-type {generator.tokenizer_type} gave {len(token_ids)} tokens "
+            f"but {len(loss_mask)} loss-mask entries"
+        )
     response_length = generator.get_response_lengths([loss_mask])[0]
     if response_length == 0:
         roles = [m.get("role") for m in messages]
@@ -191,15 +198,20 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
             "unset --eval-interval or set --eval-function-path"
         )
     if not args.rollout_global_dataset:  # slime asserts it: the conversations are --prompt-data's
-        raise SlimeError("the SFT rollout takes its conversations from --prompt-data, which "
-                         "--disable-rollout-global-dataset does not load")
+        raise SlimeError(
+            "the SFT rollout takes its conversations from --prompt-data, which "
+            "--disable-rollout-global-dataset does not load"
+        )
     tokenizer = _get_tokenizer(args, data_source)
     generator = mask_generator(tokenizer, args.loss_mask_type)
     if args.apply_chat_template_kwargs and not _warned_kwargs:
         _warned_kwargs = True  # slime's SFT rollout renders with the template's defaults too
-        logger.warning("--apply-chat-template-kwargs %s is not used by the SFT rollout (as in slime): "
-                       "conversations are rendered by --loss-mask-type %s with the template's defaults",
-                       args.apply_chat_template_kwargs, args.loss_mask_type)
+        logger.warning(
+            "--apply-chat-template-kwargs %s is not used by the SFT rollout (as in slime): "
+            "conversations are rendered by --loss-mask-type %s with the template's defaults",
+            args.apply_chat_template_kwargs,
+            args.loss_mask_type,
+        )
 
     groups = data_source.get_samples(args.rollout_batch_size)
     for group in groups:

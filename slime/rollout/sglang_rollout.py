@@ -64,10 +64,29 @@ from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 # slime's import path for the rollout's names (the code lives in generation.py and eval_rollout.py)
-__all__ = ["GenerateState", "abort", "abort_engines", "context_limit", "engine_url", "eval_rollout",
-           "eval_rollout_async", "eval_rollout_single_dataset", "eval_sampling_params", "fit_context", "generate",
-           "generate_and_rm", "generate_and_rm_group", "generate_rollout", "generate_rollout_async", "get_model_url",
-           "is_finished", "load_eval_prompts", "prompt_ids_of", "sampling_params_from_args", "set_current_rollout_id"]
+__all__ = [
+    "GenerateState",
+    "abort",
+    "abort_engines",
+    "context_limit",
+    "engine_url",
+    "eval_rollout",
+    "eval_rollout_async",
+    "eval_rollout_single_dataset",
+    "eval_sampling_params",
+    "fit_context",
+    "generate",
+    "generate_and_rm",
+    "generate_and_rm_group",
+    "generate_rollout",
+    "generate_rollout_async",
+    "get_model_url",
+    "is_finished",
+    "load_eval_prompts",
+    "prompt_ids_of",
+    "sampling_params_from_args",
+    "set_current_rollout_id",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +102,9 @@ async def _dynamic_filter(args: Namespace, fn: Any, group: list[Sample]) -> Dyna
             out = await out.keep
             out = out if isinstance(out, DynamicFilterOutput) else DynamicFilterOutput(keep=out)
     except Exception as e:
-        raise SlimeError(f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} raised "
-                         f"{type(e).__name__}: {e}") from e
+        raise SlimeError(
+            f"--dynamic-sampling-filter-path {args.dynamic_sampling_filter_path} raised {type(e).__name__}: {e}"
+        ) from e
     out.keep = bool(out.keep)
     return out
 
@@ -93,8 +113,9 @@ async def abort_engines(args: Namespace) -> None:
     """Stop every engine's in-flight requests; they answer at once with their partial output
     (`finish_reason` abort). Requests not yet sent are stopped by `GenerateState.aborted`."""
     urls = args.rollout_engine_urls or [engine_url(args, "").rstrip("/")]
-    results = await asyncio.gather(*(post(f"{u}/abort_request", {"abort_all": True}) for u in urls),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        *(post(f"{u}/abort_request", {"abort_all": True}) for u in urls), return_exceptions=True
+    )
     for url, result in zip(urls, results):
         if isinstance(result, BaseException):  # its requests then run to their end: slower, still correct
             logger.warning("could not abort the requests of %s: %s", url, result)
@@ -162,8 +183,9 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
                 groups = data_source.get_samples(batch)
                 generated += len(groups)
                 resumed += sum(any(smp.response_length > 0 or is_finished(smp) for smp in g) for g in groups)
-                pending |= {asyncio.ensure_future(generate_and_rm_group(args, g, state.sampling_params))
-                            for g in groups}
+                pending |= {
+                    asyncio.ensure_future(generate_and_rm_group(args, g, state.sampling_params)) for g in groups
+                }
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             unexamined = len(done)
             for task in done:
@@ -209,8 +231,7 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     return RolloutFnTrainOutput(samples=kept, metrics=metrics)
 
 
-async def _process_all_samples(args: Namespace, rollout_id: int, groups: list[list[Sample]],
-                               data_source: Any) -> None:
+async def _process_all_samples(args: Namespace, rollout_id: int, groups: list[list[Sample]], data_source: Any) -> None:
     """slime's `--rollout-all-samples-process-path`: fn(args, all_samples, data_source) on every group
     that finished this rollout (ordered by its first sample's index), the filter's drops included;
     not the long tail that was aborted. It sees the whole rollout, so an error in it stops the run."""
@@ -222,8 +243,9 @@ async def _process_all_samples(args: Namespace, rollout_id: int, groups: list[li
     try:
         await _maybe_await(fn(args, groups, data_source))
     except Exception as e:
-        raise SlimeError(f"rollout {rollout_id}: --rollout-all-samples-process-path {path} raised "
-                         f"{type(e).__name__}: {e}") from e
+        raise SlimeError(
+            f"rollout {rollout_id}: --rollout-all-samples-process-path {path} raised {type(e).__name__}: {e}"
+        ) from e
 
 
 def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
@@ -233,5 +255,15 @@ def generate_rollout(args: Namespace, rollout_id: int, data_source: Any, evaluat
     return run(generate_rollout_async(args, rollout_id, data_source))
 
 
-__all__ = ["GenerateState", "abort", "eval_rollout", "eval_rollout_single_dataset", "generate", "generate_and_rm", "generate_and_rm_group",
-           "generate_rollout", "get_model_url", "async_rm"]
+__all__ = [
+    "GenerateState",
+    "abort",
+    "eval_rollout",
+    "eval_rollout_single_dataset",
+    "generate",
+    "generate_and_rm",
+    "generate_and_rm_group",
+    "generate_rollout",
+    "get_model_url",
+    "async_rm",
+]

@@ -36,8 +36,12 @@ def statistics_mask(args: Namespace, samples: list[Sample]) -> tuple[list[bool],
     these; their loss masks are zeros)."""
     valid = [s.status not in NOT_TRAINABLE for s in samples]
     g = args.n_samples_per_prompt
-    grouped = (args.loss_type != "sft_loss" and args.rewards_normalization
-               and args.advantage_estimator in GROUP_ESTIMATORS and g > 1)
+    grouped = (
+        args.loss_type != "sft_loss"
+        and args.rewards_normalization
+        and args.advantage_estimator in GROUP_ESTIMATORS
+        and g > 1
+    )
     sizes = prompt_group_sizes(samples, g)
     if all(valid) or not grouped or (sizes is None and len(samples) % g != 0):
         return valid, 0
@@ -54,7 +58,7 @@ def _groups(values: list, sizes: list[int] | None, n_samples_per_prompt: int) ->
     if sizes is None:
         return [(values, n_samples_per_prompt)]
     starts = itertools.accumulate(sizes, initial=0)
-    return [(values[start:start + n], n) for start, n in zip(starts, sizes)]
+    return [(values[start : start + n], n) for start, n in zip(starts, sizes)]
 
 
 def prompt_group_sizes(samples: list[Sample], n_samples_per_prompt: int) -> list[int] | None:
@@ -90,8 +94,12 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
         return raw, raw
     rewards = list(raw)
     if args.overlong_buffer_len:
-        penalty = dapo_overlong_penalty([s.response_length for s in samples], args.rollout_max_response_len,
-                                        args.overlong_buffer_len, args.overlong_penalty_factor)
+        penalty = dapo_overlong_penalty(
+            [s.response_length for s in samples],
+            args.rollout_max_response_len,
+            args.overlong_buffer_len,
+            args.overlong_penalty_factor,
+        )
         rewards = [r + p for r, p in zip(rewards, penalty)]
     est, g = args.advantage_estimator, args.n_samples_per_prompt
     if not args.rewards_normalization or est in ("ppo", "reinforce_plus_plus"):
@@ -131,8 +139,10 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
         raw_rewards, rewards = reward_hook(args, samples)
         raw_rewards, rewards = [float(r) for r in raw_rewards], [float(r) for r in rewards]
         if len(raw_rewards) != len(samples) or len(rewards) != len(samples):
-            raise SlimeError(f"--custom-reward-post-process-path {args.custom_reward_post_process_path} returned "
-                             f"{len(raw_rewards)} raw rewards and {len(rewards)} rewards for {len(samples)} samples")
+            raise SlimeError(
+                f"--custom-reward-post-process-path {args.custom_reward_post_process_path} returned "
+                f"{len(raw_rewards)} raw rewards and {len(rewards)} rewards for {len(samples)} samples"
+            )
     else:
         raw_rewards, rewards = post_process_rewards(args, samples)
     valid, _ = statistics_mask(args, samples)
@@ -157,8 +167,10 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
     if all(s.rollout_log_probs is not None for s in samples):
         data["rollout_log_probs"] = [list(s.rollout_log_probs) for s in samples]
     # On-policy distillation with a served teacher (--opd-type sglang): a hook fills these.
-    teacher = [s.teacher_log_probs if s.teacher_log_probs is not None
-               else (s.train_metadata or {}).get("teacher_log_probs") for s in samples]
+    teacher = [
+        s.teacher_log_probs if s.teacher_log_probs is not None else (s.train_metadata or {}).get("teacher_log_probs")
+        for s in samples
+    ]
     if samples and all(t is not None for t in teacher):  # a list or a tensor (slime's hooks set tensors)
         data["teacher_log_probs"] = [[float(x) for x in t] for t in teacher]
     return data
@@ -204,20 +216,25 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
         metrics["rollout/raw_reward"] = sum(scored) / max(1, len(scored))
         metrics["rollout/dropped_groups"] = float(statistics_mask(args, samples)[1])
         if args.overlong_buffer_len:
-            penalty = dapo_overlong_penalty(lengths, args.rollout_max_response_len, args.overlong_buffer_len,
-                                            args.overlong_penalty_factor)
+            penalty = dapo_overlong_penalty(
+                lengths, args.rollout_max_response_len, args.overlong_buffer_len, args.overlong_penalty_factor
+            )
             metrics["rollout/overlong_penalty"] = sum(penalty) / n
     metrics["rollout/removed_samples"] = float(sum(s.remove_sample for s in samples))
     # A bounded grader refused or timed out (score 0, reason in metadata): a policy that learns
     # to produce such answers shows up here first.
-    metrics["rollout/reward_refused"] = float(sum(isinstance(s.metadata, dict) and "reward_error" in s.metadata
-                                                  for s in samples))
+    metrics["rollout/reward_refused"] = float(
+        sum(isinstance(s.metadata, dict) and "reward_error" in s.metadata for s in samples)
+    )
     for status in (Sample.Status.COMPLETED, Sample.Status.TRUNCATED, Sample.Status.ABORTED, Sample.Status.FAILED):
         metrics[f"rollout/status/{status.value}"] = float(sum(s.status == status for s in samples))
     # Groups whose rewards are all equal give GRPO zero advantage: worth watching.
     if args.n_samples_per_prompt > 1:
-        flat = [len({round(s.get_reward_value(args), 9) for s in g if s.status not in NOT_TRAINABLE}) == 1
-                for g in groups if any(s.status not in NOT_TRAINABLE for s in g)]
+        flat = [
+            len({round(s.get_reward_value(args), 9) for s in g if s.status not in NOT_TRAINABLE}) == 1
+            for g in groups
+            if any(s.status not in NOT_TRAINABLE for s in g)
+        ]
         metrics["rollout/zero_std_group_ratio"] = sum(flat) / max(1, len(flat))
     metrics.update(optional_rollout_metrics(args, groups, data))
     return metrics
@@ -234,7 +251,7 @@ def optional_rollout_metrics(args: Namespace, groups: list[list[Sample]], data: 
     if args.log_passrate:
         sizes = [len(g) for g in groups]
         flat = [float(r) for r in data["raw_reward"]]
-        per_prompt = [flat[sum(sizes[:i]):sum(sizes[:i + 1])] for i in range(len(sizes))]
+        per_prompt = [flat[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(len(sizes))]
         out.update({f"passrate/{k}": v for k, v in pass_rate(per_prompt).items()})
     if args.log_reward_category:
         out.update(reward_category_metrics(args.log_reward_category, samples, "rollout/"))
@@ -253,7 +270,8 @@ def pass_rate(rewards_by_prompt: list[list[float]]) -> dict[str, float]:
     k = 1
     while n > 1 and k <= n:
         out[f"pass@{k}"] = sum(pass_at_k(len(g), sum(r == 1 for r in g), k) for g in rewards_by_prompt) / len(
-            rewards_by_prompt)
+            rewards_by_prompt
+        )
         k *= 2
     return out
 
@@ -271,8 +289,11 @@ def reward_category_metrics(key: str, samples: list[Sample], prefix: str) -> dic
 
 
 def _spread(prefix: str, values: list[float]) -> dict[str, float]:
-    return {f"{prefix}_mean": sum(values) / len(values), f"{prefix}_max": float(max(values)),
-            f"{prefix}_min": float(min(values))}
+    return {
+        f"{prefix}_mean": sum(values) / len(values),
+        f"{prefix}_max": float(max(values)),
+        f"{prefix}_min": float(min(values)),
+    }
 
 
 def multi_turn_metrics(args: Namespace, samples: list[Sample], loss_masks: list[list[int]]) -> dict[str, float]:
@@ -284,7 +305,8 @@ def multi_turn_metrics(args: Namespace, samples: list[Sample], loss_masks: list[
     out = _spread("multi_turn/raw_response_length/response_length", raw)
     if args.rollout_max_response_len is not None:
         out["multi_turn/raw_response_length/response_length_clip_ratio"] = sum(
-            r >= args.rollout_max_response_len for r in raw) / len(raw)
+            r >= args.rollout_max_response_len for r in raw
+        ) / len(raw)
     out.update(_spread("multi_turn/wo_obs_response_length/response_length", [float(sum(m)) for m in loss_masks]))
     rounds = [float(s.metadata["round_number"]) for s in samples if "round_number" in (s.metadata or {})]
     if rounds:
@@ -310,8 +332,9 @@ def correct_sample_metrics(args: Namespace, data: dict[str, Any]) -> dict[str, f
             if bucket is not None:  # longer than the limit: in no quarter (as slime's)
                 counts[bucket] += 1
         total = sum(counts)
-        out.update({f"rollout/correct_length/p{25 * (b + 1)}": c / total if total else 0.0
-                    for b, c in enumerate(counts)})
+        out.update(
+            {f"rollout/correct_length/p{25 * (b + 1)}": c / total if total else 0.0 for b, c in enumerate(counts)}
+        )
     log_probs = data.get("rollout_log_probs")
     if log_probs is not None:
         per_sample = []
@@ -356,7 +379,7 @@ def _rewards_per_prompt(samples: list[Sample], rewards: list[float], n: int) -> 
             groups.setdefault(s.group_index, []).append(r)
         sizes = {len(g) for g in groups.values()}
         return list(groups.values()) if len(sizes) == 1 else []
-    return [list(rewards[i:i + n]) for i in range(0, len(rewards), n)] if len(rewards) % n == 0 else []
+    return [list(rewards[i : i + n]) for i in range(0, len(rewards), n)] if len(rewards) % n == 0 else []
 
 
 def eval_metrics(args: Namespace, results: dict[str, dict[str, Any]]) -> dict[str, float]:

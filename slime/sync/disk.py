@@ -27,9 +27,10 @@ import os
 import re
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,17 +57,27 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     files = sorted(Path(path).glob("*.safetensors"))
     if not files:
-        raise SlimeError(f"--hf-checkpoint {str(path)!r} has no *.safetensors files (delta weight sync diffs "
-                         "against them)")
+        raise SlimeError(
+            f"--hf-checkpoint {str(path)!r} has no *.safetensors files (delta weight sync diffs against them)"
+        )
     for f in files:
         out.update(load_file(str(f)))
     return out
 
 
 class DiskWeightSync:
-    def __init__(self, *, disk_dir: str, mode: str = "full", local_dir: str | None = None, keep_files: bool = False,
-                 encoding: str = "xor", checksum: str = "xxh3-128", base_checkpoint: str | None = None,
-                 post_write: Callable[[str, list[str]], Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        disk_dir: str,
+        mode: str = "full",
+        local_dir: str | None = None,
+        keep_files: bool = False,
+        encoding: str = "xor",
+        checksum: str = "xxh3-128",
+        base_checkpoint: str | None = None,
+        post_write: Callable[[str, list[str]], Any] | None = None,
+    ) -> None:
         self.disk_dir = Path(disk_dir)
         self.mode, self.local_dir, self.keep_files = mode, local_dir, keep_files
         self.encoding, self.checksum = encoding, checksum
@@ -90,8 +101,11 @@ class DiskWeightSync:
         self.started = True
 
     def _pull_body(self, version: int) -> dict:
-        return {"local_checkpoint_dir": str(self.local_dir), "source_dir": str(self.disk_dir),
-                "target_version": version}
+        return {
+            "local_checkpoint_dir": str(self.local_dir),
+            "source_dir": str(self.disk_dir),
+            "target_version": version,
+        }
 
     @staticmethod
     def _each(urls: list[str], fn: Callable) -> list:
@@ -126,9 +140,14 @@ class DiskWeightSync:
             tensors = {n: t.detach().to(dtypes.get(n, t.dtype)).contiguous() for n, t in dedupe_tied(state).items()}
         save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         total = sum(t.numel() * t.element_size() for t in tensors.values())
-        (tmp / fmt.INDEX).write_text(json.dumps({
-            "metadata": {"version": self.version, "total_size": total},
-            "weight_map": {n: "model.safetensors" for n in tensors}}))
+        (tmp / fmt.INDEX).write_text(
+            json.dumps(
+                {
+                    "metadata": {"version": self.version, "total_size": total},
+                    "weight_map": dict.fromkeys(tensors, "model.safetensors"),
+                }
+            )
+        )
         os.replace(tmp, vdir)
         if self.snapshot is not None:
             self.snapshot = {n: t.clone() for n, t in tensors.items()}
@@ -168,11 +187,21 @@ class DiskWeightSync:
         for i, (arrays, digests) in enumerate(f for f in files if f[0]):
             fname = f"model-{i + 1:05d}.safetensors"
             save_numpy(arrays, str(tmp / fname), metadata=digests)
-            weight_map.update({n: fname for n in arrays})
-        (tmp / fmt.INDEX).write_text(json.dumps({
-            "metadata": {"version": self.version, "base_version": base, "delta_encoding": self.encoding,
-                         "checksum_format": self.checksum, "compression_format": fmt.COMPRESSION},
-            "weight_map": weight_map}))
+            weight_map.update(dict.fromkeys(arrays, fname))
+        (tmp / fmt.INDEX).write_text(
+            json.dumps(
+                {
+                    "metadata": {
+                        "version": self.version,
+                        "base_version": base,
+                        "delta_encoding": self.encoding,
+                        "checksum_format": self.checksum,
+                        "compression_format": fmt.COMPRESSION,
+                    },
+                    "weight_map": weight_map,
+                }
+            )
+        )
         os.replace(tmp, vdir)
         self.snapshot = {n: t.clone() for n, t in new.items()}
         return vdir, _dir_bytes(vdir), len(weight_map)
@@ -185,8 +214,9 @@ class DiskWeightSync:
             self._dtypes = {}
             for f in sorted(Path(self.base_checkpoint).glob("*.safetensors")):
                 header, _ = fmt.read_header(f)
-                self._dtypes.update({n: st[i["dtype"]] for n, i in header.items()
-                                     if n != "__metadata__" and i["dtype"] in st})
+                self._dtypes.update(
+                    {n: st[i["dtype"]] for n, i in header.items() if n != "__metadata__" and i["dtype"] in st}
+                )
         return self._dtypes
 
     # ------------------------------------------------------------------ sync
@@ -206,8 +236,9 @@ class DiskWeightSync:
             if failed:  # checksum refused: a full version for every engine (the chain restarts from it)
                 refused = len(failed)
                 self.refused += refused
-                logger.warning("%d engine(s) refused delta %s (checksum mismatch): sending a full version",
-                               refused, vdir.name)
+                logger.warning(
+                    "%d engine(s) refused delta %s (checksum mismatch): sending a full version", refused, vdir.name
+                )
                 for url, e in failed.items():
                     logger.warning("  %s: %s", url, e)
                 vdir, full_bytes, _ = (*self.write_full(state), 0)
@@ -223,8 +254,11 @@ class DiskWeightSync:
             self._raise_failures(self._load(engine_urls, weight_version), "full")
             if not self.keep_files:
                 shutil.rmtree(vdir, ignore_errors=True)
-        self.last = {"perf/weight_sync_bytes": float(nbytes), "perf/weight_sync_write_time": t_write,
-                     "perf/weight_sync_delta_refused": float(refused)}
+        self.last = {
+            "perf/weight_sync_bytes": float(nbytes),
+            "perf/weight_sync_write_time": t_write,
+            "perf/weight_sync_delta_refused": float(refused),
+        }
         if changed >= 0:
             self.last["perf/weight_sync_tensors_changed"] = float(changed)
         return self.last
@@ -256,8 +290,9 @@ class DiskWeightSync:
         """Delta mode: versions before the newest full one are no longer needed by anyone."""
         if self.keep_files:
             return
-        versions = sorted(int(p.name[8:]) for p in self.disk_dir.glob("weight_v*")
-                          if re.fullmatch(r"weight_v\d{6}", p.name))
+        versions = sorted(
+            int(p.name[8:]) for p in self.disk_dir.glob("weight_v*") if re.fullmatch(r"weight_v\d{6}", p.name)
+        )
         fulls = [v for v in versions if not fmt.is_delta(fmt.version_dir(self.disk_dir, v))]
         if fulls:
             for v in versions:

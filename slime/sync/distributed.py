@@ -33,6 +33,7 @@ from slime.utils.net import free_port
 
 logger = logging.getLogger(__name__)
 
+
 def buckets(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[list[str]]:
     """Names in order, cut into buckets of at most `max_bytes` (a larger tensor goes alone)."""
     out: list[list[str]] = [[]]
@@ -54,8 +55,14 @@ class DistributedWeightSync:
     the router's watcher leaves the group with it).
     """
 
-    def __init__(self, *, master_address: str = "127.0.0.1", group_name: str = DEFAULT_GROUP_NAME,
-                 buffer_size: int = 512 * 1024 ** 2, timeout_s: float = 120.0):
+    def __init__(
+        self,
+        *,
+        master_address: str = "127.0.0.1",
+        group_name: str = DEFAULT_GROUP_NAME,
+        buffer_size: int = 512 * 1024**2,
+        timeout_s: float = 120.0,
+    ):
         self.master_address = master_address
         self.group_name = group_name
         self.buffer_size = max(1, int(buffer_size))
@@ -75,17 +82,24 @@ class DistributedWeightSync:
         pool = ThreadPoolExecutor(max_workers=len(urls))
         try:
             futs = {
-                pool.submit(client_for(url).init_weights_update_group, master_address=self.master_address,
-                            master_port=port, rank_offset=1 + i, world_size=world, group_name=self.group_name,
-                            backend="gloo"): url
+                pool.submit(
+                    client_for(url).init_weights_update_group,
+                    master_address=self.master_address,
+                    master_port=port,
+                    rank_offset=1 + i,
+                    world_size=world,
+                    group_name=self.group_name,
+                    backend="gloo",
+                ): url
                 for i, url in enumerate(urls)
             }
             result: dict = {}
 
             def join():
                 try:
-                    result["pg"] = create_gloo_group(self.master_address, port, 0, world, self.group_name,
-                                                     timeout_s=self.timeout_s)
+                    result["pg"] = create_gloo_group(
+                        self.master_address, port, 0, world, self.group_name, timeout_s=self.timeout_s
+                    )
                 except BaseException as e:  # noqa: BLE001
                     result["error"] = e
 
@@ -101,8 +115,13 @@ class DistributedWeightSync:
         if "error" in result:
             raise SlimeError(f"joining weight update group {self.group_name!r} failed: {result['error']}")
         self.pg, self.urls = result["pg"], urls
-        logger.info("weight update group %r: trainer + %d engine(s), port %d, %.2fs",
-                    self.group_name, len(urls), port, time.perf_counter() - t0)
+        logger.info(
+            "weight update group %r: trainer + %d engine(s), port %d, %.2fs",
+            self.group_name,
+            len(urls),
+            port,
+            time.perf_counter() - t0,
+        )
 
     def close(self) -> None:
         if self.pg is None:
@@ -129,11 +148,15 @@ class DistributedWeightSync:
         try:
             for b, names in enumerate(groups):
                 last = b == len(groups) - 1
-                meta = dict(names=names, dtypes=[dtype_name(tensors[n].dtype) for n in names],
-                            shapes=[list(tensors[n].shape) for n in names], group_name=self.group_name,
-                            flush_cache=True, weight_version=weight_version if last else None)
-                posts = {pool.submit(client_for(url).update_weights_from_distributed, **meta): url
-                         for url in self.urls}
+                meta = dict(
+                    names=names,
+                    dtypes=[dtype_name(tensors[n].dtype) for n in names],
+                    shapes=[list(tensors[n].shape) for n in names],
+                    group_name=self.group_name,
+                    flush_cache=True,
+                    weight_version=weight_version if last else None,
+                )
+                posts = {pool.submit(client_for(url).update_weights_from_distributed, **meta): url for url in self.urls}
 
                 def send(names=names, pg=self.pg):
                     for n in names:

@@ -11,8 +11,9 @@ from slime.engine.client import EngineClient
 from slime.errors import SlimeError
 
 
-def discover(urls: list[str], *, api_key: str | None = None, admin_api_key: str | None = None,
-             timeout: float = 10.0) -> list[dict]:
+def discover(
+    urls: list[str], *, api_key: str | None = None, admin_api_key: str | None = None, timeout: float = 10.0
+) -> list[dict]:
     """Each engine's server info; SlimeError naming the first address that does not answer."""
     infos = []
     for url in urls:
@@ -29,7 +30,9 @@ def discover(urls: list[str], *, api_key: str | None = None, admin_api_key: str 
         finally:
             client.close()
         if not isinstance(info, dict):
-            raise SlimeError(f"--rollout-external-engine-addrs: the engine at {url} does not answer "
-                             f"({'; '.join(errors) or 'no server info'})")
+            raise SlimeError(
+                f"--rollout-external-engine-addrs: the engine at {url} does not answer "
+                f"({'; '.join(errors) or 'no server info'})"
+            )
         infos.append(info)
     return infos

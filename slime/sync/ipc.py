@@ -22,8 +22,9 @@ from slime.sync.tensor import dedupe_tied
 from slime.utils import tensor_ipc
 
 
-def ipc_payload(named: dict[str, torch.Tensor], weight_version: str | None = None,
-                flush_cache: bool = True) -> dict[str, Any]:
+def ipc_payload(
+    named: dict[str, torch.Tensor], weight_version: str | None = None, flush_cache: bool = True
+) -> dict[str, Any]:
     """The `/update_weights_from_tensor` body for tensors that `tensor_ipc.shareable` returned."""
     payload: dict[str, Any] = {
         "serialized_named_tensors": [base64.b64encode(tensor_ipc.dumps(named)).decode("ascii")],

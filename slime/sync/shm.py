@@ -116,10 +116,15 @@ class SharedMemoryWeightSync:
         for name, dt, shape, off in layout:
             t = tensors[name]
             n = t.numel() * t.element_size()
-            self._bytes[off:off + n].view(dt).view(shape).copy_(t)
-        return {"path": self.path, "size": self._size, "names": [n for n, *_ in layout],
-                "dtypes": [dtype_name(dt) for _, dt, _, _ in layout], "shapes": [s for _, _, s, _ in layout],
-                "offsets": [o for *_, o in layout]}
+            self._bytes[off : off + n].view(dt).view(shape).copy_(t)
+        return {
+            "path": self.path,
+            "size": self._size,
+            "names": [n for n, *_ in layout],
+            "dtypes": [dtype_name(dt) for _, dt, _, _ in layout],
+            "shapes": [s for _, _, s, _ in layout],
+            "offsets": [o for *_, o in layout],
+        }
 
     def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str) -> int:
         """Write once, then every engine loads from the same buffer. Returns the bytes written."""

@@ -39,8 +39,12 @@ def push_weights(engine_urls: list[str], state: dict[str, torch.Tensor], *, weig
 def engine_sequence_log_probs(engine_url: str, token_ids: list[int]) -> list[float]:
     """The engine's log-probs of tokens[1:] given their prefixes (temperature 1, raw logits)."""
     out = client_for(engine_url).generate(
-        {"input_ids": token_ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
-         "return_logprob": True, "logprob_start_len": 0}
+        {
+            "input_ids": token_ids,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
     )
     lps = out["meta_info"]["input_token_logprobs"]
     return [float(lp[0]) for lp in lps[1:]]

@@ -11,7 +11,7 @@ import torch
 
 from slime.errors import SlimeError
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def cuda_available() -> bool:
@@ -52,8 +52,10 @@ def parse_device(name: str, option: str) -> torch.device:
     if dev.type == "cuda":
         count = cuda_device_count()
         if count == 0:
-            raise SlimeError(f"{option} {name}: this machine has no CUDA GPU that torch can use "
-                             f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})")
+            raise SlimeError(
+                f"{option} {name}: this machine has no CUDA GPU that torch can use "
+                f"(torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})"
+            )
         if dev.index is not None and dev.index >= count:
             raise SlimeError(f"{option} {name}: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
     return dev
@@ -78,8 +80,10 @@ def describe(device: torch.device) -> str:
 def check_bf16(device: torch.device, option: str = "--bf16") -> None:
     """SlimeError naming `option` and the device when bf16 cannot be computed there."""
     if not bf16_supported(device):
-        raise SlimeError(f"{option}: {describe(device)} cannot compute in bfloat16; drop {option} "
-                         f"(fp32 training) or run on a device with bf16")
+        raise SlimeError(
+            f"{option}: {describe(device)} cannot compute in bfloat16; drop {option} "
+            f"(fp32 training) or run on a device with bf16"
+        )
 
 
 def total_memory_bytes(device: torch.device) -> int:

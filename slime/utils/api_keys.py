@@ -22,13 +22,24 @@ ENV_ADMIN_API_KEY = "SLIME_ADMIN_API_KEY"
 OPEN_PATHS = frozenset({"/health", "/health_generate"})
 # Weight and control endpoints: only the admin key opens them when one is set (SGLang's
 # ADMIN_OPTIONAL level); without an admin key the API key does.
-ADMIN_PATHS = frozenset({
-    "/update_weights_from_tensor", "/update_weights_from_disk", "/update_weights_from_distributed",
-    "/update_weights_from_shared_memory", "/pull_weights",
-    "/init_weights_update_group", "/destroy_weights_update_group", "/update_weight_version",
-    "/pause_generation", "/continue_generation", "/release_memory_occupation", "/resume_memory_occupation",
-    "/abort_request", "/flush_cache",
-})
+ADMIN_PATHS = frozenset(
+    {
+        "/update_weights_from_tensor",
+        "/update_weights_from_disk",
+        "/update_weights_from_distributed",
+        "/update_weights_from_shared_memory",
+        "/pull_weights",
+        "/init_weights_update_group",
+        "/destroy_weights_update_group",
+        "/update_weight_version",
+        "/pause_generation",
+        "/continue_generation",
+        "/release_memory_occupation",
+        "/resume_memory_occupation",
+        "/abort_request",
+        "/flush_cache",
+    }
+)
 
 MEMBERSHIP_PATH = "/workers"  # a router's membership API: admin, as sglang-router's control plane
 

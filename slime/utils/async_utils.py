@@ -10,7 +10,8 @@ from __future__ import annotations
 import asyncio
 import atexit
 import threading
-from typing import Any, Coroutine, TypeVar
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from slime.utils.http_utils import close_sessions
 

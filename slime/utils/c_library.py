@@ -39,8 +39,9 @@ def cpu_info() -> dict[str, str]:
     return info
 
 
-def build_library(source_path: Path, flags: tuple[str, ...], name: str, cc: str | None = None,
-                  libs: tuple[str, ...] = ()) -> Path:
+def build_library(
+    source_path: Path, flags: tuple[str, ...], name: str, cc: str | None = None, libs: tuple[str, ...] = ()
+) -> Path:
     """Compile `source_path` into a shared library in the cache (unless a build for this
     source/flags/compiler/CPU is there); returns its path. Raises RuntimeError with the compiler's
     message on failure. Every C file of the engine is built this way."""
@@ -50,8 +51,9 @@ def build_library(source_path: Path, flags: tuple[str, ...], name: str, cc: str 
         raise RuntimeError(f"no C compiler {cc!r} on PATH")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
     source = source_path.read_bytes()
-    key = hashlib.sha256(b"\0".join([source, " ".join(flags).encode(), "".join(version).encode(),
-                                     cpu_info().get("flags", "").encode()])).hexdigest()[:16]
+    key = hashlib.sha256(
+        b"\0".join([source, " ".join(flags).encode(), "".join(version).encode(), cpu_info().get("flags", "").encode()])
+    ).hexdigest()[:16]
     out = cache_dir() / f"{name}-{key}.so"
     if out.exists():
         return out

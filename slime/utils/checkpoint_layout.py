@@ -35,8 +35,10 @@ def latest_dir(load: str | os.PathLike) -> Path:
     if tracker.exists():
         step = tracker.read_text().strip()
         if not step.isdigit():
-            raise SlimeError(f"--load {load}: {TRACKER} holds {step[:40]!r}, not a rollout id: not a checkpoint "
-                             f"directory of a slime-rl run")
+            raise SlimeError(
+                f"--load {load}: {TRACKER} holds {step[:40]!r}, not a rollout id: not a checkpoint "
+                f"directory of a slime-rl run"
+            )
         return iter_dir(load, int(step))
     if (load / TRAINER_STATE_FILE).exists():
         return load
@@ -121,8 +123,11 @@ def commit(save: str | os.PathLike, rollout_id: int) -> Path:
         for p in final.iterdir():
             if p.name != MANIFEST and not (staging / p.name).exists():
                 p.rename(staging / p.name)
-    files = {str(p.relative_to(staging)): p.stat().st_size for p in sorted(staging.rglob("*"))
-             if p.is_file() and p.name != MANIFEST}
+    files = {
+        str(p.relative_to(staging)): p.stat().st_size
+        for p in sorted(staging.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
     manifest = {"format": MANIFEST_FORMAT, "rollout_id": rollout_id, "files": files}
     for name in files:
         _fsync(staging / name)
@@ -149,26 +154,33 @@ def check_complete(directory: Path, what: str, needs: tuple[str, ...] = ()) -> N
         raise SlimeError(f"{what}: the checkpoint directory {directory} does not exist")
     manifest_path = directory / MANIFEST
     if not manifest_path.exists():
-        raise SlimeError(f"{what}: {directory} has no {MANIFEST}, so it is not a complete checkpoint: a save that "
-                         f"did not finish, or a directory not written by slime-rl; point --load at a complete one")
+        raise SlimeError(
+            f"{what}: {directory} has no {MANIFEST}, so it is not a complete checkpoint: a save that "
+            f"did not finish, or a directory not written by slime-rl; point --load at a complete one"
+        )
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError) as e:
         raise SlimeError(f"{what}: cannot read {manifest_path}: {e}") from e
     if not isinstance(manifest, dict) or manifest.get("format") != MANIFEST_FORMAT:
-        raise SlimeError(f"{what}: {manifest_path} is not a slime-rl checkpoint manifest "
-                         f"(format {manifest.get('format') if isinstance(manifest, dict) else None!r})")
+        raise SlimeError(
+            f"{what}: {manifest_path} is not a slime-rl checkpoint manifest "
+            f"(format {manifest.get('format') if isinstance(manifest, dict) else None!r})"
+        )
     for name, size in manifest.get("files", {}).items():
         p = directory / name
         if not p.exists():
             raise SlimeError(f"{what}: {directory} is incomplete: {name} ({_part(name)}) is missing")
         if p.stat().st_size != size:
-            raise SlimeError(f"{what}: {directory} is damaged: {name} ({_part(name)}) has {p.stat().st_size} bytes, "
-                             f"the save wrote {size}")
+            raise SlimeError(
+                f"{what}: {directory} is damaged: {name} ({_part(name)}) has {p.stat().st_size} bytes, "
+                f"the save wrote {size}"
+            )
     for part in needs:
         if not list(directory.glob(part)):
-            raise SlimeError(f"{what}: {directory} has no {part} ({PARTS.get(part, part)}), which this run needs "
-                             f"to resume")
+            raise SlimeError(
+                f"{what}: {directory} has no {part} ({PARTS.get(part, part)}), which this run needs to resume"
+            )
 
 
 # --------------------------------------------------------------------------- same model, same run
@@ -177,10 +189,29 @@ def check_complete(directory: Path, what: str, needs: tuple[str, ...] = ()) -> N
 # Two of them differing with every tensor shape equal (heads, rope base, norm epsilon) would load
 # silently into another model.
 ARCHITECTURE_FIELDS = (
-    "model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-    "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "layer_norm_eps",
-    "rope_theta", "rope_scaling", "rope_parameters", "partial_rotary_factor", "tie_word_embeddings",
-    "attention_bias", "mlp_bias", "sliding_window", "use_sliding_window", "max_window_layers", "layer_types",
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "hidden_act",
+    "max_position_embeddings",
+    "rms_norm_eps",
+    "layer_norm_eps",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "partial_rotary_factor",
+    "tie_word_embeddings",
+    "attention_bias",
+    "mlp_bias",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+    "layer_types",
 )
 
 
@@ -198,12 +229,16 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         a, b = saved.get(key, missing), current.get(key, missing)
         if isinstance(a, list) and isinstance(b, list) and a != b and all(isinstance(x, str) for x in a + b):
             only_saved, only_here = [x for x in a if x not in b], [x for x in b if x not in a]
-            out.append(f"{key}: {len(a)} in the checkpoint, {len(b)} in this run"
-                       + (f"; only in the checkpoint: {', '.join(only_saved[:3])}" if only_saved else "")
-                       + (f"; only in this run: {', '.join(only_here[:3])}" if only_here else ""))
+            out.append(
+                f"{key}: {len(a)} in the checkpoint, {len(b)} in this run"
+                + (f"; only in the checkpoint: {', '.join(only_saved[:3])}" if only_saved else "")
+                + (f"; only in this run: {', '.join(only_here[:3])}" if only_here else "")
+            )
         elif a != b:
-            out.append(f"{key}: checkpoint {'(none)' if a is missing else repr(a)}, "
-                       f"this run {'(none)' if b is missing else repr(b)}")
+            out.append(
+                f"{key}: checkpoint {'(none)' if a is missing else repr(a)}, "
+                f"this run {'(none)' if b is missing else repr(b)}"
+            )
     return out
 
 
@@ -251,8 +286,11 @@ def write_weight_snapshot(run_dir: str | os.PathLike, tensors: dict, weight_vers
     root = weight_snapshot_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".{SNAPSHOT_FILE}.{os.getpid()}.tmp"
-    save_file({k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}, str(tmp),
-              metadata={"weight_version": str(weight_version)})
+    save_file(
+        {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()},
+        str(tmp),
+        metadata={"weight_version": str(weight_version)},
+    )
     os.replace(tmp, root / SNAPSHOT_FILE)
     return root / SNAPSHOT_FILE
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -74,11 +75,10 @@ class EngineLending:
             self._map[0:1] = self._state = BUSY
 
     @classmethod
-    def from_env(cls) -> "EngineLending | None":
+    def from_env(cls) -> EngineLending | None:
         """The file the launcher named in `SLIME_LEND_CORES_FILE` (None: this engine lends nothing)."""
         path = os.environ.get(ENV_LEND_FILE)
         return cls(path) if path else None
-
 
 
 @dataclass
@@ -117,8 +117,9 @@ class CoreBorrower:
 
     def check(self) -> None:
         """At a check point: use the own cores plus those of every idle lender."""
-        cores = tuple(self.own) + tuple(c for m, lender in zip(self._maps, self.lenders)
-                                        if m[0:1] == IDLE for c in lender.cores)
+        cores = tuple(self.own) + tuple(
+            c for m, lender in zip(self._maps, self.lenders) if m[0:1] == IDLE for c in lender.cores
+        )
         self.checks += 1
         if len(cores) > len(self.own):
             self.borrowed_checks += 1

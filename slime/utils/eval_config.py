@@ -97,11 +97,24 @@ ARG_FALLBACKS: dict[str, tuple[str, ...]] = {
 }
 # slime's fields its own eval rollout does not read either (server mode, early stop, inline
 # sources): accepted so a slime file loads, and named once as not used here.
-NOT_USED_FIELDS = ("app_service", "eval_task_timeout", "min_eval_samples", "eval_early_stop_remaining",
-                   "eval_early_stop_idle_timeout", "message_processor", "reward_model", "remote_environment")
+NOT_USED_FIELDS = (
+    "app_service",
+    "eval_task_timeout",
+    "min_eval_samples",
+    "eval_early_stop_remaining",
+    "eval_early_stop_idle_timeout",
+    "message_processor",
+    "reward_model",
+    "remote_environment",
+)
 CONFIG_KEYS = tuple(f.name for f in fields(EvalDatasetConfig) if f.name != "given")
-_KINDS: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,),
-                                       "dict": (dict,)}
+_KINDS: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "dict": (dict,),
+}
 
 
 def _kind(name: str) -> str:
@@ -128,6 +141,7 @@ def _check_type(key: str, value: Any, where: str) -> None:
 
 def _check_values(values: dict, where: str) -> None:
     """Values the engine or the loop would refuse mid-run: said now, naming the key."""
+
     def bad(key: str, rule: str) -> None:
         raise SlimeError(f"{where}: {key} must be {rule}, got {values[key]!r}")
 
@@ -162,7 +176,9 @@ def _first_set(args: argparse.Namespace, attrs: tuple[str, ...]) -> Any:
     return None
 
 
-def resolve_eval_dataset(args: argparse.Namespace, name: str, path: str, given: dict | None = None) -> EvalDatasetConfig:
+def resolve_eval_dataset(
+    args: argparse.Namespace, name: str, path: str, given: dict | None = None
+) -> EvalDatasetConfig:
     """One data set's settings: what the file gave, else the args' fallback (slime's order)."""
     given = dict(given or {})
     values = {key: given[key] if key in given else _first_set(args, attrs) for key, attrs in ARG_FALLBACKS.items()}
@@ -210,8 +226,9 @@ def _dataset_entries(datasets: Any, where: str) -> list[dict]:
     if isinstance(datasets, list):
         for i, entry in enumerate(datasets):
             if not isinstance(entry, dict):
-                raise SlimeError(f"{where}.datasets[{i}]: expected a mapping with name and path, "
-                                 f"got {type(entry).__name__}")
+                raise SlimeError(
+                    f"{where}.datasets[{i}]: expected a mapping with name and path, got {type(entry).__name__}"
+                )
             if "name" not in entry:
                 raise SlimeError(f"{where}.datasets[{i}]: no `name`; each data set needs one")
         return [dict(entry) for entry in datasets]
@@ -253,12 +270,18 @@ def load_eval_config(path: str, args: argparse.Namespace) -> list[EvalDatasetCon
             raise SlimeError(f"{here}: no `path`; each data set needs its prompt file")
         _check_values(given, here)
         cfg = resolve_eval_dataset(args, name, data_path, given)
-        if cfg.min_new_tokens is not None and cfg.max_response_len is not None and cfg.min_new_tokens > cfg.max_response_len:
-            raise SlimeError(f"{here}: min_new_tokens {cfg.min_new_tokens} is more than max_response_len "
-                             f"{cfg.max_response_len}")
+        if (
+            cfg.min_new_tokens is not None
+            and cfg.max_response_len is not None
+            and cfg.min_new_tokens > cfg.max_response_len
+        ):
+            raise SlimeError(
+                f"{here}: min_new_tokens {cfg.min_new_tokens} is more than max_response_len {cfg.max_response_len}"
+            )
         not_used |= {k for k in NOT_USED_FIELDS if getattr(cfg, k) is not None}
         configs.append(cfg)
     if not_used:
-        logger.warning("%s: %s accepted but not used by this eval rollout (as by slime's own)", where,
-                       ", ".join(sorted(not_used)))
+        logger.warning(
+            "%s: %s accepted but not used by this eval rollout (as by slime's own)", where, ", ".join(sorted(not_used))
+        )
     return configs

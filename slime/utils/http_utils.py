@@ -25,7 +25,7 @@ from slime.utils.api_keys import auth_headers
 
 logger = logging.getLogger(__name__)
 
-_sessions: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, Any]]" = (
+_sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, Any]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -105,8 +105,9 @@ _limits: dict[str, float] = {"timeout": 14400.0, "max_retries": 60, "retry_inter
 _FIRST_BACKOFF_S = 0.1
 
 
-def configure(*, timeout: float | None = None, max_retries: int | None = None,
-              retry_interval: float | None = None) -> None:
+def configure(
+    *, timeout: float | None = None, max_retries: int | None = None, retry_interval: float | None = None
+) -> None:
     """Set this process's request limits (sessions made afterwards use the timeout)."""
     for key, value in (("timeout", timeout), ("max_retries", max_retries), ("retry_interval", retry_interval)):
         if value is not None:
@@ -120,8 +121,9 @@ def retry_delay(attempt: int, retry_interval: float) -> float:
     return min(retry_interval, _FIRST_BACKOFF_S * 2 ** (attempt - 1))
 
 
-async def _request(method: str, url: str, payload: Any, max_retries: int, retry_interval: float,
-                   headers: dict[str, str] | None = None) -> Any:
+async def _request(
+    method: str, url: str, payload: Any, max_retries: int, retry_interval: float, headers: dict[str, str] | None = None
+) -> Any:
     headers = auth_headers(url, headers)  # the run's key, to the run's own servers only
     last: BaseException | None = None
     attempts = max(1, int(max_retries))
@@ -129,8 +131,11 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
     while attempt < attempts:
         try:
             session = await _session()
-            body_kw = {} if payload is None else {"data": _encode(payload),
-                                                  "headers": {"Content-Type": "application/json", **(headers or {})}}
+            body_kw = (
+                {}
+                if payload is None
+                else {"data": _encode(payload), "headers": {"Content-Type": "application/json", **(headers or {})}}
+            )
             async with session.request(method, url, **{"headers": headers, **body_kw}) as resp:
                 body = await resp.read()
                 text = body.decode("utf-8", errors="replace") if resp.status >= 400 else ""
@@ -140,23 +145,26 @@ async def _request(method: str, url: str, payload: Any, max_retries: int, retry_
                     waited, backoff = waited + backoff, min(backoff * 2, _BACKOFF_MAX_S)
                     continue
                 if resp.status >= 500:
-                    last = HTTPRequestError(f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}",
-                                            resp.status, url)
+                    last = HTTPRequestError(
+                        f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}", resp.status, url
+                    )
                 elif resp.status >= 400:
-                    raise HTTPRequestError(f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}",
-                                           resp.status, url)
+                    raise HTTPRequestError(
+                        f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}", resp.status, url
+                    )
                 else:
                     return _decode(body)
         except HTTPRequestError:
             raise
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+        except (TimeoutError, aiohttp.ClientError, OSError) as e:
             last = e
         attempt += 1
         if attempt < attempts:
             logger.debug("%s %s failed (%s); retry %d/%d", method, url, last, attempt, attempts - 1)
             await asyncio.sleep(retry_delay(attempt, retry_interval))
-    raise HTTPRequestError(f"{method} {url} failed after {attempts} attempts: {last}", getattr(last, "status", None),
-                           url)
+    raise HTTPRequestError(
+        f"{method} {url} failed after {attempts} attempts: {last}", getattr(last, "status", None), url
+    )
 
 
 def _encode(payload: Any) -> bytes:
@@ -186,8 +194,14 @@ def _decode(body: bytes) -> Any:
         return text
 
 
-async def post(url: str, payload: Any = None, max_retries: int | None = None,
-               headers: dict[str, str] | None = None, *, retry_interval: float | None = None) -> Any:
+async def post(
+    url: str,
+    payload: Any = None,
+    max_retries: int | None = None,
+    headers: dict[str, str] | None = None,
+    *,
+    retry_interval: float | None = None,
+) -> Any:
     """POST `payload` as JSON (None sends `{}`, as slime does) and return the decoded JSON answer.
 
     Positional arguments are slime's, in slime's order: `post(url, payload, max_retries, headers)`.
@@ -200,16 +214,23 @@ async def post(url: str, payload: Any = None, max_retries: int | None = None,
     for router session affinity); requests to the run's own servers also carry its key
     (`slime.utils.api_keys`).
     """
-    return await _request("POST", url, {} if payload is None else payload,
-                          _limits["max_retries"] if max_retries is None else max_retries,
-                          _limits["retry_interval"] if retry_interval is None else retry_interval, headers)
+    return await _request(
+        "POST",
+        url,
+        {} if payload is None else payload,
+        _limits["max_retries"] if max_retries is None else max_retries,
+        _limits["retry_interval"] if retry_interval is None else retry_interval,
+        headers,
+    )
 
 
-async def get(url: str, max_retries: int = 1, retry_interval: float | None = None,
-              headers: dict[str, str] | None = None) -> Any:
+async def get(
+    url: str, max_retries: int = 1, retry_interval: float | None = None, headers: dict[str, str] | None = None
+) -> Any:
     """GET `url` and return the decoded JSON answer (slime's `get(url)`; same error rules as `post`)."""
-    return await _request("GET", url, None, max_retries,
-                          _limits["retry_interval"] if retry_interval is None else retry_interval, headers)
+    return await _request(
+        "GET", url, None, max_retries, _limits["retry_interval"] if retry_interval is None else retry_interval, headers
+    )
 
 
 def is_port_available(port: int) -> bool:

@@ -87,8 +87,10 @@ class MultiTurnLossMaskGenerator:
         ids = self._encode(rendered)
         found = self.find_all_sublist_indices(ids, text_ids)
         if len(found) != 2:
-            raise ValueError(f"cannot measure the chat template: the probe text occurs {len(found)} times "
-                             f"in two rendered user turns (expected 2)")
+            raise ValueError(
+                f"cannot measure the chat template: the probe text occurs {len(found)} times "
+                f"in two rendered user turns (expected 2)"
+            )
         first, second = found
         footer = len(ids) - second - len(text_ids)
         header = (second - first) - len(text_ids) - footer
@@ -103,8 +105,9 @@ class MultiTurnLossMaskGenerator:
 
     # ---- strategies -----------------------------------------------------------------------------
 
-    def gen_multi_turn_loss_mask_qwen(self, messages: list[dict],
-                                      tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    def gen_multi_turn_loss_mask_qwen(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         token_ids: list[int] = []
         loss_mask: list[int] = []
         for i, message in enumerate(messages):
@@ -115,8 +118,9 @@ class MultiTurnLossMaskGenerator:
             loss_mask += self._turn_mask(message, len(ids))
         return token_ids, loss_mask
 
-    def gen_multi_turn_loss_mask_qwen3(self, messages: list[dict],
-                                       tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    def gen_multi_turn_loss_mask_qwen3(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         probe_ids = self._template_ids([_QWEN3_PROBE])
         token_ids: list[int] = []
         loss_mask: list[int] = []
@@ -139,18 +143,21 @@ class MultiTurnLossMaskGenerator:
             i = end
         return token_ids, loss_mask
 
-    def gen_multi_turn_loss_mask_qwen3_5(self, messages: list[dict],
-                                         tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    def gen_multi_turn_loss_mask_qwen3_5(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         text = self.tokenizer.apply_chat_template(messages, tokenize=False, tools=tools, return_dict=False)
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         token_ids = list(enc["input_ids"])
         offsets = enc.get("offset_mapping")
         if offsets is None:
-            raise ValueError("Qwen3.5 loss mask generation requires a fast tokenizer with "
-                             "`return_offsets_mapping` support.")
+            raise ValueError(
+                "Qwen3.5 loss mask generation requires a fast tokenizer with `return_offsets_mapping` support."
+            )
         if token_ids != self._template_ids(messages, tools=tools):
-            raise ValueError("Qwen3.5 rendered text tokenization does not match "
-                             "`apply_chat_template(..., tokenize=True)` output.")
+            raise ValueError(
+                "Qwen3.5 rendered text tokenization does not match `apply_chat_template(..., tokenize=True)` output."
+            )
 
         header, think, end_marker = "<|im_start|>assistant\n", "<think>\n", "<|im_end|>"
         trained = [False] * len(text)  # per character
@@ -182,10 +189,12 @@ class MultiTurnLossMaskGenerator:
         loss_mask = [1 if e > s and prefix[e] - prefix[s] > 0 else 0 for s, e in offsets]
         return token_ids, loss_mask
 
-    def gen_multi_turn_loss_mask_distill_qwen(self, messages: list[dict],
-                                              tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
-        prompt = self.tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True,
-                                                    tools=tools)
+    def gen_multi_turn_loss_mask_distill_qwen(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
+        prompt = self.tokenizer.apply_chat_template(
+            messages[:1], tokenize=False, add_generation_prompt=True, tools=tools
+        )
         prompt_ids = self._encode(prompt)
         response_ids = self._encode(messages[-1]["content"])
         token_ids = prompt_ids + response_ids
@@ -209,8 +218,9 @@ class MultiTurnLossMaskGenerator:
             return self.gen_multi_turn_loss_mask_distill_qwen(messages, tools)
         raise ValueError(f"Unsupported tokenizer type: {kind} (supported: {', '.join(TOKENIZER_TYPES)})")
 
-    def get_loss_mask_with_multimodal_alignment(self, messages: list[dict], input_ids: list[int],
-                                                tools: list[dict] | None = None) -> tuple[list[int], list[int]]:
+    def get_loss_mask_with_multimodal_alignment(
+        self, messages: list[dict], input_ids: list[int], tools: list[dict] | None = None
+    ) -> tuple[list[int], list[int]]:
         """The mask of the text-only conversation, left-padded with 0s to the processor's
         `input_ids` (whose image/video placeholders expand into more tokens, all before the
         trained part in a prompt-then-answer conversation)."""
@@ -218,15 +228,20 @@ class MultiTurnLossMaskGenerator:
         for msg in messages:
             content = msg.get("content")
             if isinstance(content, list):
-                parts = [item.get("text", "") if isinstance(item, dict) else item for item in content
-                         if isinstance(item, str) or (isinstance(item, dict) and item.get("type") == "text")]
+                parts = [
+                    item.get("text", "") if isinstance(item, dict) else item
+                    for item in content
+                    if isinstance(item, str) or (isinstance(item, dict) and item.get("type") == "text")
+                ]
                 msg = {"role": msg["role"], "content": " ".join(parts)}
             text_only.append(msg)
         _, text_mask = self.get_loss_mask(text_only, tools=tools)
         extra = len(input_ids) - len(text_mask)
         if extra < 0:
-            raise AssertionError(f"input_ids (length={len(input_ids)}) is shorter than text loss_mask "
-                                 f"(length={len(text_mask)}); check that processor and tokenizer tokenize alike.")
+            raise AssertionError(
+                f"input_ids (length={len(input_ids)}) is shorter than text loss_mask "
+                f"(length={len(text_mask)}); check that processor and tokenizer tokenize alike."
+            )
         return input_ids, [0] * extra + text_mask
 
     def get_text_from_loss_mask(self, token_ids: list[int], loss_masks: list[int]) -> list[str]:

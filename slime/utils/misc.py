@@ -73,8 +73,9 @@ def decode_int32_meta_array(meta_info: dict[str, Any], keys: str | Iterable[str]
     return torch.as_tensor(value, dtype=torch.int32).reshape(-1)
 
 
-def should_run_periodic_action(rollout_id: int, interval: int | None, num_rollout_per_epoch: int | None = None,
-                               num_rollout: int | None = None) -> bool:
+def should_run_periodic_action(
+    rollout_id: int, interval: int | None, num_rollout_per_epoch: int | None = None, num_rollout: int | None = None
+) -> bool:
     """Whether a periodic action (eval, save) runs after rollout `rollout_id` (0-based): every
     `interval` rollouts, at each epoch end, and at the last rollout; never if `interval` is None."""
     if interval is None:

@@ -41,7 +41,7 @@ ENV_SWITCH = "SLIME_MKL_VENDOR_SHIM"
 _REEXEC_MARK = "SLIME_MKL_VENDOR_SHIM_REEXEC"  # set by the second start of a command (reexec_with_shim)
 _UNSET = object()
 _lock = threading.Lock()
-_shim: "str | None | object" = _UNSET  # this process's answer of shim_library, once asked
+_shim: str | None | object = _UNSET  # this process's answer of shim_library, once asked
 
 # Run in a subprocess with the shim preloaded: an fp32 product (MKL's sgemm) against float64.
 _CHECK = """

@@ -23,8 +23,9 @@ SHOWN = (
 class StageProgress:
     def __init__(self, stage: str, total: int, initial: int = 0) -> None:
         self.stage = stage
-        self.bar = tqdm(total=total, initial=initial, desc=stage, unit="step", file=sys.stdout,
-                        dynamic_ncols=True, mininterval=0.5)
+        self.bar = tqdm(
+            total=total, initial=initial, desc=stage, unit="step", file=sys.stdout, dynamic_ncols=True, mininterval=0.5
+        )
         self.evals: dict[str, float] = {}
 
     def phase(self, name: str) -> None:

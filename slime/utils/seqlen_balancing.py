@@ -35,5 +35,5 @@ def balanced_order(lengths: list[int], ranks: int, per_rank_step: int) -> list[i
     order: list[int] = []
     for start in range(0, len(parts[0]), per_rank_step):
         for part in parts:
-            order += part[start:start + per_rank_step]
+            order += part[start : start + per_rank_step]
     return order

@@ -20,18 +20,23 @@ from __future__ import annotations
 import contextlib
 import io
 import pickle
-from typing import Iterator
+from collections.abc import Iterator
+from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.multiprocessing as torch_mp  # registers torch's reductions with ForkingPickler
-from multiprocessing.reduction import ForkingPickler
 
 LOAD_FORMAT = "torch_ipc"
 
 _ALLOWED = {
     "torch.multiprocessing.reductions": {
-        "rebuild_tensor", "rebuild_cuda_tensor", "rebuild_typed_storage", "rebuild_storage_filename",
-        "rebuild_storage_empty", "rebuild_nested_tensor", "rebuild_typed_storage_child",
+        "rebuild_tensor",
+        "rebuild_cuda_tensor",
+        "rebuild_typed_storage",
+        "rebuild_storage_filename",
+        "rebuild_storage_empty",
+        "rebuild_nested_tensor",
+        "rebuild_typed_storage_child",
     },
     "torch.storage": {"UntypedStorage", "TypedStorage"},
     "torch.nn.parameter": {"Parameter"},
@@ -93,7 +98,7 @@ def loads(data: bytes) -> dict[str, torch.Tensor]:
     except Exception as e:  # noqa: BLE001 - a malformed payload, whatever the unpickler tripped on
         raise IPCDecodeError(f"not a tensor IPC payload: {type(e).__name__}: {e}") from None
     if not isinstance(items, list) or not all(
-            isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], torch.Tensor)
-            for x in items):
+        isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) and isinstance(x[1], torch.Tensor) for x in items
+    ):
         raise IPCDecodeError("a tensor IPC payload is a list of (name, tensor) pairs")
     return dict(items)

@@ -125,10 +125,12 @@ class Sample:
             self.completion_token_num += meta_info.get("completion_tokens", 0)
 
         def to_dict(self) -> dict[str, int]:
-            return {"spec_accept_token_num": self.spec_accept_token_num,
-                    "spec_draft_token_num": self.spec_draft_token_num,
-                    "spec_verify_ct": self.spec_verify_ct,
-                    "completion_token_num": self.completion_token_num}
+            return {
+                "spec_accept_token_num": self.spec_accept_token_num,
+                "spec_draft_token_num": self.spec_draft_token_num,
+                "spec_verify_ct": self.spec_verify_ct,
+                "completion_token_num": self.completion_token_num,
+            }
 
         @staticmethod
         def from_dict(data: dict) -> Sample.SpecInfo:
@@ -157,8 +159,9 @@ class Sample:
 
         @staticmethod
         def from_dict(data: dict) -> Sample.PrefixCacheInfo:
-            return Sample.PrefixCacheInfo(cached_tokens=data.get("cached_tokens", 0),
-                                          total_prompt_tokens=data.get("total_prompt_tokens", 0))
+            return Sample.PrefixCacheInfo(
+                cached_tokens=data.get("cached_tokens", 0), total_prompt_tokens=data.get("total_prompt_tokens", 0)
+            )
 
     prefix_cache_info: PrefixCacheInfo = field(default_factory=PrefixCacheInfo)
 
@@ -207,9 +210,17 @@ class Sample:
 
     # ---- building a response -------------------------------------------------------------------
 
-    def append_response_tokens(self, args: Any = None, *, tokens: Any = None, log_probs: Any = None,
-                               trainable: bool = True, meta_info: dict | None = None, text: str | None = None,
-                               update_terminal_info: bool = True) -> None:
+    def append_response_tokens(
+        self,
+        args: Any = None,
+        *,
+        tokens: Any = None,
+        log_probs: Any = None,
+        trainable: bool = True,
+        meta_info: dict | None = None,
+        text: str | None = None,
+        update_terminal_info: bool = True,
+    ) -> None:
         """Extend the response and keep loss mask, log-probs and replay data aligned with it.
 
         Model tokens: `trainable=True` with the engine's `log_probs` (and its `meta_info`, which
@@ -239,19 +250,33 @@ class Sample:
         if log_probs is not None:
             if self.rollout_log_probs is None:
                 if trainable and before:  # we cannot invent the log-probs of earlier model tokens
-                    raise ValueError("Cannot append trainable rollout log probabilities to a sample with existing "
-                                     "response tokens but no existing rollout_log_probs.")
+                    raise ValueError(
+                        "Cannot append trainable rollout log probabilities to a sample with existing "
+                        "response tokens but no existing rollout_log_probs."
+                    )
                 self.rollout_log_probs = [0.0] * before
             self.rollout_log_probs += log_probs
 
         pad_top_p = bool(tokens and not trainable)
         if meta_info is not None or pad_top_p:
-            self._apply_meta_info(args, meta_info or {}, new_token_count=len(tokens), pad_missing_top_p=pad_top_p,
-                                  update_terminal_info=update_terminal_info)
+            self._apply_meta_info(
+                args,
+                meta_info or {},
+                new_token_count=len(tokens),
+                pad_missing_top_p=pad_top_p,
+                update_terminal_info=update_terminal_info,
+            )
         self._validate_response_metadata_lengths()
 
-    def _apply_meta_info(self, args: Any, meta_info: dict, *, new_token_count: int = 0,
-                         pad_missing_top_p: bool = False, update_terminal_info: bool = True) -> None:
+    def _apply_meta_info(
+        self,
+        args: Any,
+        meta_info: dict,
+        *,
+        new_token_count: int = 0,
+        pad_missing_top_p: bool = False,
+        update_terminal_info: bool = True,
+    ) -> None:
         import torch
 
         got_top_p = False
@@ -275,8 +300,9 @@ class Sample:
             if offsets.numel() == 0:
                 raise ValueError("Cannot append empty top-p spans to empty offsets.")
             self.rollout_top_p_token_ids = _flat_int32(self.rollout_top_p_token_ids, [])
-            self.rollout_top_p_token_offsets = torch.cat([offsets, offsets.new_full((new_token_count,),
-                                                                                    int(offsets[-1]))])
+            self.rollout_top_p_token_offsets = torch.cat(
+                [offsets, offsets.new_full((new_token_count,), int(offsets[-1]))]
+            )
 
         experts = decode_int32_meta_array(meta_info, "routed_experts")
         if experts is not None:
@@ -309,42 +335,52 @@ class Sample:
         rows = max(0, len(self.tokens) - 1 - start)
         expected = rows * args.num_layers * args.moe_router_topk
         if experts.numel() != expected:
-            raise ValueError(f"SGLang routed_experts element count does not match sample tokens: "
-                             f"got={experts.numel()}, expected={expected} (tokens={len(self.tokens)}, "
-                             f"routed_experts_start_len={start}, num_layers={args.num_layers}, "
-                             f"moe_router_topk={args.moe_router_topk}).")
+            raise ValueError(
+                f"SGLang routed_experts element count does not match sample tokens: "
+                f"got={experts.numel()}, expected={expected} (tokens={len(self.tokens)}, "
+                f"routed_experts_start_len={start}, num_layers={args.num_layers}, "
+                f"moe_router_topk={args.moe_router_topk})."
+            )
         experts = experts.reshape(rows, args.num_layers, args.moe_router_topk)
         if start == 0:
             self.rollout_routed_experts = experts
             return
         existing = self.rollout_routed_experts
         if existing is None:
-            raise ValueError(f"Cannot append partial routed experts without existing routed experts "
-                             f"(routed_experts_start_len={start}).")
+            raise ValueError(
+                f"Cannot append partial routed experts without existing routed experts "
+                f"(routed_experts_start_len={start})."
+            )
         existing = torch.as_tensor(existing, dtype=experts.dtype)
         if existing.shape[0] < start:
-            raise ValueError(f"Existing routed experts shorter than routed_experts_start_len: "
-                             f"existing_rows={existing.shape[0]}, routed_experts_start_len={start}.")
+            raise ValueError(
+                f"Existing routed experts shorter than routed_experts_start_len: "
+                f"existing_rows={existing.shape[0]}, routed_experts_start_len={start}."
+            )
         self.rollout_routed_experts = torch.cat([existing[:start], experts], dim=0)
 
     def _validate_response_metadata_lengths(self) -> None:
         if self.loss_mask is not None and len(self.loss_mask) != self.response_length:
             raise ValueError(f"loss_mask length {len(self.loss_mask)} != response_length {self.response_length}")
         if self.rollout_log_probs is not None and len(self.rollout_log_probs) != self.response_length:
-            raise ValueError(f"rollout_log_probs length {len(self.rollout_log_probs)} != response_length "
-                             f"{self.response_length}")
+            raise ValueError(
+                f"rollout_log_probs length {len(self.rollout_log_probs)} != response_length {self.response_length}"
+            )
         if self.rollout_top_p_token_ids is None and self.rollout_top_p_token_offsets is None:
             return
         if self.rollout_top_p_token_ids is None or self.rollout_top_p_token_offsets is None:
             raise ValueError("rollout top-p replay must include both token ids and offsets.")
         offsets = _flat_int32(self.rollout_top_p_token_offsets, [])
         if offsets.numel() != self.response_length + 1:
-            raise ValueError(f"rollout_top_p_token_offsets length must equal response_length + 1: "
-                             f"len(offsets)={offsets.numel()}, response_length={self.response_length}.")
+            raise ValueError(
+                f"rollout_top_p_token_offsets length must equal response_length + 1: "
+                f"len(offsets)={offsets.numel()}, response_length={self.response_length}."
+            )
         n_ids = _flat_int32(self.rollout_top_p_token_ids, []).numel()
         if int(offsets[-1]) != n_ids:
-            raise ValueError(f"rollout top-p token ids/offsets mismatch: offsets[-1]={int(offsets[-1])}, "
-                             f"len(token_ids)={n_ids}.")
+            raise ValueError(
+                f"rollout top-p token ids/offsets mismatch: offsets[-1]={int(offsets[-1])}, len(token_ids)={n_ids}."
+            )
 
 
 def _check_top_p(ids: Any, offsets: Any, new_tokens: int) -> None:
@@ -354,11 +390,14 @@ def _check_top_p(ids: Any, offsets: Any, new_tokens: int) -> None:
     if offsets.numel() == 0 or int(offsets[0]) != 0:
         raise ValueError(f"SGLang top-p token offsets must start with 0, got {offsets[:1].tolist()}.")
     if int(offsets[-1]) != ids.numel():
-        raise ValueError(f"SGLang top-p token ids/offsets mismatch: offsets[-1]={int(offsets[-1])}, "
-                         f"len(token_ids)={ids.numel()}.")
+        raise ValueError(
+            f"SGLang top-p token ids/offsets mismatch: offsets[-1]={int(offsets[-1])}, len(token_ids)={ids.numel()}."
+        )
     if offsets.numel() != new_tokens + 1:
-        raise ValueError(f"SGLang top-p token offsets length must equal generated token count + 1: "
-                         f"len(offsets)={offsets.numel()}, generated={new_tokens}.")
+        raise ValueError(
+            f"SGLang top-p token offsets length must equal generated token count + 1: "
+            f"len(offsets)={offsets.numel()}, generated={new_tokens}."
+        )
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,7 @@ def serve(adapter):
 def openai_adapter(engine, tokenizer):
     from slime.agent.adapters import OpenAIAdapter
 
-    adapter = OpenAIAdapter(tokenizer=tokenizer, sglang_url=engine.url, engine_api_key=ENGINE_KEY,
-                            max_turns_per_sid=4)
+    adapter = OpenAIAdapter(tokenizer=tokenizer, sglang_url=engine.url, engine_api_key=ENGINE_KEY, max_turns_per_sid=4)
     handle = serve(adapter)
     adapter.base_url = handle.url + "/v1"
     yield adapter
@@ -72,8 +71,9 @@ def openai_adapter(engine, tokenizer):
 def anthropic_adapter(engine, tokenizer):
     from slime.agent.adapters import AnthropicAdapter
 
-    adapter = AnthropicAdapter(tokenizer=tokenizer, sglang_url=engine.url, engine_api_key=ENGINE_KEY,
-                               max_turns_per_sid=4)
+    adapter = AnthropicAdapter(
+        tokenizer=tokenizer, sglang_url=engine.url, engine_api_key=ENGINE_KEY, max_turns_per_sid=4
+    )
     handle = serve(adapter)
     adapter.base_url = handle.url
     yield adapter

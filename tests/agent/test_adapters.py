@@ -27,16 +27,28 @@ def finish(adapter, sid, reward=1.0):
 
 
 def engine_generate(engine, ids, n):
-    r = httpx.post(engine.url + "/generate", headers={"Authorization": f"Bearer {ENGINE_KEY}"}, timeout=60,
-                   json={"input_ids": ids, "sampling_params": {"temperature": 0, "max_new_tokens": n,
-                                                               "skip_special_tokens": False, "no_stop_trim": True}})
+    r = httpx.post(
+        engine.url + "/generate",
+        headers={"Authorization": f"Bearer {ENGINE_KEY}"},
+        timeout=60,
+        json={
+            "input_ids": ids,
+            "sampling_params": {
+                "temperature": 0,
+                "max_new_tokens": n,
+                "skip_special_tokens": False,
+                "no_stop_trim": True,
+            },
+        },
+    )
     r.raise_for_status()
     return r.json()["output_ids"]
 
 
 def render(tokenizer, messages):
-    return tokenizer.encode(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-                            add_special_tokens=False)
+    return tokenizer.encode(
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False
+    )
 
 
 def check_logprobs(hf_model, s: Sample):
@@ -61,8 +73,16 @@ def test_openai_chat_then_stream_is_one_exact_sample(openai_adapter, engine, tok
     o1 = engine_generate(engine, p1, 8)  # what the engine itself produces for this prompt
     assert r.usage.completion_tokens == len(o1)
     msgs += [r.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "and 3+4="}]
-    chunks = list(client.chat.completions.create(model="tiny", messages=msgs, temperature=0, max_tokens=5,
-                                                 stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=msgs,
+            temperature=0,
+            max_tokens=5,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
     assert chunks[-1].usage.completion_tokens <= 5
@@ -85,17 +105,36 @@ def test_anthropic_messages_stream_and_tool_blocks(anthropic_adapter, engine, to
     ad = anthropic_adapter
     ad.open_session("anth", sampling_defaults={"max_new_tokens": 6, "temperature": 0})
     client = anthropic.Anthropic(base_url=ad.base_url, api_key="anth")  # sent as X-Api-Key
-    history = [{"role": "user", "content": "What is 40+2?"},
-               {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "calculator",
-                                                  "input": {"expression": "40+2"}}]},
-               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]}]
-    tools = [{"name": "calculator", "description": "Evaluate", "input_schema": {
-        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}]
+    history = [
+        {"role": "user", "content": "What is 40+2?"},
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": "toolu_1", "name": "calculator", "input": {"expression": "40+2"}}],
+        },
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]},
+    ]
+    tools = [
+        {
+            "name": "calculator",
+            "description": "Evaluate",
+            "input_schema": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        }
+    ]
     m = client.messages.create(model="tiny", max_tokens=6, system="Be brief.", messages=history, tools=tools)
     assert m.type == "message" and m.role == "assistant" and m.stop_reason in ("end_turn", "max_tokens")
-    expected = render(tokenizer, [{"role": "system", "content": "Be brief."},
-                                  {"role": "user", "content": "What is 40+2?"},
-                                  {"role": "assistant", "content": ""}, {"role": "tool", "content": "42"}])
+    expected = render(
+        tokenizer,
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is 40+2?"},
+            {"role": "assistant", "content": ""},
+            {"role": "tool", "content": "42"},
+        ],
+    )
     assert m.usage.input_tokens == len(expected)
     with client.messages.stream(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}]) as stream:
         events = [e.type for e in stream]
@@ -107,7 +146,7 @@ def test_anthropic_messages_stream_and_tool_blocks(anthropic_adapter, engine, to
     samples = finish(ad, "anth")
     assert len(samples) == 2  # two unrelated conversations in one session: two segments
     assert samples[0].tokens[: len(expected)] == expected
-    assert samples[0].tokens[len(expected):] == engine_generate(engine, expected, 6)
+    assert samples[0].tokens[len(expected) :] == engine_generate(engine, expected, 6)
     for s in samples:
         check_logprobs(hf_model, s)
 
@@ -156,8 +195,9 @@ def test_an_edited_history_splits_into_segments(openai_adapter, engine, tokenize
 
 def test_error_shapes(openai_adapter, anthropic_adapter):
     with httpx.Client(timeout=30) as h:
-        r = h.post(openai_adapter.base_url + "/chat/completions", content=b"{not json",
-                   headers={"Authorization": "Bearer err"})
+        r = h.post(
+            openai_adapter.base_url + "/chat/completions", content=b"{not json", headers={"Authorization": "Bearer err"}
+        )
         assert r.status_code == 400 and set(r.json()["error"]) == {"message", "type", "param", "code"}
         r = h.post(anthropic_adapter.base_url + "/v1/messages", content=b"[1]", headers={"x-api-key": "err"})
         assert r.status_code == 400
@@ -202,8 +242,10 @@ def test_turn_cap_context_budget_and_samples_so_far(openai_adapter, anthropic_ad
     aclient = anthropic.Anthropic(base_url=anthropic_adapter.base_url, api_key="actx", max_retries=0)
     with pytest.raises(anthropic.BadRequestError) as e:
         aclient.messages.create(model="tiny", max_tokens=2, messages=[{"role": "user", "content": "too long"}])
-    assert e.value.body == {"type": "error", "error": {"type": "invalid_request_error",
-                                                       "message": e.value.body["error"]["message"]}}
+    assert e.value.body == {
+        "type": "error",
+        "error": {"type": "invalid_request_error", "message": e.value.body["error"]["message"]},
+    }
     assert "prompt is too long" in e.value.body["error"]["message"]
     assert finish(anthropic_adapter, "actx") == []
 

@@ -31,16 +31,49 @@ def test_short_agent_training_run(tiny_model_dir, tmp_path):
     write(data, difficulty=1)
     GenerateState.reset()
     try:
-        args = parse_args([
-            "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data / "train.jsonl"),
-            "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
-            "--custom-generate-function-path", "slime.agent.generate.generate",
-            "--agent-function-path", "examples.openai_agent.agent.run", "--sglang-tool-call-parser", "qwen25",
-            "--max-turns", "3", "--max-total-tokens", "200",
-            "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
-            "--rollout-max-response-len", "16", "--global-batch-size", "8", "--micro-batch-size", "4",
-            "--advantage-estimator", "grpo", "--colocate", "--run-dir", str(run_dir),
-            "--save-debug-rollout-data", str(tmp_path / "rollout_{rollout_id}.pt")])
+        args = parse_args(
+            [
+                "--hf-checkpoint",
+                str(tiny_model_dir),
+                "--prompt-data",
+                str(data / "train.jsonl"),
+                "--input-key",
+                "prompt",
+                "--label-key",
+                "label",
+                "--rm-type",
+                "math",
+                "--custom-generate-function-path",
+                "slime.agent.generate.generate",
+                "--agent-function-path",
+                "examples.openai_agent.agent.run",
+                "--sglang-tool-call-parser",
+                "qwen25",
+                "--max-turns",
+                "3",
+                "--max-total-tokens",
+                "200",
+                "--num-rollout",
+                "2",
+                "--rollout-batch-size",
+                "4",
+                "--n-samples-per-prompt",
+                "2",
+                "--rollout-max-response-len",
+                "16",
+                "--global-batch-size",
+                "8",
+                "--micro-batch-size",
+                "4",
+                "--advantage-estimator",
+                "grpo",
+                "--colocate",
+                "--run-dir",
+                str(run_dir),
+                "--save-debug-rollout-data",
+                str(tmp_path / "rollout_{rollout_id}.pt"),
+            ]
+        )
         train(args)
     finally:
         shutdown()

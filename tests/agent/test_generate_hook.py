@@ -26,10 +26,23 @@ def run(engine, tiny_model_dir):
     GenerateState.reset()
 
     def call(agent, *extra, prompt="3+4="):
-        args = make_args("--hf-checkpoint", str(tiny_model_dir), "--sglang-router-ip", host, "--sglang-router-port",
-                         port, "--custom-generate-function-path", "slime.agent.generate.generate",
-                         "--agent-function-path", f"tests.agent.agents.{agent}", "--rollout-max-response-len", "4",
-                         "--sglang-tool-call-parser", "qwen25", *extra)
+        args = make_args(
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--sglang-router-ip",
+            host,
+            "--sglang-router-port",
+            port,
+            "--custom-generate-function-path",
+            "slime.agent.generate.generate",
+            "--agent-function-path",
+            f"tests.agent.agents.{agent}",
+            "--rollout-max-response-len",
+            "4",
+            "--sglang-tool-call-parser",
+            "qwen25",
+            *extra,
+        )
         sample = Sample(index=5, group_index=2, prompt=prompt, label="7")
         params = {"temperature": 1.0, "max_new_tokens": 4, "top_p": 1.0}
         return asyncio.run(hook.generate(args, sample, params)), args
@@ -78,11 +91,21 @@ def test_agent_option_errors(tiny_model_dir):
 
     with pytest.raises(SlimeError, match="--agent-function-path needs --custom-generate-function-path"):
         make_args("--agent-function-path", "tests.agent.agents.two_turns")
-    args = make_args("--custom-generate-function-path", "slime.agent.generate.generate",
-                     "--agent-function-path", "tests.agent.agents.no_such_agent")
+    args = make_args(
+        "--custom-generate-function-path",
+        "slime.agent.generate.generate",
+        "--agent-function-path",
+        "tests.agent.agents.no_such_agent",
+    )
     with pytest.raises(SlimeError, match="--agent-function-path"):
         check_hooks(args)
-    args = make_args("--custom-generate-function-path", "slime.agent.generate.generate",
-                     "--agent-function-path", "tests.agent.agents.two_turns", "--sglang-tool-call-parser", "qwen9")
+    args = make_args(
+        "--custom-generate-function-path",
+        "slime.agent.generate.generate",
+        "--agent-function-path",
+        "tests.agent.agents.two_turns",
+        "--sglang-tool-call-parser",
+        "qwen9",
+    )
     with pytest.raises(SlimeError, match="--sglang-tool-call-parser 'qwen9' is not a known tool-call parser"):
         check_agent_args(args)

@@ -8,8 +8,10 @@ import pytest
 from slime.agent.parsing import check_parser_names, parse_model_output
 from slime.errors import SlimeError
 
-TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}},
-         {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}},
+    {"type": "function", "function": {"name": "search", "parameters": {"type": "object"}}},
+]
 
 
 def parse(text, tool=None, reasoning=None, tools=TOOLS):
@@ -18,10 +20,15 @@ def parse(text, tool=None, reasoning=None, tools=TOOLS):
 
 @pytest.mark.parametrize("name", ["qwen25", "qwen", "hermes"])
 def test_hermes_style_blocks(name):
-    out = parse('Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n'
-                '</tool_call>\n<tool_call>{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}</tool_call>', name)
-    assert out.tool_uses == [{"name": "calculator", "input": {"expression": "2+3"}},
-                             {"name": "search", "input": {"q": "x"}}]
+    out = parse(
+        'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2+3"}}\n'
+        '</tool_call>\n<tool_call>{"name": "search", "arguments": "{\\"q\\": \\"x\\"}"}</tool_call>',
+        name,
+    )
+    assert out.tool_uses == [
+        {"name": "calculator", "input": {"expression": "2+3"}},
+        {"name": "search", "input": {"q": "x"}},
+    ]
     assert out.text == "Let me compute." and not out.ill_formed
 
 
@@ -42,8 +49,11 @@ def test_no_parser_or_no_tools_means_plain_text():
 
 
 def test_llama3_and_mistral():
-    out = parse('<|python_tag|>{"name": "calculator", "parameters": {"expression": "1+1"}};'
-                '{"name": "search", "parameters": {"q": "y"}}', "llama3")
+    out = parse(
+        '<|python_tag|>{"name": "calculator", "parameters": {"expression": "1+1"}};'
+        '{"name": "search", "parameters": {"q": "y"}}',
+        "llama3",
+    )
     assert [u["name"] for u in out.tool_uses] == ["calculator", "search"] and out.text == ""
     assert parse("just words", "llama3").tool_uses == []
     out = parse('Sure [TOOL_CALLS] [{"name": "calculator", "arguments": {"expression": "4*5"}}]', "mistral")
@@ -55,8 +65,9 @@ def test_reasoning_parsers():
     assert (out.reasoning, out.text) == ("add the ones", "The answer is 5")
     assert parse("no thinking here", reasoning="qwen3").reasoning == ""
     # deepseek-r1: the template opened <think> in the prompt; the output holds only the closing tag
-    out = parse('carry the one</think><tool_call>{"name": "calculator", "arguments": {}}</tool_call>',
-                "qwen25", "deepseek-r1")
+    out = parse(
+        'carry the one</think><tool_call>{"name": "calculator", "arguments": {}}</tool_call>', "qwen25", "deepseek-r1"
+    )
     assert out.reasoning == "carry the one" and out.tool_uses == [{"name": "calculator", "input": {}}]
 
 

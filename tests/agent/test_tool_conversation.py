@@ -22,9 +22,16 @@ from slime.utils.types import Sample
 pytestmark = pytest.mark.timeout(400)
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
-TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
-                                           "parameters": {"type": "object",
-                                                          "properties": {"expression": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
 
 
 def enc(tok, text):
@@ -83,8 +90,11 @@ def scripted_hf(scripted_model):
 
 def expected_sample(tok, tool_text):
     prompt = enc(tok, "<|user|>2+3=<|end|><|assistant|>")
-    first, glue, second = enc(tok, CALL + "<|end|>"), enc(tok, f"<|tool|>{tool_text}<|end|><|assistant|>"), \
-        enc(tok, "\\boxed{5}<|end|>")
+    first, glue, second = (
+        enc(tok, CALL + "<|end|>"),
+        enc(tok, f"<|tool|>{tool_text}<|end|><|assistant|>"),
+        enc(tok, "\\boxed{5}<|end|>"),
+    )
     return prompt, first, glue, second
 
 
@@ -102,8 +112,7 @@ def check(s: Sample, tok, hf, tool_text="5"):
 def test_openai_tool_call_round_trip(tool_engine, tok, scripted_hf, stream):
     from slime.agent.adapters import OpenAIAdapter
 
-    adapter = OpenAIAdapter(tokenizer=tok, sglang_url=tool_engine.url, tool_parser="qwen25",
-                            engine_api_key=ENGINE_KEY)
+    adapter = OpenAIAdapter(tokenizer=tok, sglang_url=tool_engine.url, tool_parser="qwen25", engine_api_key=ENGINE_KEY)
     handle = serve(adapter)
     try:
         adapter.open_session("tool", sampling_defaults={"temperature": 0, "max_new_tokens": 100})
@@ -113,9 +122,17 @@ def test_openai_tool_call_round_trip(tool_engine, tok, scripted_hf, stream):
             chunks = list(client.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS, stream=True))
             [call] = [c for ch in chunks if ch.choices for c in ch.choices[0].delta.tool_calls or []]
             finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1]
-            assistant = {"role": "assistant", "content": None, "tool_calls": [
-                {"id": call.id, "type": "function",
-                 "function": {"name": call.function.name, "arguments": call.function.arguments}}]}
+            assistant = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.function.name, "arguments": call.function.arguments},
+                    }
+                ],
+            }
         else:
             r = client.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS)
             [call] = r.choices[0].message.tool_calls
@@ -137,21 +154,29 @@ def test_openai_tool_call_round_trip(tool_engine, tok, scripted_hf, stream):
 def test_anthropic_tool_use_round_trip(tool_engine, tok, scripted_hf):
     from slime.agent.adapters import AnthropicAdapter
 
-    adapter = AnthropicAdapter(tokenizer=tok, sglang_url=tool_engine.url, tool_parser="qwen25",
-                               engine_api_key=ENGINE_KEY)
+    adapter = AnthropicAdapter(
+        tokenizer=tok, sglang_url=tool_engine.url, tool_parser="qwen25", engine_api_key=ENGINE_KEY
+    )
     handle = serve(adapter)
     try:
         adapter.open_session("atool", sampling_defaults={"temperature": 0})
         client = anthropic.Anthropic(base_url=handle.url, api_key="atool")
-        tools = [{"name": "calculator", "description": "Evaluate arithmetic.",
-                  "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}}}}]
+        tools = [
+            {
+                "name": "calculator",
+                "description": "Evaluate arithmetic.",
+                "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}}},
+            }
+        ]
         msgs = [{"role": "user", "content": "2+3="}]
         m = client.messages.create(model="tiny", max_tokens=100, messages=msgs, tools=tools)
         assert m.stop_reason == "tool_use"
         [use] = [b for b in m.content if b.type == "tool_use"]
         assert use.name == "calculator" and use.input == {"expression": "2+3"}
-        msgs += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]}]
+        msgs += [
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in m.content]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "5"}]},
+        ]
         with client.messages.stream(model="tiny", max_tokens=100, messages=msgs, tools=tools) as stream:
             final = stream.get_final_message()
         assert final.content[0].text == "\\boxed{5}" and final.stop_reason == "end_turn"

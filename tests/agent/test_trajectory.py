@@ -10,8 +10,13 @@ BASE = Sample(index=7, group_index=3, prompt="p", label="5", metadata={"task": "
 
 
 def turn(prompt, out, finish="stop", version="v1"):
-    return TurnRecord(prompt_ids=list(prompt), output_ids=list(out), finish_reason=finish,
-                      output_log_probs=[-0.1 * (i + 1) for i in range(len(out))], weight_version=version)
+    return TurnRecord(
+        prompt_ids=list(prompt),
+        output_ids=list(out),
+        finish_reason=finish,
+        output_log_probs=[-0.1 * (i + 1) for i in range(len(out))],
+        weight_version=version,
+    )
 
 
 def msgs(n):
@@ -21,7 +26,7 @@ def msgs(n):
 def test_turns_that_extend_each_other_are_one_sample_with_exact_masks():
     m = TrajectoryManager()
     t1 = turn([1, 2, 3], [10, 11, 99])
-    t2 = turn([1, 2, 3, 10, 11, 99, 4, 5], [12, 99], version="v2")   # tool result 4, 5 appended
+    t2 = turn([1, 2, 3, 10, 11, 99, 4, 5], [12, 99], version="v2")  # tool result 4, 5 appended
     t3 = turn([1, 2, 3, 10, 11, 99, 4, 5, 12, 99, 6], [13], finish="length", version="v2")
     for t in (t1, t2, t3):
         m.record_turn("s", turn=t, prompt_messages=msgs(1), response_message={"role": "assistant", "content": ""})
@@ -42,10 +47,10 @@ def test_a_rewritten_history_starts_a_segment_and_an_interleaved_subagent_keeps_
     m = TrajectoryManager()
     rec = []
     main1 = turn([1, 2], [10, 99])
-    sub1 = turn([50, 51], [60, 99])                      # a sub-agent with its own context
-    main2 = turn([1, 2, 10, 99, 3], [11, 99])            # extends main1
-    sub2 = turn([50, 51, 60, 99, 52], [61, 99])          # extends sub1
-    compact = turn([1, 7, 3], [12, 99])                  # the agent summarised its history: no prefix
+    sub1 = turn([50, 51], [60, 99])  # a sub-agent with its own context
+    main2 = turn([1, 2, 10, 99, 3], [11, 99])  # extends main1
+    sub2 = turn([50, 51, 60, 99, 52], [61, 99])  # extends sub1
+    compact = turn([1, 7, 3], [12, 99])  # the agent summarised its history: no prefix
     for t in (main1, sub1, main2, sub2, compact):
         m.record_turn("s", turn=t, prompt_messages=msgs(1), response_message=None)
         rec.append(t)

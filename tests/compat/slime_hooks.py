@@ -36,7 +36,7 @@ async def generate(args, sample: Sample, sampling_params) -> Sample:
     sample.response = output["text"]
     sample.rollout_log_probs = [item[0] for item in meta["output_token_logprobs"]]
     # the conversation's loss mask as slime's multi-turn SFT code computes it: only the assistant turn
-    messages = (sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": sample.prompt}])
+    messages = sample.prompt if isinstance(sample.prompt, list) else [{"role": "user", "content": sample.prompt}]
     generator = MultiTurnLossMaskGenerator(state.tokenizer, tokenizer_type="qwen")
     _, conversation_mask = generator.get_loss_mask(messages + [{"role": "assistant", "content": output["text"]}])
     sample.loss_mask = [1] * sample.response_length

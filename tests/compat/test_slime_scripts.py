@@ -37,8 +37,7 @@ def test_moe_script_keeps_sglang_and_router_options():
 
 
 def test_a_model_block_for_another_model_stops_naming_both_values(tiny_model_dir, task_dir):
-    argv = with_paths(SCRIPTS["qwen3-4b"], hf_checkpoint=str(tiny_model_dir),
-                      prompt_data=str(task_dir / "train.jsonl"))
+    argv = with_paths(SCRIPTS["qwen3-4b"], hf_checkpoint=str(tiny_model_dir), prompt_data=str(task_dir / "train.jsonl"))
     with pytest.raises(SlimeError) as e:
         preflight(parse_args(argv))
     assert "--num-layers 36" in str(e.value) and "num_hidden_layers = 2" in str(e.value)
@@ -50,28 +49,107 @@ def test_the_bundled_task_trains_from_a_slime_style_launch(tiny_model_dir, task_
     """The same groups, the tiny model's own block, local paths and CPU-sized numbers: it runs and
     its metrics rows are finite; --load of an empty directory starts fresh from --ref-load."""
     ckpt = tmp_path / "ckpt"
-    argv = (TINY_MODEL + with_paths(CKPT, hf_checkpoint=str(tiny_model_dir), ref_load=str(tiny_model_dir),
-                                    load=str(ckpt), save=str(ckpt), save_interval="2")
-            + ["--prompt-data", str(task_dir / "train.jsonl"), "--input-key", "prompt", "--label-key", "label",
-               "--apply-chat-template", "--rollout-shuffle", "--rm-type", "math", "--num-rollout", "2",
-               "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8",
-               "--rollout-temperature", "1", "--global-batch-size", "32", "--balance-data",
-               "--eval-interval", "2", "--eval-prompt-data", "add", str(task_dir / "eval.jsonl"),
-               "--eval-max-response-len", "8",
-               "--tensor-model-parallel-size", "1", "--sequence-parallel", "--recompute-granularity", "full",
-               "--recompute-method", "uniform", "--recompute-num-layers", "1",
-               "--use-dynamic-batch-size", "--max-tokens-per-gpu", "4096",
-               "--advantage-estimator", "grpo", "--use-kl-loss", "--kl-loss-coef", "0.00",
-               "--kl-loss-type", "low_var_kl", "--entropy-coef", "0.00", "--eps-clip", "0.2", "--eps-clip-high", "0.28",
-               "--optimizer", "adam", "--lr", "1e-3", "--lr-decay-style", "constant", "--weight-decay", "0.1",
-               "--adam-beta1", "0.9", "--adam-beta2", "0.98",
-               "--rollout-num-gpus-per-engine", "1", "--sglang-cuda-graph-bs", "1", "2",
-               "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--accumulate-allreduce-grads-in-fp32",
-               "--attention-softmax-in-fp32", "--attention-backend", "flash",
-               "--actor-num-nodes", "1", "--actor-num-gpus-per-node", "1", "--colocate",
-               "--run-dir", str(tmp_path / "run")])
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True,
-                          timeout=280)
+    argv = (
+        TINY_MODEL
+        + with_paths(
+            CKPT,
+            hf_checkpoint=str(tiny_model_dir),
+            ref_load=str(tiny_model_dir),
+            load=str(ckpt),
+            save=str(ckpt),
+            save_interval="2",
+        )
+        + [
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rollout-shuffle",
+            "--rm-type",
+            "math",
+            "--num-rollout",
+            "2",
+            "--rollout-batch-size",
+            "8",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "8",
+            "--rollout-temperature",
+            "1",
+            "--global-batch-size",
+            "32",
+            "--balance-data",
+            "--eval-interval",
+            "2",
+            "--eval-prompt-data",
+            "add",
+            str(task_dir / "eval.jsonl"),
+            "--eval-max-response-len",
+            "8",
+            "--tensor-model-parallel-size",
+            "1",
+            "--sequence-parallel",
+            "--recompute-granularity",
+            "full",
+            "--recompute-method",
+            "uniform",
+            "--recompute-num-layers",
+            "1",
+            "--use-dynamic-batch-size",
+            "--max-tokens-per-gpu",
+            "4096",
+            "--advantage-estimator",
+            "grpo",
+            "--use-kl-loss",
+            "--kl-loss-coef",
+            "0.00",
+            "--kl-loss-type",
+            "low_var_kl",
+            "--entropy-coef",
+            "0.00",
+            "--eps-clip",
+            "0.2",
+            "--eps-clip-high",
+            "0.28",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "1e-3",
+            "--lr-decay-style",
+            "constant",
+            "--weight-decay",
+            "0.1",
+            "--adam-beta1",
+            "0.9",
+            "--adam-beta2",
+            "0.98",
+            "--rollout-num-gpus-per-engine",
+            "1",
+            "--sglang-cuda-graph-bs",
+            "1",
+            "2",
+            "--attention-dropout",
+            "0.0",
+            "--hidden-dropout",
+            "0.0",
+            "--accumulate-allreduce-grads-in-fp32",
+            "--attention-softmax-in-fp32",
+            "--attention-backend",
+            "flash",
+            "--actor-num-nodes",
+            "1",
+            "--actor-num-gpus-per-node",
+            "1",
+            "--colocate",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
+    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "holds no checkpoint yet: starting at rollout 0 from --ref-load" in proc.stdout
     assert "Megatron-LM options accepted but not used" in proc.stdout
@@ -88,16 +166,43 @@ def test_hooks_written_for_slime_run_unchanged(tiny_model_dir, task_dir, tmp_pat
     """A custom generate (GenerateState + post + the router URL from args), a dynamic filter built on
     call_dynamic_filter and a convert hook fn(args, samples), imported by slime's paths, in a short run."""
     run_dir = tmp_path / "run"
-    argv = ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-            "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rm-type", "math",
-            "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-            "--over-sampling-batch-size", "4", "--rollout-max-response-len", "8", "--global-batch-size", "16",
-            "--lr", "1e-3", "--colocate", "--run-dir", str(run_dir),
-            "--custom-generate-function-path", "tests.compat.slime_hooks.generate",
-            "--dynamic-sampling-filter-path", "tests.compat.slime_hooks.dynamic_filter",
-            "--custom-convert-samples-to-train-data-path", "tests.compat.slime_hooks.convert_samples_to_train_data"]
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True,
-                          timeout=280)
+    argv = [
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rm-type",
+        "math",
+        "--num-rollout",
+        "2",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--over-sampling-batch-size",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        "--global-batch-size",
+        "16",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--run-dir",
+        str(run_dir),
+        "--custom-generate-function-path",
+        "tests.compat.slime_hooks.generate",
+        "--dynamic-sampling-filter-path",
+        "tests.compat.slime_hooks.dynamic_filter",
+        "--custom-convert-samples-to-train-data-path",
+        "tests.compat.slime_hooks.convert_samples_to_train_data",
+    ]
+    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
     calls = [json.loads(line) for line in (run_dir / "hook_calls.jsonl").read_text().splitlines()]
     kinds = {c["hook"] for c in calls}

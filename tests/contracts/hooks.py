@@ -90,14 +90,21 @@ def reward_post_process(args, samples):
 
 def convert_samples_to_train_data(args, samples):
     """slime's contract: (args, samples) -> train columns, rewards decided here (a reward of 2x)."""
-    return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length for s in samples],
-            "loss_masks": [[1] * s.response_length for s in samples],
-            "rewards": [2.0 * s.get_reward_value(args) for s in samples], "custom": "kept"}
+    return {
+        "tokens": [s.tokens for s in samples],
+        "response_lengths": [s.response_length for s in samples],
+        "loss_masks": [[1] * s.response_length for s in samples],
+        "rewards": [2.0 * s.get_reward_value(args) for s in samples],
+        "custom": "kept",
+    }
 
 
 def convert_without_loss_masks(args, samples):
-    return {"tokens": [s.tokens for s in samples], "response_lengths": [s.response_length for s in samples],
-            "rewards": [0.0 for _ in samples]}
+    return {
+        "tokens": [s.tokens for s in samples],
+        "response_lengths": [s.response_length for s in samples],
+        "rewards": [0.0 for _ in samples],
+    }
 
 
 def rollout_data_postprocess(args, rollout_id, rollout_data):
@@ -127,7 +134,7 @@ def buffer_filter_newest(args, rollout_id, buffer, num_samples):
     """A --buffer-filter-path: the newest groups first (removed from the buffer, as the contract says)."""
     CALLS.setdefault("buffer_filter", []).append(rollout_id)
     taken = buffer[-num_samples:][::-1] if num_samples else []
-    del buffer[len(buffer) - len(taken):]
+    del buffer[len(buffer) - len(taken) :]
     return taken
 
 
@@ -151,8 +158,17 @@ class ListDataSource:
     def get_samples(self, num_samples):
         out = []
         for _ in range(num_samples):
-            out.append([Sample(group_index=self.served, index=self.served * self.args.n_samples_per_prompt + j,
-                               prompt=f"p{self.served}", metadata={}) for j in range(self.args.n_samples_per_prompt)])
+            out.append(
+                [
+                    Sample(
+                        group_index=self.served,
+                        index=self.served * self.args.n_samples_per_prompt + j,
+                        prompt=f"p{self.served}",
+                        metadata={},
+                    )
+                    for j in range(self.args.n_samples_per_prompt)
+                ]
+            )
             self.served += 1
         return out
 
@@ -181,6 +197,7 @@ def pg_loss_reducer(total_lengths, response_lengths, loss_masks, calculate_per_t
 
 # ------------------------------------------------------------------ slime's rollout sample and log hooks
 
+
 def sample_hook(args, sample, *, rollout_id=None, evaluation=False):
     """A --rollout-sample-hook-path (slime's signature): records its call, changes the sample in place, None."""
     CALLS.setdefault("sample_hook", []).append((sample.index, rollout_id, evaluation, sample.reward))
@@ -191,10 +208,17 @@ def sample_hook(args, sample, *, rollout_id=None, evaluation=False):
 async def sample_hook_replaces(args, sample, **kwargs):
     """Async, takes **kwargs (gets both keywords), returns a new Sample that replaces the old one."""
     CALLS.setdefault("sample_hook_kwargs", []).append(sorted(kwargs))
-    new = Sample(group_index=sample.group_index, index=sample.index, prompt=sample.prompt, tokens=list(sample.tokens),
-                 response=sample.response + "!", response_length=sample.response_length,
-                 loss_mask=list(sample.loss_mask or []), status=sample.status,
-                 metadata={**sample.metadata, "hooks": [*sample.metadata.get("hooks", []), "second"]})
+    new = Sample(
+        group_index=sample.group_index,
+        index=sample.index,
+        prompt=sample.prompt,
+        tokens=list(sample.tokens),
+        response=sample.response + "!",
+        response_length=sample.response_length,
+        loss_mask=list(sample.loss_mask or []),
+        status=sample.status,
+        metadata={**sample.metadata, "hooks": [*sample.metadata.get("hooks", []), "second"]},
+    )
     return new
 
 
@@ -227,8 +251,9 @@ def all_samples_process_raises(args, all_samples, data_source):
 
 def log_rollout(rollout_id, args, samples, rollout_extra_metrics, rollout_time):
     """A --custom-rollout-log-function-path that logs instead of the default (returns True)."""
-    CALLS.setdefault("rollout_log", []).append((rollout_id, [s.index for s in samples], dict(rollout_extra_metrics),
-                                                rollout_time))
+    CALLS.setdefault("rollout_log", []).append(
+        (rollout_id, [s.index for s in samples], dict(rollout_extra_metrics), rollout_time)
+    )
     return True
 
 

@@ -56,6 +56,7 @@ class Source:
 
 # ------------------------------------------------------------------ --custom-generate-function-path
 
+
 @pytest.mark.parametrize("name", ["custom_generate", "custom_generate_sync"])
 def test_custom_generate_sync_and_async(state, name):
     args = make_args(custom_generate_function_path=H + name, custom_rm_path=H + "custom_rm")
@@ -66,7 +67,9 @@ def test_custom_generate_sync_and_async(state, name):
 
 
 def test_custom_generate_gets_evaluation_when_it_asks(state):
-    args = make_args(custom_generate_function_path=H + "custom_generate_with_evaluation", custom_rm_path=H + "custom_rm")
+    args = make_args(
+        custom_generate_function_path=H + "custom_generate_with_evaluation", custom_rm_path=H + "custom_rm"
+    )
     state(args)
     assert [s.metadata["evaluation"] for s in run_group(args, group(), evaluation=True)] == [True, True]
     assert run_group(args, group())[0].response == "train"
@@ -89,7 +92,10 @@ def test_custom_generate_exception_fails_only_that_sample(state, caplog):
     ok, bad = [s for s in out if s.index % 2 == 0], [s for s in out if s.index % 2]
     assert all(s.status == Sample.Status.COMPLETED and s.reward == 4.0 for s in ok)
     assert all(s.status == Sample.Status.FAILED and s.reward is None for s in bad)
-    assert "--custom-generate-function-path tests.contracts.hooks.custom_generate_raises_on_odd" in bad[0].metadata["error"]
+    assert (
+        "--custom-generate-function-path tests.contracts.hooks.custom_generate_raises_on_odd"
+        in bad[0].metadata["error"]
+    )
     assert "tool crashed on sample 1" in bad[0].metadata["error"]
     assert "Traceback" in bad[0].metadata["traceback"] and "Traceback" in caplog.text
     assert bad[0].loss_mask == [] and bad[0].response_length == 0  # well-formed, never trained on
@@ -103,6 +109,7 @@ def test_custom_generate_wrong_return_type_fails_the_sample(state):
 
 
 # ------------------------------------------------------------------ --custom-rm-path / --group-rm
+
 
 @pytest.mark.parametrize("name,reward", [("custom_rm", 5.0), ("custom_rm_sync", 2.0)])
 def test_custom_rm_per_sample_sync_and_async(state, name, reward):
@@ -130,8 +137,14 @@ def test_custom_rm_exception_fails_only_that_sample(state, caplog):
 
 def test_builtin_reward_error_fails_the_sample(state):
     # remote_rm without a service: retried, then FAILED with the reason, never a silent 0
-    args = make_args(custom_generate_function_path=H + "custom_generate", rm_type="remote_rm",
-                     rm_url="http://127.0.0.1:9/r", rm_max_retries=2, rm_retry_interval=0.01, rm_timeout=1)
+    args = make_args(
+        custom_generate_function_path=H + "custom_generate",
+        rm_type="remote_rm",
+        rm_url="http://127.0.0.1:9/r",
+        rm_max_retries=2,
+        rm_retry_interval=0.01,
+        rm_timeout=1,
+    )
     state(args)
     out = run_group(args, group())
     assert all(s.status == Sample.Status.FAILED and s.reward is None for s in out)
@@ -139,6 +152,7 @@ def test_builtin_reward_error_fails_the_sample(state):
 
 
 # ------------------------------------------------------------------ failure-rate threshold
+
 
 def test_failure_ratio_threshold_stops_the_run():
     g = group(4)
@@ -148,7 +162,9 @@ def test_failure_ratio_threshold_stops_the_run():
     g[1].status = Sample.Status.FAILED
     check_failed_samples([g], 0, 0.5)  # 50%: still allowed
     g[2].status = Sample.Status.FAILED
-    with pytest.raises(SlimeError, match=r"rollout 3: 3 of 4 samples FAILED \(75%\).*--max-failed-sample-ratio 0.5.*boom"):
+    with pytest.raises(
+        SlimeError, match=r"rollout 3: 3 of 4 samples FAILED \(75%\).*--max-failed-sample-ratio 0.5.*boom"
+    ):
         check_failed_samples([g], 3, 0.5)
     for s in g:
         s.status = Sample.Status.FAILED
@@ -157,6 +173,7 @@ def test_failure_ratio_threshold_stops_the_run():
 
 
 # ------------------------------------------------------------------ --rollout-function-path / --eval-function-path
+
 
 def test_rollout_function_contract(state):
     from slime.rollout.base_types import unwrap_eval_output
@@ -174,6 +191,7 @@ def test_rollout_function_contract(state):
 
 # ------------------------------------------------------------------ --dynamic-sampling-filter-path
 
+
 def test_dynamic_sampling_refills_dropped_groups(state, monkeypatch):
     rewards = iter([0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0] + [1.0] * 100)
 
@@ -181,8 +199,12 @@ def test_dynamic_sampling_refills_dropped_groups(state, monkeypatch):
         return next(rewards)
 
     monkeypatch.setattr(hooks, "custom_rm", rm)
-    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm",
-                     dynamic_sampling_filter_path=H + "keep_if_first_reward_positive", over_sampling_batch_size=1)
+    args = make_args(
+        custom_generate_function_path=H + "custom_generate",
+        custom_rm_path=H + "custom_rm",
+        dynamic_sampling_filter_path=H + "keep_if_first_reward_positive",
+        over_sampling_batch_size=1,
+    )
     state(args)
     out = asyncio.run(sglang_rollout.generate_rollout_async(args, 0, Source()))
     assert len(out.samples) == 2 and all(g[0].reward > 0 for g in out.samples)
@@ -191,11 +213,17 @@ def test_dynamic_sampling_refills_dropped_groups(state, monkeypatch):
 
 
 def test_dynamic_sampling_gives_up_with_a_clear_message(state):
-    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm",
-                     dynamic_sampling_filter_path=H + "keep_nothing_bool")
+    args = make_args(
+        custom_generate_function_path=H + "custom_generate",
+        custom_rm_path=H + "custom_rm",
+        dynamic_sampling_filter_path=H + "keep_nothing_bool",
+    )
     state(args)
-    with pytest.raises(SlimeError, match=r"--dynamic-sampling-filter-path tests.contracts.hooks.keep_nothing_bool "
-                                         r"kept 0 of 20 groups.*unspecified"):
+    with pytest.raises(
+        SlimeError,
+        match=r"--dynamic-sampling-filter-path tests.contracts.hooks.keep_nothing_bool "
+        r"kept 0 of 20 groups.*unspecified",
+    ):
         asyncio.run(sglang_rollout.generate_rollout_async(args, 0, Source()))
 
 
@@ -210,6 +238,7 @@ def test_stock_nonzero_std_filter():
 
 
 # ------------------------------------------------------------------ reward post-process / conversion
+
 
 def test_custom_reward_post_process():
     g = group(2)
@@ -227,7 +256,9 @@ def test_custom_convert_samples_to_train_data_takes_slimes_call():
     for s, r in zip(g, [0.5, 1.0]):
         s.reward, s.status, s.tokens, s.response_length, s.loss_mask = r, Sample.Status.COMPLETED, [1, 2, 3], 2, [1, 1]
     g[1].status = Sample.Status.FAILED
-    data = samples_to_train_data(make_args(custom_convert_samples_to_train_data_path=H + "convert_samples_to_train_data"), [g])
+    data = samples_to_train_data(
+        make_args(custom_convert_samples_to_train_data_path=H + "convert_samples_to_train_data"), [g]
+    )
     assert data["rewards"] == [1.0, 2.0] and data["custom"] == "kept"  # no group normalisation: the hook decides
     assert data["loss_masks"] == [[1, 1], [0, 0]] and data["raw_reward"] == [1.0, 2.0] and data["truncated"] == [0, 0]
     bad = make_args(custom_convert_samples_to_train_data_path=H + "convert_without_loss_masks")
@@ -237,33 +268,63 @@ def test_custom_convert_samples_to_train_data_takes_slimes_call():
 
 # ------------------------------------------------------------------ --rollout-data-postprocess-path
 
+
 def test_rollout_data_postprocess_runs_on_the_trainer(tiny_model_dir, tmp_path):
     from slime.arguments import parse_args
     from slime.backends.torch.actor import TrainActor
 
-    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2",
-                       "--n-samples-per-prompt", "2", "--num-rollout", "4", "--run-dir", str(tmp_path),
-                       "--micro-batch-size", "4", "--rollout-data-postprocess-path", H + "rollout_data_postprocess"])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "4",
+            "--run-dir",
+            str(tmp_path),
+            "--micro-batch-size",
+            "4",
+            "--rollout-data-postprocess-path",
+            H + "rollout_data_postprocess",
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
-    actor.train(7, {"tokens": [[5, 6, 7], [5, 6, 8], [9, 6, 7], [9, 6, 8]], "response_lengths": [1] * 4,
-                    "loss_masks": [[1]] * 4, "rewards": [1.0, -1.0, 0.5, -0.5]})
+    actor.train(
+        7,
+        {
+            "tokens": [[5, 6, 7], [5, 6, 8], [9, 6, 7], [9, 6, 8]],
+            "response_lengths": [1] * 4,
+            "loss_masks": [[1]] * 4,
+            "rewards": [1.0, -1.0, 0.5, -0.5],
+        },
+    )
     assert hooks.CALLS["postprocess"] == [(7, 4)]
 
 
 # ------------------------------------------------------------------ start-up checks (preflight)
 
 GOOD = {
-    "rollout_function_path": "rollout_function", "eval_function_path": "rollout_function",
-    "custom_generate_function_path": "custom_generate", "custom_rm_path": "custom_rm",
-    "dynamic_sampling_filter_path": "keep_nothing_bool", "custom_reward_post_process_path": "reward_post_process",
+    "rollout_function_path": "rollout_function",
+    "eval_function_path": "rollout_function",
+    "custom_generate_function_path": "custom_generate",
+    "custom_rm_path": "custom_rm",
+    "dynamic_sampling_filter_path": "keep_nothing_bool",
+    "custom_reward_post_process_path": "reward_post_process",
     "custom_convert_samples_to_train_data_path": "convert_samples_to_train_data",
     "rollout_data_postprocess_path": "rollout_data_postprocess",
-    "buffer_filter_path": "buffer_filter_newest", "rollout_sample_filter_path": "remove_odd_samples",
+    "buffer_filter_path": "buffer_filter_newest",
+    "rollout_sample_filter_path": "remove_odd_samples",
     "data_source_path": "ListDataSource",
-    "custom_tis_function_path": "custom_tis", "custom_pg_loss_reducer_function_path": "pg_loss_reducer",
-    "rollout_sample_hook_path": "sample_hook", "rollout_all_samples_process_path": "all_samples_process",
-    "custom_rollout_log_function_path": "log_rollout", "custom_eval_rollout_log_function_path": "log_eval_rollout",
+    "custom_tis_function_path": "custom_tis",
+    "custom_pg_loss_reducer_function_path": "pg_loss_reducer",
+    "rollout_sample_hook_path": "sample_hook",
+    "rollout_all_samples_process_path": "all_samples_process",
+    "custom_rollout_log_function_path": "log_rollout",
+    "custom_eval_rollout_log_function_path": "log_eval_rollout",
     "custom_update_weight_post_write_path": "update_weight_post_write",
     "agent_function_path": "agent",
 }
@@ -274,20 +335,23 @@ def test_preflight_accepts_documented_signatures(arg):
     check_hook(arg, H + GOOD[arg])
 
 
-@pytest.mark.parametrize("arg,name", [
-    ("rollout_function_path", "rollout_function_without_evaluation"),
-    ("custom_generate_function_path", "generate_missing_sampling_params"),
-    ("dynamic_sampling_filter_path", "filter_three_args"),
-    ("rollout_data_postprocess_path", "custom_rm"),
-    ("buffer_filter_path", "custom_rm"),
-    ("rollout_sample_filter_path", "rollout_data_postprocess"),
-    ("custom_tis_function_path", "rollout_data_postprocess"),
-    ("custom_pg_loss_reducer_function_path", "custom_rm"),
-    ("rollout_sample_hook_path", "sample_hook_missing_sample"),
-    ("rollout_all_samples_process_path", "custom_rm"),
-    ("custom_rollout_log_function_path", "log_missing_time"),
-    ("custom_eval_rollout_log_function_path", "custom_rm"),
-])
+@pytest.mark.parametrize(
+    "arg,name",
+    [
+        ("rollout_function_path", "rollout_function_without_evaluation"),
+        ("custom_generate_function_path", "generate_missing_sampling_params"),
+        ("dynamic_sampling_filter_path", "filter_three_args"),
+        ("rollout_data_postprocess_path", "custom_rm"),
+        ("buffer_filter_path", "custom_rm"),
+        ("rollout_sample_filter_path", "rollout_data_postprocess"),
+        ("custom_tis_function_path", "rollout_data_postprocess"),
+        ("custom_pg_loss_reducer_function_path", "custom_rm"),
+        ("rollout_sample_hook_path", "sample_hook_missing_sample"),
+        ("rollout_all_samples_process_path", "custom_rm"),
+        ("custom_rollout_log_function_path", "log_missing_time"),
+        ("custom_eval_rollout_log_function_path", "custom_rm"),
+    ],
+)
 def test_preflight_rejects_wrong_signature(arg, name):
     flag = "--" + arg.replace("_", "-")
     with pytest.raises(SlimeError, match=rf"^{flag} tests\.contracts\.hooks\.{name}: signature .* cannot be called as"):
@@ -297,8 +361,11 @@ def test_preflight_rejects_wrong_signature(arg, name):
 @pytest.mark.parametrize("arg", sorted(HOOK_CALLS))
 def test_preflight_names_import_errors(arg):
     flag = "--" + arg.replace("_", "-")
-    with pytest.raises(SlimeError, match=rf"cannot import module 'tests.contracts.bad_import_hook' \(from {flag}\).*"
-                                         "a_module_that_does_not_exist"):
+    with pytest.raises(
+        SlimeError,
+        match=rf"cannot import module 'tests.contracts.bad_import_hook' \(from {flag}\).*"
+        "a_module_that_does_not_exist",
+    ):
         check_hook(arg, "tests.contracts.bad_import_hook.hook")
     with pytest.raises(SlimeError, match=rf"has no attribute 'nope' \(from {flag}\)"):
         check_hook(arg, H + "nope")
@@ -313,6 +380,7 @@ def test_preflight_checks_every_hook_argument():
 
 
 # ------------------------------------------------------------------ Data Buffer hooks
+
 
 def _buffer_source(tmp_path, **kw):
     from slime.data.data_source import RolloutDataSourceWithBuffer
@@ -336,8 +404,10 @@ def test_buffer_filter_chooses_what_leaves_the_buffer(tmp_path):
 def test_buffer_filter_that_breaks_the_contract_is_named(tmp_path):
     src = _buffer_source(tmp_path, buffer_filter_path=H + "buffer_filter_keeps_groups")
     src.add_samples(src.get_samples(2))
-    with pytest.raises(SlimeError, match="--buffer-filter-path tests.contracts.hooks.buffer_filter_keeps_groups "
-                                         "must remove the groups it returns"):
+    with pytest.raises(
+        SlimeError,
+        match="--buffer-filter-path tests.contracts.hooks.buffer_filter_keeps_groups must remove the groups it returns",
+    ):
         src.get_samples(2)
 
 
@@ -350,7 +420,13 @@ def test_add_samples_rejects_a_partial_group(tmp_path):
 def test_rollout_sample_filter_zeroes_the_loss_of_removed_samples():
     g = group(4)
     for s in g:
-        s.reward, s.status, s.tokens, s.response_length, s.loss_mask = 1.0, Sample.Status.COMPLETED, [1, 2, 3], 2, [1, 1]
+        s.reward, s.status, s.tokens, s.response_length, s.loss_mask = (
+            1.0,
+            Sample.Status.COMPLETED,
+            [1, 2, 3],
+            2,
+            [1, 1],
+        )
     hooks.remove_odd_samples(make_args(), g)
     data = samples_to_train_data(make_args(n_samples_per_prompt=4), [g])
     assert data["loss_masks"] == [[1, 1], [0, 0], [1, 1], [0, 0]] and len(data["tokens"]) == 4
@@ -370,6 +446,7 @@ def test_custom_data_source_feeds_the_default_rollout(state):
 
 # ------------------------------------------------------------------ --rollout-sample-hook-path (slime's append option)
 
+
 def _fresh_calls(*keys):
     for key in keys:
         hooks.CALLS.pop(key, None)
@@ -377,9 +454,17 @@ def _fresh_calls(*keys):
 
 def _hook_args(*paths, **kw):
     argv = [a for p in paths for a in ("--rollout-sample-hook-path", H + p)]
-    return full_args(*argv, **{"rm_type": "math", "rollout_batch_size": 2, "n_samples_per_prompt": 2,
-                               "custom_generate_function_path": H + "custom_generate", "custom_rm_path": H + "custom_rm",
-                               **kw})
+    return full_args(
+        *argv,
+        **{
+            "rm_type": "math",
+            "rollout_batch_size": 2,
+            "n_samples_per_prompt": 2,
+            "custom_generate_function_path": H + "custom_generate",
+            "custom_rm_path": H + "custom_rm",
+            **kw,
+        },
+    )
 
 
 @pytest.mark.parametrize("evaluation", [False, True])
@@ -401,8 +486,9 @@ def test_sample_hooks_run_in_order_on_each_sample_before_its_reward(state, evalu
 def test_sample_hooks_in_generate_and_rm_and_on_every_sample_a_generate_function_returns(state):
     _fresh_calls("sample_hook")
     # slime scores the samples of one generate call in one batched reward call (group_rm: 0.0, 1.0, ...)
-    args = _hook_args("sample_hook", custom_generate_function_path=H + "custom_generate_list",
-                      custom_rm_path=H + "group_rm")
+    args = _hook_args(
+        "sample_hook", custom_generate_function_path=H + "custom_generate_list", custom_rm_path=H + "group_rm"
+    )
     state(args)
     sglang_rollout.set_current_rollout_id(2)
     out = asyncio.run(sglang_rollout.generate_and_rm(args, group(1)[0], {"max_new_tokens": 4}))
@@ -449,6 +535,7 @@ def test_the_default_rollout_tells_sample_hooks_its_rollout_id(state):
 
 # ------------------------------------------------------------------ --rollout-all-samples-process-path
 
+
 def test_all_samples_process_sees_every_finished_group_dropped_ones_included(state, monkeypatch):
     _fresh_calls("all_samples")
     rewards = iter([0.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 0.0] + [1.0] * 100)
@@ -463,9 +550,13 @@ def test_all_samples_process_sees_every_finished_group_dropped_ones_included(sta
 
     monkeypatch.setattr(hooks, "custom_rm", rm)
     monkeypatch.setattr(hooks, "recording_filter", recording_filter, raising=False)
-    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm",
-                     dynamic_sampling_filter_path=H + "recording_filter", over_sampling_batch_size=1,
-                     rollout_all_samples_process_path=H + "all_samples_process")
+    args = make_args(
+        custom_generate_function_path=H + "custom_generate",
+        custom_rm_path=H + "custom_rm",
+        dynamic_sampling_filter_path=H + "recording_filter",
+        over_sampling_batch_size=1,
+        rollout_all_samples_process_path=H + "all_samples_process",
+    )
     state(args)
     source = Source()
     out = asyncio.run(sglang_rollout.generate_rollout_async(args, 0, source))
@@ -479,17 +570,25 @@ def test_all_samples_process_sees_every_finished_group_dropped_ones_included(sta
 
 
 def test_all_samples_process_error_stops_the_rollout_naming_it(state):
-    args = make_args(custom_generate_function_path=H + "custom_generate", custom_rm_path=H + "custom_rm",
-                     rollout_all_samples_process_path=H + "all_samples_process_raises")
+    args = make_args(
+        custom_generate_function_path=H + "custom_generate",
+        custom_rm_path=H + "custom_rm",
+        rollout_all_samples_process_path=H + "all_samples_process_raises",
+    )
     state(args)
-    with pytest.raises(SlimeError, match=r"rollout 3: --rollout-all-samples-process-path "
-                                         r"tests.contracts.hooks.all_samples_process_raises raised ValueError: "
-                                         r"bookkeeping failed"):
+    with pytest.raises(
+        SlimeError,
+        match=r"rollout 3: --rollout-all-samples-process-path "
+        r"tests.contracts.hooks.all_samples_process_raises raised ValueError: "
+        r"bookkeeping failed",
+    ):
         asyncio.run(sglang_rollout.generate_rollout_async(args, 3, Source()))
 
 
 def test_preflight_checks_each_sample_hook_of_the_list():
     args = _hook_args("sample_hook", "sample_hook_missing_sample")
-    with pytest.raises(SlimeError, match=r"--rollout-sample-hook-path tests\.contracts\.hooks\.sample_hook_missing_sample"):
+    with pytest.raises(
+        SlimeError, match=r"--rollout-sample-hook-path tests\.contracts\.hooks\.sample_hook_missing_sample"
+    ):
         check_hooks(args)
     check_hooks(_hook_args("sample_hook", "sample_hook_replaces"))

@@ -10,8 +10,16 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 RUNS = {
     "grpo": ["--advantage-estimator", "grpo"],
     "gspo": ["--advantage-estimator", "gspo", "--eps-clip", "3e-4", "--eps-clip-high", "4e-4"],
-    "reinforce_plus_plus": ["--advantage-estimator", "reinforce_plus_plus", "--normalize-advantages",
-                            "--use-kl-loss", "--kl-loss-coef", "0.01", "--kl-coef", "0.01"],
+    "reinforce_plus_plus": [
+        "--advantage-estimator",
+        "reinforce_plus_plus",
+        "--normalize-advantages",
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.01",
+        "--kl-coef",
+        "0.01",
+    ],
     "rloo": ["--advantage-estimator", "rloo", "--use-tis", "--overlong-buffer-len", "4"],
     "ppo": ["--advantage-estimator", "ppo", "--lambd", "0.95", "--critic-lr", "1e-3"],
 }
@@ -31,20 +39,56 @@ def _run(argv):
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_estimator_short_run_has_finite_metrics(name, tiny_model_dir, task_dir, tmp_path):
-    rows = _run([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--custom-rm-path", "tests.e2e.hooks.digit_reward", "--num-rollout", "2", "--rollout-batch-size", "4",
-        "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8", "--global-batch-size", "8",
-        "--micro-batch-size", "8", "--lr", "1e-3", "--colocate", "--run-dir", str(tmp_path / "run"),
-        *RUNS[name],
-    ])
+    rows = _run(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rollout-shuffle",
+            "--custom-rm-path",
+            "tests.e2e.hooks.digit_reward",
+            "--num-rollout",
+            "2",
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "8",
+            "--global-batch-size",
+            "8",
+            "--micro-batch-size",
+            "8",
+            "--lr",
+            "1e-3",
+            "--colocate",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *RUNS[name],
+        ]
+    )
     assert len(rows) == 2
-    keys = ["train/pg_loss", "train/pg_clipfrac", "train/ppo_kl", "train/entropy_loss", "train/grad_norm",
-            "train/lr", "rollout/advantages", "train/train_rollout_logprob_abs_diff"]
-    keys += {"ppo": ["train/value_loss", "train/value_clipfrac", "rollout/values"],
-             "rloo": ["train/tis", "train/tis_clipfrac", "rollout/overlong_penalty"],
-             "reinforce_plus_plus": ["train/kl_loss"]}.get(name, [])
+    keys = [
+        "train/pg_loss",
+        "train/pg_clipfrac",
+        "train/ppo_kl",
+        "train/entropy_loss",
+        "train/grad_norm",
+        "train/lr",
+        "rollout/advantages",
+        "train/train_rollout_logprob_abs_diff",
+    ]
+    keys += {
+        "ppo": ["train/value_loss", "train/value_clipfrac", "rollout/values"],
+        "rloo": ["train/tis", "train/tis_clipfrac", "rollout/overlong_penalty"],
+        "reinforce_plus_plus": ["train/kl_loss"],
+    }.get(name, [])
     for row in rows:
         for key in keys:
             assert key in row and math.isfinite(row[key]), (name, key)
@@ -52,14 +96,40 @@ def test_estimator_short_run_has_finite_metrics(name, tiny_model_dir, task_dir, 
 
 
 def test_sft_short_run_has_finite_loss(tiny_model_dir, task_dir, tmp_path):
-    rows = _run([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "sft.jsonl"),
-        "--input-key", "messages", "--loss-type", "sft_loss", "--rollout-max-response-len", "64",
-        "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout",
-        "--num-rollout", "3", "--rollout-batch-size", "16", "--global-batch-size", "16", "--micro-batch-size", "16",
-        "--use-dynamic-batch-size", "--max-tokens-per-gpu", "256", "--lr", "3e-3", "--lr-decay-style", "cosine",
-        "--colocate", "--run-dir", str(tmp_path / "run"),
-    ])
+    rows = _run(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "sft.jsonl"),
+            "--input-key",
+            "messages",
+            "--loss-type",
+            "sft_loss",
+            "--rollout-max-response-len",
+            "64",
+            "--rollout-function-path",
+            "slime.rollout.sft_rollout.generate_rollout",
+            "--num-rollout",
+            "3",
+            "--rollout-batch-size",
+            "16",
+            "--global-batch-size",
+            "16",
+            "--micro-batch-size",
+            "16",
+            "--use-dynamic-batch-size",
+            "--max-tokens-per-gpu",
+            "256",
+            "--lr",
+            "3e-3",
+            "--lr-decay-style",
+            "cosine",
+            "--colocate",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert len(rows) == 3
     losses = [r["train/loss"] for r in rows]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]

@@ -31,28 +31,82 @@ NUM_ROLLOUT = 5
 # it is past it): inside the save after the trainer wrote the weights and before its state, after the
 # data state, once everything is flushed and listed but before the rename, and after the rename but
 # before the tracker; "random": at a random moment between the start and about two rollouts in
-KILLS = [("trainer_weights", 0), ("staged", 0), ("renamed", 0), ("random", None), ("rollout_state", 1),
-         ("random", None), ("trainer_weights", 2), ("staged", 2), ("renamed", 3), ("random", None)]
-COMPARED = ("rollout/raw_reward", "rollout/status/failed", "rollout/dropped_groups", "rollout/response_len/mean",
-            "train/pg_loss", "train/entropy_loss", "train/grad_norm", "train/lr")
+KILLS = [
+    ("trainer_weights", 0),
+    ("staged", 0),
+    ("renamed", 0),
+    ("random", None),
+    ("rollout_state", 1),
+    ("random", None),
+    ("trainer_weights", 2),
+    ("staged", 2),
+    ("renamed", 3),
+    ("random", None),
+]
+COMPARED = (
+    "rollout/raw_reward",
+    "rollout/status/failed",
+    "rollout/dropped_groups",
+    "rollout/response_len/mean",
+    "train/pg_loss",
+    "train/entropy_loss",
+    "train/grad_norm",
+    "train/lr",
+)
 
 
 def _argv(tiny_model_dir, task_dir, run_dir: Path, ckpt: Path) -> list[str]:
     return [
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.flaky_digit_reward",
-        "--custom-generate-function-path", "tests.e2e.hooks.seeded_generate",
-        "--rollout-batch-size", "4", "--n-samples-per-prompt", "5", "--rollout-max-response-len", "6",
-        "--global-batch-size", "20", "--micro-batch-size", "10", "--lr", "1e-3", "--colocate",
-        "--num-rollout", str(NUM_ROLLOUT), "--save-interval", "1",
-        "--run-dir", str(run_dir), "--load", str(ckpt), "--save", str(ckpt),
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "math",
+        "--custom-rm-path",
+        "tests.e2e.hooks.flaky_digit_reward",
+        "--custom-generate-function-path",
+        "tests.e2e.hooks.seeded_generate",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "5",
+        "--rollout-max-response-len",
+        "6",
+        "--global-batch-size",
+        "20",
+        "--micro-batch-size",
+        "10",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--num-rollout",
+        str(NUM_ROLLOUT),
+        "--save-interval",
+        "1",
+        "--run-dir",
+        str(run_dir),
+        "--load",
+        str(ckpt),
+        "--save",
+        str(ckpt),
     ]
 
 
 def _start(argv, env, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "slime", "train", *argv], stdout=subprocess.DEVNULL,
-                            stderr=open(log, "w"), env=env, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "slime", "train", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+        env=env,
+        start_new_session=True,
+    )
 
 
 def _kill_everything(proc: subprocess.Popen) -> None:

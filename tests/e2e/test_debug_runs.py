@@ -17,19 +17,59 @@ from slime.errors import SlimeError
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 # what a replay must reproduce exactly: the loss and its parts, KL, grad norm, mismatch metrics
-TRAIN_KEYS = ("train/loss", "train/pg_loss", "train/entropy_loss", "train/ppo_kl", "train/pg_clipfrac",
-              "train/kl_loss", "train/grad_norm", "train/mis_kl", "train/train_rollout_logprob_abs_diff",
-              "rollout/advantages", "rollout/raw_reward")
+TRAIN_KEYS = (
+    "train/loss",
+    "train/pg_loss",
+    "train/entropy_loss",
+    "train/ppo_kl",
+    "train/pg_clipfrac",
+    "train/kl_loss",
+    "train/grad_norm",
+    "train/mis_kl",
+    "train/train_rollout_logprob_abs_diff",
+    "rollout/advantages",
+    "rollout/raw_reward",
+)
 
 
 def _argv(model: Path, task: Path, run_dir: Path, *extra: str) -> list[str]:
     return [
-        "--hf-checkpoint", str(model), "--prompt-data", str(task / "train.jsonl"), "--input-key", "prompt",
-        "--label-key", "label", "--apply-chat-template", "--rollout-shuffle", "--rm-type", "math",
-        "--custom-rm-path", "tests.e2e.hooks.digit_reward", "--num-rollout", "3", "--rollout-batch-size", "4",
-        "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8", "--global-batch-size", "4",
-        "--micro-batch-size", "2", "--lr", "1e-3", "--colocate", "--use-kl-loss", "--kl-loss-coef", "0.01",
-        "--ci-test", "--run-dir", str(run_dir), *extra,
+        "--hf-checkpoint",
+        str(model),
+        "--prompt-data",
+        str(task / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "math",
+        "--custom-rm-path",
+        "tests.e2e.hooks.digit_reward",
+        "--num-rollout",
+        "3",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "2",
+        "--rollout-max-response-len",
+        "8",
+        "--global-batch-size",
+        "4",
+        "--micro-batch-size",
+        "2",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.01",
+        "--ci-test",
+        "--run-dir",
+        str(run_dir),
+        *extra,
     ]
 
 
@@ -63,16 +103,34 @@ def runs(tiny_model_dir, task_dir, tmp_path_factory):
 def _three_runs(tiny_model_dir, task_dir, root):
     dump, norms = root / "dump", root / "grad_norms"
     # 1. a normal run under --ci-test: details dumped, grad norms saved, mismatch metrics on
-    original = _run(_argv(tiny_model_dir, task_dir, root / "original", "--dump-details", str(dump),
-                          "--get-mismatch-metrics",
-                          "--ci-save-grad-norm", str(norms / "{rollout_id}_{step_id}.pt")))
+    original = _run(
+        _argv(
+            tiny_model_dir,
+            task_dir,
+            root / "original",
+            "--dump-details",
+            str(dump),
+            "--get-mismatch-metrics",
+            "--ci-save-grad-norm",
+            str(norms / "{rollout_id}_{step_id}.pt"),
+        )
+    )
     # 2. its replay, train only; the saved grad norm of rollout 2's second step is tampered with
     tampered = root / "grad_norms_tampered"
     shutil.copytree(norms, tampered)
     torch.save(torch.load(norms / "2_1.pt") * 2 + 1, tampered / "2_1.pt")
-    replay = _run(_argv(tiny_model_dir, task_dir, root / "replay", "--get-mismatch-metrics",
-                        "--load-debug-rollout-data", str(dump / "rollout_data" / "{rollout_id}.pt"),
-                        "--ci-load-grad-norm", str(tampered / "{rollout_id}_{step_id}.pt")))
+    replay = _run(
+        _argv(
+            tiny_model_dir,
+            task_dir,
+            root / "replay",
+            "--get-mismatch-metrics",
+            "--load-debug-rollout-data",
+            str(dump / "rollout_data" / "{rollout_id}.pt"),
+            "--ci-load-grad-norm",
+            str(tampered / "{rollout_id}_{step_id}.pt"),
+        )
+    )
     # 3. rollouts only: constructing a trainer would fail the run
     from slime import train as train_module
 
@@ -82,9 +140,18 @@ def _three_runs(tiny_model_dir, task_dir, root):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(train_module, "RayTrainGroup", NoTrainer)
-        rollout_only = _run(_argv(tiny_model_dir, task_dir, root / "rollout_only", "--debug-rollout-only",
-                                  "--num-rollout", "1",
-                                  "--save-debug-rollout-data", str(root / "rollout_only_data" / "{rollout_id}.pt")))
+        rollout_only = _run(
+            _argv(
+                tiny_model_dir,
+                task_dir,
+                root / "rollout_only",
+                "--debug-rollout-only",
+                "--num-rollout",
+                "1",
+                "--save-debug-rollout-data",
+                str(root / "rollout_only_data" / "{rollout_id}.pt"),
+            )
+        )
     return {"root": root, "dump": dump, "original": original, "replay": replay, "rollout_only": rollout_only}
 
 
@@ -115,7 +182,9 @@ def test_replay_of_saved_rollouts_gives_the_same_train_metrics_then_a_failed_che
     args, last, error = runs["replay"]
     assert args.debug_train_only
     run_dir = Path(args.run_dir)
-    assert not list((run_dir / "logs").glob("engine_*.log")) and list(Path(original_args.run_dir, "logs").glob("engine_*.log"))
+    assert not list((run_dir / "logs").glob("engine_*.log")) and list(
+        Path(original_args.run_dir, "logs").glob("engine_*.log")
+    )
     # the run stopped at the tampered step, with a report
     assert error is not None and "--ci-test check failed: --ci-load-grad-norm at rollout 2 step 1" in error
     report = json.loads((run_dir / "ci_failure.json").read_text())
@@ -142,7 +211,7 @@ def test_mismatch_metrics_match_an_independent_computation(runs, tiny_model_dir)
         ids = torch.tensor([s["tokens"]])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0, :-1].float() / args.rollout_temperature
-        lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0][-s["response_length"]:].tolist()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None])[:, 0][-s["response_length"] :].tolist()
         rollout = s["rollout_log_probs"]
         mask = s["loss_mask"] or [1] * s["response_length"]
         keep = [i for i, m in enumerate(mask) if m]
@@ -157,8 +226,13 @@ def test_mismatch_metrics_match_an_independent_computation(runs, tiny_model_dir)
     row = _rows(Path(args.run_dir))[1]
     # each step's value is the mean over its samples; the row averages two equal steps. Engine and
     # trainer agree to ~1e-7 here, so the differences are checked to 1e-6 and the perplexities closely.
-    for key, values in (("train/mis_kl", kl), ("train/mis_k3_kl", k3), ("train/mis_training_log_ppl", train_ppl),
-                        ("train/mis_rollout_log_ppl", rollout_ppl), ("train/mis_log_ppl_abs_diff", abs_diff)):
+    for key, values in (
+        ("train/mis_kl", kl),
+        ("train/mis_k3_kl", k3),
+        ("train/mis_training_log_ppl", train_ppl),
+        ("train/mis_rollout_log_ppl", rollout_ppl),
+        ("train/mis_log_ppl_abs_diff", abs_diff),
+    ):
         assert row[key] == pytest.approx(sum(values) / len(values), rel=1e-4, abs=1e-6), key
     assert row["train/train_rollout_logprob_abs_diff"] == pytest.approx(abs_sum / tokens, rel=1e-4, abs=1e-6)
 
@@ -177,8 +251,15 @@ def test_rollout_only_run_makes_rollout_data_and_metrics_without_a_trainer(runs)
 def test_saved_rollouts_of_another_batch_shape_stop_before_the_run(runs, tiny_model_dir, task_dir, capsys):
     from slime.train import main
 
-    argv = _argv(tiny_model_dir, task_dir, runs["root"] / "bad", "--rollout-batch-size", "2",
-                 "--load-debug-rollout-data", str(runs["dump"] / "rollout_data" / "{rollout_id}.pt"))
+    argv = _argv(
+        tiny_model_dir,
+        task_dir,
+        runs["root"] / "bad",
+        "--rollout-batch-size",
+        "2",
+        "--load-debug-rollout-data",
+        str(runs["dump"] / "rollout_data" / "{rollout_id}.pt"),
+    )
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "holds 8 samples, but this run's rollout is --rollout-batch-size 2 x --n-samples-per-prompt 2 = 4" in err

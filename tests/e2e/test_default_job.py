@@ -16,8 +16,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(1200)]
 def test_default_job_learns(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "SLIME_HOME": str(tmp_path / "home")}  # fresh assets: built by the job itself
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", "--run-dir", str(run_dir)],
-                          capture_output=True, text=True, env=env, timeout=1100)
+    proc = subprocess.run(
+        [sys.executable, "-m", "slime", "train", "--run-dir", str(run_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=1100,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert f"metrics: {(run_dir / 'metrics.jsonl').resolve()}" in proc.stdout
     assert f"plot:    {(run_dir / 'metrics.png').resolve()}" in proc.stdout

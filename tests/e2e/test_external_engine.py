@@ -27,9 +27,26 @@ def external_engine(tiny_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("external")
     port = free_port("127.0.0.1")
     log = open(root / "engine.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "slime", "serve", "--model-path", str(tiny_model_dir),
-                             "--host", "127.0.0.1", "--port", str(port), "--num-threads", "1",
-                             "--weight-load-dirs", str(root)], stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slime",
+            "serve",
+            "--model-path",
+            str(tiny_model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-threads",
+            "1",
+            "--weight-load-dirs",
+            str(root),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -50,17 +67,54 @@ def test_run_uses_and_updates_an_external_engine(external_engine, tiny_model_dir
 
     url, root = external_engine
     run_dir = tmp_path / "run"
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward", "--num-rollout", "2",
-        "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-        "--global-batch-size", "8", "--micro-batch-size", "8", "--lr", "1e-3", "--run-dir", str(run_dir),
-        "--rollout-external-engine-addrs", url.removeprefix("http://"),
-        "--update-weight-mode", "delta", "--update-weight-transport", "disk",
-        "--update-weight-disk-dir", str(root / "pub"), "--update-weight-local-checkpoint-dir", str(root / "local"),
-        "--check-weight-update-equal", "--save", str(tmp_path / "ckpt"), "--save-interval", "2",
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rm-type",
+            "math",
+            "--custom-rm-path",
+            "tests.e2e.hooks.digit_reward",
+            "--num-rollout",
+            "2",
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "8",
+            "--global-batch-size",
+            "8",
+            "--micro-batch-size",
+            "8",
+            "--lr",
+            "1e-3",
+            "--run-dir",
+            str(run_dir),
+            "--rollout-external-engine-addrs",
+            url.removeprefix("http://"),
+            "--update-weight-mode",
+            "delta",
+            "--update-weight-transport",
+            "disk",
+            "--update-weight-disk-dir",
+            str(root / "pub"),
+            "--update-weight-local-checkpoint-dir",
+            str(root / "local"),
+            "--check-weight-update-equal",
+            "--save",
+            str(tmp_path / "ckpt"),
+            "--save-interval",
+            "2",
+        ]
+    )
     try:
         train(args)
     finally:
@@ -89,13 +143,32 @@ def test_unreachable_external_engine_stops_start_up(tiny_model_dir, task_dir, tm
     from slime.train import shutdown, train
 
     addr = f"127.0.0.1:{free_port('127.0.0.1')}"
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--rm-type", "math", "--num-rollout", "1",
-        "--rollout-batch-size", "2",
-        "--n-samples-per-prompt", "2", "--global-batch-size", "4", "--run-dir", str(tmp_path / "run"),
-        "--rollout-external-engine-addrs", addr,
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--rm-type",
+            "math",
+            "--num-rollout",
+            "1",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "4",
+            "--run-dir",
+            str(tmp_path / "run"),
+            "--rollout-external-engine-addrs",
+            addr,
+        ]
+    )
     try:  # preflight: before Ray or the trainer start
         with pytest.raises(SlimeError, match=f"the engine at http://{addr} does not answer"):
             train(args)

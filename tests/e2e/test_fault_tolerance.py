@@ -35,15 +35,39 @@ def _args(tiny_model_dir, task_dir, run_dir, engines: int, *extra: str):
     from tests.helpers import make_args
 
     return make_args(
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward",
-        "--rollout-batch-size", str(BATCH), "--n-samples-per-prompt", str(N), "--rollout-max-response-len", "48",
-        "--rollout-num-gpus", str(engines), "--sglang-step-delay-ms", "40",  # a rollout of a few seconds
-        "--use-fault-tolerance", "--rollout-health-check-interval", str(INTERVAL),
-        "--rollout-health-check-timeout", str(TIMEOUT), "--run-dir", str(run_dir),
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rm-type",
+        "math",
+        "--custom-rm-path",
+        "tests.e2e.hooks.digit_reward",
+        "--rollout-batch-size",
+        str(BATCH),
+        "--n-samples-per-prompt",
+        str(N),
+        "--rollout-max-response-len",
+        "48",
+        "--rollout-num-gpus",
+        str(engines),
+        "--sglang-step-delay-ms",
+        "40",  # a rollout of a few seconds
+        "--use-fault-tolerance",
+        "--rollout-health-check-interval",
+        str(INTERVAL),
+        "--rollout-health-check-timeout",
+        str(TIMEOUT),
+        "--run-dir",
+        str(run_dir),
         "--debug-rollout-only",  # engines only (no trainer slot): two engines fit a 2-core machine
-        *extra)
+        *extra,
+    )
 
 
 class Fleet:
@@ -114,8 +138,10 @@ def _sync_new_weights(fleet: Fleet, tiny_model_dir, version: str) -> None:
     from slime.utils.checkpoint_layout import write_weight_snapshot
 
     gen = torch.Generator().manual_seed(0)
-    state = {k: (v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v)
-             for k, v in ModelRunner.read_safetensors_dir(str(tiny_model_dir)).items()}
+    state = {
+        k: (v + 0.05 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v)
+        for k, v in ModelRunner.read_safetensors_dir(str(tiny_model_dir)).items()
+    }
     push_weights(fleet.urls, state, weight_version=version)
     write_weight_snapshot(fleet.args.run_dir, state, version)
 
@@ -201,16 +227,52 @@ def test_colocated_run_survives_an_engine_sigkilled_after_the_first_step(tiny_mo
     import sys
 
     run_dir = tmp_path / "run"
-    argv = [sys.executable, "-m", "slime", "train",
-            "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-            "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-            "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward",
-            "--rollout-batch-size", str(BATCH), "--n-samples-per-prompt", str(N), "--rollout-max-response-len", "24",
-            "--global-batch-size", str(BATCH * N), "--micro-batch-size", "8", "--lr", "1e-3", "--colocate",
-            "--rollout-num-gpus", "2", "--num-rollout", "2", "--check-weight-update-equal",
-            "--sglang-step-delay-ms", "20", "--use-fault-tolerance",
-            "--rollout-health-check-interval", str(INTERVAL), "--rollout-health-check-timeout", str(TIMEOUT),
-            "--run-dir", str(run_dir)]
+    argv = [
+        sys.executable,
+        "-m",
+        "slime",
+        "train",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rm-type",
+        "math",
+        "--custom-rm-path",
+        "tests.e2e.hooks.digit_reward",
+        "--rollout-batch-size",
+        str(BATCH),
+        "--n-samples-per-prompt",
+        str(N),
+        "--rollout-max-response-len",
+        "24",
+        "--global-batch-size",
+        str(BATCH * N),
+        "--micro-batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--rollout-num-gpus",
+        "2",
+        "--num-rollout",
+        "2",
+        "--check-weight-update-equal",
+        "--sglang-step-delay-ms",
+        "20",
+        "--use-fault-tolerance",
+        "--rollout-health-check-interval",
+        str(INTERVAL),
+        "--rollout-health-check-timeout",
+        str(TIMEOUT),
+        "--run-dir",
+        str(run_dir),
+    ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = run_dir / "metrics.jsonl"
     killed = None
@@ -236,10 +298,13 @@ def test_colocated_run_survives_an_engine_sigkilled_after_the_first_step(tiny_mo
         assert r["train/weight_sync_logprob_abs_diff"] < 1e-4  # every engine, the restarted one too
     assert sum(r.get("rollout/fault/restarts", 0) for r in rows) <= 1
     assert "is dead (connection failed" in out and "restarting it" in out and "is back after" in out, out[-4000:]
-    _table("SIGKILL one of two engines of a colocated `slime train` run after step 0",
-           "run finished (2 steps); the engine was restarted and got the snapshot; weight sync parity "
-           f"{max(r['train/weight_sync_logprob_abs_diff'] for r in rows):.1e} on both engines", 0,
-           None)
+    _table(
+        "SIGKILL one of two engines of a colocated `slime train` run after step 0",
+        "run finished (2 steps); the engine was restarted and got the snapshot; weight sync parity "
+        f"{max(r['train/weight_sync_logprob_abs_diff'] for r in rows):.1e} on both engines",
+        0,
+        None,
+    )
 
 
 # --------------------------------------------------------------------------------------- tests
@@ -275,10 +340,13 @@ def test_two_engines_survive_sigkill_sigstop_and_a_router_kill(fleet_factory, ti
     assert fleet.pids()[0] != old_pid and _gone(old_pid)
     assert _version(fleet.urls[0]) == "3"
     assert _logprobs(fleet.urls[0]) == pytest.approx(current, abs=1e-4)
-    _table("SIGKILL one of two engines mid-rollout",
-           f"{in_flight} requests in flight; detected by {by} {event['detected_at'] - t_kill:.1f} s later "
-           f"({event['reason']}); retried on the other engine; restarted at the same address with weight_version 3",
-           lost, event["detected_at"] - t_kill + event["recovered_s"])
+    _table(
+        "SIGKILL one of two engines mid-rollout",
+        f"{in_flight} requests in flight; detected by {by} {event['detected_at'] - t_kill:.1f} s later "
+        f"({event['reason']}); retried on the other engine; restarted at the same address with weight_version 3",
+        lost,
+        event["detected_at"] - t_kill + event["recovered_s"],
+    )
 
     # 2. SIGSTOP engine 1 mid-rollout: hung, found by the health check's timeout, killed and replaced
     old_pid = fleet.pids()[1]
@@ -300,10 +368,14 @@ def test_two_engines_survive_sigkill_sigstop_and_a_router_kill(fleet_factory, ti
     assert detected <= INTERVAL + TIMEOUT + 2.0, detected
     assert _gone(old_pid) and _version(fleet.urls[1]) == "3"
     assert _logprobs(fleet.urls[1]) == pytest.approx(current, abs=1e-4)
-    _table("SIGSTOP one of two engines mid-rollout (hang)",
-           f"{in_flight} requests in flight; no /health_generate answer in {TIMEOUT:g} s: detected "
-           f"{detected:.1f} s after the stop, killed, its requests retried on the other engine, restarted "
-           "with weight_version 3", lost, detected + event["recovered_s"])
+    _table(
+        "SIGSTOP one of two engines mid-rollout (hang)",
+        f"{in_flight} requests in flight; no /health_generate answer in {TIMEOUT:g} s: detected "
+        f"{detected:.1f} s after the stop, killed, its requests retried on the other engine, restarted "
+        "with weight_version 3",
+        lost,
+        detected + event["recovered_s"],
+    )
 
     # 3. SIGKILL the router mid-rollout: replaced at its address; the clients' retries go through
     router_pid = ray.get(fleet.manager.router_pid.remote())
@@ -317,10 +389,13 @@ def test_two_engines_survive_sigkill_sigstop_and_a_router_kill(fleet_factory, ti
     [event] = _events(fleet, "router")
     assert event["ok"] and event["reason"].startswith("dead"), event
     assert ray.get(fleet.manager.router_pid.remote()) != router_pid and _gone(router_pid)
-    _table("SIGKILL the router mid-rollout",
-           f"{in_flight} requests in flight on an engine; detected {event['detected_at'] - t_kill:.1f} s later; "
-           "restarted at the same address with both engines; the clients' retries went through", lost,
-           event["detected_at"] - t_kill + event["recovered_s"])
+    _table(
+        "SIGKILL the router mid-rollout",
+        f"{in_flight} requests in flight on an engine; detected {event['detected_at'] - t_kill:.1f} s later; "
+        "restarted at the same address with both engines; the clients' retries went through",
+        lost,
+        event["detected_at"] - t_kill + event["recovered_s"],
+    )
 
 
 def test_the_only_engine_sigkilled_mid_rollout_and_between_rollouts(fleet_factory, tiny_model_dir):
@@ -343,10 +418,13 @@ def test_the_only_engine_sigkilled_mid_rollout_and_between_rollouts(fleet_factor
     assert event["ok"] and event["reason"].startswith("dead")
     assert fleet.pids()[0] != old_pid and _gone(old_pid) and _version(fleet.urls[0]) == "3"
     assert _logprobs(fleet.urls[0]) == pytest.approx(current, abs=1e-4)
-    _table("SIGKILL the only engine mid-rollout",
-           f"{in_flight} requests in flight; detected {event['detected_at'] - t_kill:.1f} s later; requests "
-           "retried until the engine was back at its address with weight_version 3", lost,
-           event["detected_at"] - t_kill + event["recovered_s"])
+    _table(
+        "SIGKILL the only engine mid-rollout",
+        f"{in_flight} requests in flight; detected {event['detected_at'] - t_kill:.1f} s later; requests "
+        "retried until the engine was back at its address with weight_version 3",
+        lost,
+        event["detected_at"] - t_kill + event["recovered_s"],
+    )
 
     assert ray.get(fleet.manager.recover_engines.remote()) == 1  # reported once, before the next sync
     old_pid = fleet.pids()[0]
@@ -392,6 +470,9 @@ def test_a_dead_trainer_rank_ends_the_call_at_once_naming_the_rank_and_the_check
     msg = str(e.value)
     assert "trainer rank 1 of 2 died during train" in msg and "--distributed-timeout-minutes 10" in msg
     assert f"--load {save}" in msg and "iter_0000004" in msg
-    _table("a trainer rank dies (os._exit) mid-step",
-           "the call ends at once: 'trainer rank 1 of 2 died during train ... resume ... --load'", 0,
-           time.monotonic() - t0)
+    _table(
+        "a trainer rank dies (os._exit) mid-step",
+        "the call ends at once: 'trainer rank 1 of 2 died during train ... resume ... --load'",
+        0,
+        time.monotonic() - t0,
+    )

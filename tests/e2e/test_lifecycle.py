@@ -1,7 +1,6 @@
 """Process lifecycle: several ranks and engines, resume from a checkpoint, Ctrl-C leaves no orphans."""
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -17,12 +16,35 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 def _base(tiny_model_dir, task_dir, run_dir) -> list[str]:
     return [
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward",
-        "--rollout-batch-size", "8", "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8",
-        "--global-batch-size", "32", "--micro-batch-size", "8", "--lr", "1e-3", "--colocate",
-        "--run-dir", str(run_dir),
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "math",
+        "--custom-rm-path",
+        "tests.e2e.hooks.digit_reward",
+        "--rollout-batch-size",
+        "8",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        "--global-batch-size",
+        "32",
+        "--micro-batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--run-dir",
+        str(run_dir),
     ]
 
 
@@ -31,16 +53,19 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _slime(argv, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True,
-                          timeout=240, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=240, **kw
+    )
 
 
 def test_two_fsdp_ranks_and_two_engines_behind_the_router(tiny_model_dir, task_dir, tmp_path):
     """--actor-num-gpus-per-node 2 --colocate: two gloo/FSDP2 ranks and two engines behind sglang-router
     (with slime's --balance-data: the ranks take token-balanced shares of each rollout)."""
     run_dir = tmp_path / "run"
-    proc = _slime(_base(tiny_model_dir, task_dir, run_dir) + [
-        "--num-rollout", "2", "--actor-num-gpus-per-node", "2", "--check-weight-update-equal", "--balance-data"])
+    proc = _slime(
+        _base(tiny_model_dir, task_dir, run_dir)
+        + ["--num-rollout", "2", "--actor-num-gpus-per-node", "2", "--check-weight-update-equal", "--balance-data"]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(run_dir)
     assert len(rows) == 2
@@ -60,22 +85,49 @@ def test_resume_from_checkpoint_with_the_data_buffer(tiny_model_dir, task_dir, t
 
     tok = AutoTokenizer.from_pretrained(str(tiny_model_dir))
     rows = (task_dir / "train.jsonl").read_text().splitlines()
-    longest = max(len(tok.encode(tok.apply_chat_template([{"role": "user", "content": json.loads(r)["prompt"]}],
-                                                         add_generation_prompt=True, tokenize=False),
-                                 add_special_tokens=False)) for r in rows)
+    longest = max(
+        len(
+            tok.encode(
+                tok.apply_chat_template(
+                    [{"role": "user", "content": json.loads(r)["prompt"]}], add_generation_prompt=True, tokenize=False
+                ),
+                add_special_tokens=False,
+            )
+        )
+        for r in rows
+    )
     data = tmp_path / "train.jsonl"  # the task plus three prompts far over the limit
     data.write_text("\n".join(rows + [json.dumps({"prompt": "x" * 400, "label": "0"})] * 3) + "\n")
 
     def argv(run_dir):
         base = _base(tiny_model_dir, task_dir, run_dir)
         base[base.index("--prompt-data") + 1] = str(data)
-        return base + ["--partial-rollout", "--over-sampling-batch-size", "12", "--rollout-max-prompt-len",
-                       str(longest), "--rollout-sample-filter-path", "tests.contracts.hooks.remove_odd_samples"]
+        return base + [
+            "--partial-rollout",
+            "--over-sampling-batch-size",
+            "12",
+            "--rollout-max-prompt-len",
+            str(longest),
+            "--rollout-sample-filter-path",
+            "tests.contracts.hooks.remove_odd_samples",
+        ]
 
     first, second = tmp_path / "first", tmp_path / "second"
-    proc = _slime(argv(first) + ["--num-rollout", "2", "--save-interval", "1", "--eval-prompt-data", "arith",
-                                 str(task_dir / "eval.jsonl"), "--n-samples-per-eval-prompt", "4",
-                                 "--skip-eval-before-train"])
+    proc = _slime(
+        argv(first)
+        + [
+            "--num-rollout",
+            "2",
+            "--save-interval",
+            "1",
+            "--eval-prompt-data",
+            "arith",
+            str(task_dir / "eval.jsonl"),
+            "--n-samples-per-eval-prompt",
+            "4",
+            "--skip-eval-before-train",
+        ]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for r in _rows(first):
         assert r["rollout/data/dropped_long_prompts"] == 3
@@ -87,8 +139,10 @@ def test_resume_from_checkpoint_with_the_data_buffer(tiny_model_dir, task_dir, t
     state = json.loads((first / "checkpoints" / "iter_0000001" / "rollout_state.json").read_text())
     assert len(state["buffer"]) == 4 and all(len(g) == 4 for g in state["buffer"])
 
-    proc = _slime(argv(second) + [
-        "--num-rollout", "3", "--load", str(first / "checkpoints"), "--save", str(second / "checkpoints")])
+    proc = _slime(
+        argv(second)
+        + ["--num-rollout", "3", "--load", str(first / "checkpoints"), "--save", str(second / "checkpoints")]
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(second)
     assert [r["rollout_id"] for r in rows] == [3]  # only the third rollout ran
@@ -103,10 +157,13 @@ def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
     stderr_path = tmp_path / "stderr.txt"  # a file, not a pipe: the child can never block on a full pipe
     # SIGINT back to its default in the child: a suite launched in the background (`cmd &`, nohup)
     # runs with SIGINT ignored, and an ignored signal stays ignored across exec
-    proc = subprocess.Popen([sys.executable, "-m", "slime", "train",
-                             *_base(tiny_model_dir, task_dir, run_dir), "--num-rollout", "1000"],
-                            stdout=subprocess.DEVNULL, stderr=open(stderr_path, "w"), text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "slime", "train", *_base(tiny_model_dir, task_dir, run_dir), "--num-rollout", "1000"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(stderr_path, "w"),
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
 
     def stderr_tail() -> str:
         return stderr_path.read_text(errors="replace")[-4000:]

@@ -39,8 +39,13 @@ class RayNode:
 
     def __init__(self, argv: list[str], log: Path, env: dict[str, str]) -> None:
         self.log = log
-        self.proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", *argv], env=env,
-                                     stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [RAY, "start", "--block", "--disable-usage-stats", *argv],
+            env=env,
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def wait_started(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -87,8 +92,23 @@ def two_node_cluster(tmp_path_factory):
     env.pop(ENABLE_CLUSTERS, None)
     port = _free_port()
     temp_dir = Path(f"/tmp/slime-mn-{os.getpid()}")  # short: Ray's socket paths must fit 107 bytes
-    head = RayNode(["--head", "--node-ip-address", "127.0.0.1", "--port", str(port), "--num-cpus", "1",
-                    "--include-dashboard", "false", "--temp-dir", str(temp_dir)], base / "head.log", env)
+    head = RayNode(
+        [
+            "--head",
+            "--node-ip-address",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--num-cpus",
+            "1",
+            "--include-dashboard",
+            "false",
+            "--temp-dir",
+            str(temp_dir),
+        ],
+        base / "head.log",
+        env,
+    )
     nodes = [head]
     try:
         head.wait_started()
@@ -118,14 +138,41 @@ def cluster_run(two_node_cluster, tiny_model_dir, task_dir, tmp_path_factory):
     os.environ.pop(ENABLE_CLUSTERS, None)
     saved_flag, ray_constants.ENABLE_RAY_CLUSTER = ray_constants.ENABLE_RAY_CLUSTER, True
     run_dir = tmp_path_factory.mktemp("run")
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward", "--num-rollout", "2",
-        "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-        "--global-batch-size", "8", "--micro-batch-size", "8", "--lr", "1e-3", "--run-dir", str(run_dir),
-        "--offload-train", "--check-weight-update-equal",
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rm-type",
+            "math",
+            "--custom-rm-path",
+            "tests.e2e.hooks.digit_reward",
+            "--num-rollout",
+            "2",
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "8",
+            "--global-batch-size",
+            "8",
+            "--micro-batch-size",
+            "8",
+            "--lr",
+            "1e-3",
+            "--run-dir",
+            str(run_dir),
+            "--offload-train",
+            "--check-weight-update-equal",
+        ]
+    )
     try:
         last = train(args)
         nodes = {n["NodeID"]: n for n in ray.nodes()}
@@ -222,8 +269,18 @@ def test_a_local_disaggregated_run_pins_trainer_and_engine_to_disjoint_cores(tin
     if len(cores) < 2:
         pytest.skip("needs 2 cores")
     assert not ray.is_initialized() and "RAY_ADDRESS" not in os.environ
-    args = make_args("--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-                     "--input-key", "prompt", "--label-key", "label", "--run-dir", str(tmp_path))
+    args = make_args(
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--run-dir",
+        str(tmp_path),
+    )
     init_ray(args)
     try:
         placement = create_placement(args)

@@ -17,19 +17,50 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
 
 def _argv(tiny_model_dir, task_dir, run_dir, *extra) -> list[str]:
     return [
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward",
-        "--num-rollout", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "8", "--global-batch-size", "8", "--micro-batch-size", "4",
-        "--lr", "1e-3", "--colocate", "--deterministic-mode", "--seed", "3", "--save-interval", "2",
-        "--run-dir", str(run_dir), "--save", str(run_dir / "ckpt"), *extra,
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "math",
+        "--custom-rm-path",
+        "tests.e2e.hooks.digit_reward",
+        "--num-rollout",
+        "3",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--deterministic-mode",
+        "--seed",
+        "3",
+        "--save-interval",
+        "2",
+        "--run-dir",
+        str(run_dir),
+        "--save",
+        str(run_dir / "ckpt"),
+        *extra,
     ]
 
 
 def _run(argv: list[str]) -> str:
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True,
-                          timeout=400)
+    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 
@@ -39,8 +70,9 @@ def _rows(run_dir: Path) -> list[dict]:
 
 
 def _without_timings(row: dict) -> str:
-    return json.dumps({k: v for k, v in row.items()
-                       if not (k.startswith("perf/") or "time" in k.rsplit("/", 1)[-1])}, sort_keys=True)
+    return json.dumps(
+        {k: v for k, v in row.items() if not (k.startswith("perf/") or "time" in k.rsplit("/", 1)[-1])}, sort_keys=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,8 +110,10 @@ def test_the_offloaded_bytes_are_adams_two_moments_and_steps(runs, tiny_model_di
     assert list((on / "offload").iterdir()) == []
     print(f"\ntrainer RSS around --offload-train (tiny model, {expected / 1e6:.2f} MB of optimizer state):")
     for r in rows:
-        print(f"  step {r['rollout_id']}: {r['perf/train_rss_before'] / 2**20:.1f} MiB -> "
-              f"{r['perf/train_rss_after'] / 2**20:.1f} MiB in {r['perf/train_offload_time'] * 1e3:.1f} ms")
+        print(
+            f"  step {r['rollout_id']}: {r['perf/train_rss_before'] / 2**20:.1f} MiB -> "
+            f"{r['perf/train_rss_after'] / 2**20:.1f} MiB in {r['perf/train_offload_time'] * 1e3:.1f} ms"
+        )
     assert "[slime] placement" in stdout and "trainer rank 0: node" in stdout and "engine 0: node" in stdout
 
 
@@ -96,8 +130,9 @@ def test_an_engine_releases_its_kv_cache_on_offload_rollout(tiny_model_dir, tmp_
     from slime.engine.client import EngineClient
     from slime.ray.engine_process import EngineProcess
 
-    eng = EngineProcess.start(tiny_model_dir, num_threads=1, extra_args=["--random-seed", "0"],
-                              log_path=tmp_path / "engine.log")
+    eng = EngineProcess.start(
+        tiny_model_dir, num_threads=1, extra_args=["--random-seed", "0"], log_path=tmp_path / "engine.log"
+    )
     try:
         eng.wait_until_healthy(timeout=180)
         with EngineClient(eng.url, timeout=120) as c:
@@ -113,8 +148,10 @@ def test_an_engine_releases_its_kv_cache_on_offload_rollout(tiny_model_dir, tmp_
         cfg = json.loads((Path(tiny_model_dir) / "config.json").read_text())
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
         kv_bytes = 48 * 200 * cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * head_dim * 4
-        print(f"\nengine RSS around --offload-rollout (tiny model, 48 cached prompts of 200 tokens, "
-              f"{kv_bytes / 2**20:.1f} MiB of KV): {before / 2**20:.1f} MiB -> {released / 2**20:.1f} MiB")
+        print(
+            f"\nengine RSS around --offload-rollout (tiny model, 48 cached prompts of 200 tokens, "
+            f"{kv_bytes / 2**20:.1f} MiB of KV): {before / 2**20:.1f} MiB -> {released / 2**20:.1f} MiB"
+        )
         assert before - released > 0.5 * kv_bytes
     finally:
         eng.stop()

@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 ROOT = Path(__file__).resolve().parents[2]
 
 # Listening TCP sockets of a process tree, from /proc (no psutil needed).
-_LISTEN = r'''
+_LISTEN = r"""
 import os, socket
 
 def _descendants(root):
@@ -61,9 +61,11 @@ def listening(root):
                 host, port = _addr(f[1], v6)
                 out.append([host, port, inodes[f[9]]])
     return out
-'''
+"""
 
-_DRIVER = _LISTEN + r'''
+_DRIVER = (
+    _LISTEN
+    + r'''
 import json, subprocess, sys, time
 from argparse import Namespace
 
@@ -117,20 +119,22 @@ print("RESULT " + json.dumps({
 }))
 ray.shutdown()
 '''
+)
 
 
 def _run(code: str, drop=("RAY_AUTH_MODE", "RAY_ADDRESS"), **env_over) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(env_over)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=False,
-                          timeout=150)
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, check=False, timeout=150
+    )
 
 
 def _result(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT ") :])
 
 
 def test_local_cluster_has_token_auth_and_listens_on_loopback_only():
@@ -142,8 +146,11 @@ def test_local_cluster_has_token_auth_and_listens_on_loopback_only():
 
     assert res["worker_shim"] == (not_applicable() is None)
     # A client without the token, or with a wrong one, is refused; with the token it gets in.
-    assert res["clients"] == {"no_token": "REFUSED AuthenticationError",
-                              "wrong_token": "REFUSED AuthenticationError", "token": "ACCEPTED"}, res["clients"]
+    assert res["clients"] == {
+        "no_token": "REFUSED AuthenticationError",
+        "wrong_token": "REFUSED AuthenticationError",
+        "token": "ACCEPTED",
+    }, res["clients"]
     assert res["node_ip"] == "127.0.0.1" and res["gcs"].startswith("127.0.0.1:")
     names = {n for _, _, n in res["listening"]}
     assert {"gcs_server", "raylet"} <= names, res["listening"]
@@ -157,12 +164,12 @@ def test_local_cluster_has_token_auth_and_listens_on_loopback_only():
 
 
 def test_explicit_opt_out_is_respected_with_a_warning():
-    code = r'''
+    code = r"""
 import logging, os
 logging.basicConfig(level=logging.WARNING)
 from slime.ray.placement_group import _configure_auth
 print("RESULT", _configure_auth(joining=False), os.environ["RAY_AUTH_MODE"])
-'''
+"""
     proc = _run(code, RAY_AUTH_MODE="disabled")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "RESULT False disabled" in proc.stdout
@@ -170,14 +177,14 @@ print("RESULT", _configure_auth(joining=False), os.environ["RAY_AUTH_MODE"])
 
 
 def test_joining_a_cluster_without_a_token_says_what_to_do(tmp_path):
-    code = r'''
+    code = r"""
 from slime.ray.placement_group import _configure_auth
 try:
     _configure_auth(joining=True)
     print("RESULT joined")
 except RuntimeError as e:
     print("RESULT", e)
-'''
+"""
     # HOME without ~/.ray/auth_token and no token variables: nothing to authenticate with.
     drop = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
     proc = _run(code, drop=drop, HOME=str(tmp_path), RAY_ADDRESS="127.0.0.1:1")

@@ -43,15 +43,45 @@ def report_run(tiny_model_dir, task_dir, tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("report-run")
     argv = [
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--custom-generate-function-path", "tests.e2e.test_report_browser.tool_generate",
-        "--custom-rm-path", "tests.e2e.hooks.flaky_digit_reward",
-        "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "24", "--global-batch-size", "16", "--micro-batch-size", "8",
-        "--lr", "1e-3", "--colocate", "--report-groups-per-rollout", str(GROUPS_LOGGED),
-        "--eval-prompt-data", "arith", str(task_dir / "eval.jsonl"), "--eval-temperature", "0",
-        "--run-dir", str(run_dir), "--save-interval", "1",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--custom-generate-function-path",
+        "tests.e2e.test_report_browser.tool_generate",
+        "--custom-rm-path",
+        "tests.e2e.hooks.flaky_digit_reward",
+        "--num-rollout",
+        "2",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "24",
+        "--global-batch-size",
+        "16",
+        "--micro-batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--report-groups-per-rollout",
+        str(GROUPS_LOGGED),
+        "--eval-prompt-data",
+        "arith",
+        str(task_dir / "eval.jsonl"),
+        "--eval-temperature",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        "--save-interval",
+        "1",
     ]
     args = parse_args(argv)
     try:
@@ -72,15 +102,24 @@ def _chromium() -> tuple[str, str] | None:
 def browser():
     found = _chromium()
     if found is None:
-        pytest.skip("headless Chromium is not installed (Debian: apt-get install chromium chromium-driver; "
-                    "scripts/setup.sh does it where apt-get is available)")
+        pytest.skip(
+            "headless Chromium is not installed (Debian: apt-get install chromium chromium-driver; "
+            "scripts/setup.sh does it where apt-get is available)"
+        )
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = found[0]
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-              "--window-size=1500,1100", "--disable-extensions", "--no-first-run"):
+    for a in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1500,1100",
+        "--disable-extensions",
+        "--no-first-run",
+    ):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(options=opts, service=Service(found[1]))
@@ -112,8 +151,11 @@ def _screenshot(driver, tmp_path: Path, name: str) -> Path:
 
 
 def _logs(run_dir: Path) -> dict[str, dict]:
-    return {p.name: json.loads(p.read_text()) for p in sorted((run_dir / "samples").glob("*_*.json"))
-            if ".adv." not in p.name}
+    return {
+        p.name: json.loads(p.read_text())
+        for p in sorted((run_dir / "samples").glob("*_*.json"))
+        if ".adv." not in p.name
+    }
 
 
 def test_run_leaves_sample_logs_with_advantages_and_a_report(report_run):
@@ -141,9 +183,9 @@ def test_run_leaves_sample_logs_with_advantages_and_a_report(report_run):
                 assert len(s["log_probs"]) == n and s["turns"] and s["weight_versions"]
                 # the tool's tokens are exactly the env turn, masked out; the model's turns are trained
                 for t in s["turns"]:
-                    assert set(s["loss_mask"][t["start"]:t["end"]]) <= {1 if t["role"] == "model" else 0}
+                    assert set(s["loss_mask"][t["start"] : t["end"]]) <= {1 if t["role"] == "model" else 0}
                     if t["role"] == "env":
-                        assert "".join(s["response_tokens"][t["start"]:t["end"]]) == TOOL_TEXT
+                        assert "".join(s["response_tokens"][t["start"] : t["end"]]) == TOOL_TEXT
             # GRPO's advantage, computed here: (r - group mean) / (unbiased std + 1e-6) over the
             # group's valid samples, on every response token; a FAILED sample gets 0
             valid = [s for s in samples if s["status"] not in ("failed", "aborted")]
@@ -162,8 +204,13 @@ def test_report_in_chromium_shows_curves_groups_tokens_and_failed_samples(report
     _, run_dir = report_run
     _open(browser, run_dir / "report.html")
     charts = {c.get_attribute("data-title"): c for c in browser.find_elements(By.CSS_SELECTOR, ".chart-box")}
-    for title in ("Reward", "Evaluation (incl. pass@k)", "Response length", "Grad norm",
-                  "Step time: rollout / train / weight sync / eval (s)"):
+    for title in (
+        "Reward",
+        "Evaluation (incl. pass@k)",
+        "Response length",
+        "Grad norm",
+        "Step time: rollout / train / weight sync / eval (s)",
+    ):
         svg = charts[title].find_element(By.CSS_SELECTOR, "svg.chart")
         assert int(svg.get_attribute("data-points")) >= 2, title
         assert svg.find_elements(By.CSS_SELECTOR, "circle.pt"), title
@@ -179,8 +226,9 @@ def test_report_in_chromium_shows_curves_groups_tokens_and_failed_samples(report
     assert "rollout/raw_reward =" in browser.find_element(By.ID, "tooltip").text
     # zoom: drag across the left part of the chart; fewer points are drawn, double-click resets
     before = int(reward_svg.get_attribute("data-points"))
-    ActionChains(browser).move_to_element_with_offset(reward_svg, -180, 0).click_and_hold() \
-        .move_by_offset(120, 0).release().perform()
+    ActionChains(browser).move_to_element_with_offset(reward_svg, -180, 0).click_and_hold().move_by_offset(
+        120, 0
+    ).release().perform()
     reward_svg = browser.find_element(By.CSS_SELECTOR, '.chart-box[data-title="Reward"] svg.chart')
     assert int(reward_svg.get_attribute("data-points")) < before
     ActionChains(browser).double_click(reward_svg).perform()
@@ -205,6 +253,7 @@ def test_report_in_chromium_shows_curves_groups_tokens_and_failed_samples(report
     assert detail.find_elements(By.CSS_SELECTOR, ".tok.m1") and detail.find_elements(By.CSS_SELECTOR, ".tok.m0")
     assert len(detail.find_elements(By.CSS_SELECTOR, ".turn.model")) == 2
     assert len(detail.find_elements(By.CSS_SELECTOR, ".turn.env")) == 1
+
     def rgb(selector: str) -> tuple[str, ...]:
         colour = detail.find_element(By.CSS_SELECTOR, selector).value_of_css_property("background-color")
         return tuple(colour.split("(")[1].split(",")[:3])
@@ -224,8 +273,12 @@ def test_report_in_chromium_shows_curves_groups_tokens_and_failed_samples(report
     # reward filter: only samples with reward >= 0.5
     browser.find_element(By.ID, "reward-min").send_keys("0.5")
     log = _logs(run_dir)["rollout_000000.json"]
-    want = sum(1 for g in log["groups"] for s in g["samples"]
-               if s["status"] != "failed" and s["reward"] is not None and s["reward"] >= 0.5)
+    want = sum(
+        1
+        for g in log["groups"]
+        for s in g["samples"]
+        if s["status"] != "failed" and s["reward"] is not None and s["reward"] >= 0.5
+    )
     assert len(browser.find_elements(By.CSS_SELECTOR, "#groups .sample")) == want
 
     facts = browser.find_element(By.ID, "facts-body").text
@@ -252,8 +305,14 @@ def test_reports_without_eval_with_a_torn_line_and_of_a_non_run_dir_render_with_
     _open(browser, page)
     notes = browser.find_element(By.ID, "notes").text
     assert "no evaluation points" in notes and "torn" in notes and "FAILED" in notes
-    assert int(browser.find_element(By.CSS_SELECTOR, '.chart-box[data-title="Reward"] svg.chart')
-               .get_attribute("data-points")) >= 2
+    assert (
+        int(
+            browser.find_element(By.CSS_SELECTOR, '.chart-box[data-title="Reward"] svg.chart').get_attribute(
+                "data-points"
+            )
+        )
+        >= 2
+    )
     assert browser.find_elements(By.CSS_SELECTOR, "#groups .group")
     _screenshot(browser, tmp_path, "report_notes.png")
 

@@ -16,20 +16,50 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(600)]
 
 def _argv(tiny_model_dir, task_dir, run_dir, *extra) -> list[str]:
     return [
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward",
-        "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "8", "--global-batch-size", "8", "--micro-batch-size", "4",
-        "--lr", "1e-3", "--colocate", "--check-weight-update-equal", "--deterministic-mode",
-        "--eval-prompt-data", "arith", str(task_dir / "eval.jsonl"), "--eval-temperature", "1.0",
-        "--run-dir", str(run_dir), *extra,
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "math",
+        "--custom-rm-path",
+        "tests.e2e.hooks.digit_reward",
+        "--num-rollout",
+        "2",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "4",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--check-weight-update-equal",
+        "--deterministic-mode",
+        "--eval-prompt-data",
+        "arith",
+        str(task_dir / "eval.jsonl"),
+        "--eval-temperature",
+        "1.0",
+        "--run-dir",
+        str(run_dir),
+        *extra,
     ]
 
 
 def _run(argv: list[str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True,
-                          timeout=280)
+    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
@@ -52,9 +82,25 @@ def runs(tiny_model_dir, task_dir, tmp_path_factory):
     a, b, c = (tmp_path_factory.mktemp(name) for name in ("same_a", "same_b", "other_seed"))
     _run(_argv(tiny_model_dir, task_dir, a, "--seed", "7", "--rollout-seed", "11"))
     _run(_argv(tiny_model_dir, task_dir, b, "--seed", "7", "--rollout-seed", "11"))
-    _run(_argv(tiny_model_dir, task_dir, c, "--seed", "7", "--rollout-seed", "12", "--use-pytorch-profiler",
-               "--profile-step-start", "1", "--profile-step-end", "2",
-               "--profile-target", "train_actor", "train_log_probs"))
+    _run(
+        _argv(
+            tiny_model_dir,
+            task_dir,
+            c,
+            "--seed",
+            "7",
+            "--rollout-seed",
+            "12",
+            "--use-pytorch-profiler",
+            "--profile-step-start",
+            "1",
+            "--profile-step-end",
+            "2",
+            "--profile-target",
+            "train_actor",
+            "train_log_probs",
+        )
+    )
     return a, b, c
 
 
@@ -62,8 +108,14 @@ def test_same_seeds_write_the_same_metrics(runs):
     a, b, _ = runs
     rows_a, rows_b = _rows(a), _rows(b)
     assert [r["rollout_id"] for r in rows_a] == [0, 1, 2]  # eval before training, then one row per rollout
-    for key in ("rollout/raw_reward", "rollout/response_len/mean", "train/pg_loss", "train/grad_norm",
-                "train/train_rollout_logprob_abs_diff", "perf/rollout_time"):
+    for key in (
+        "rollout/raw_reward",
+        "rollout/response_len/mean",
+        "train/pg_loss",
+        "train/grad_norm",
+        "train/train_rollout_logprob_abs_diff",
+        "perf/rollout_time",
+    ):
         assert key in rows_a[1], key
     assert "eval/arith" in rows_a[0] and "eval/arith" in rows_a[-1]
     assert [_without_timings(r) for r in rows_a] == [_without_timings(r) for r in rows_b]

@@ -26,17 +26,52 @@ def async_run(tiny_model_dir, task_dir, tmp_path_factory):
     from slime.train_async import train
 
     run_dir = tmp_path_factory.mktemp("async-run")
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--num-rollout", str(NUM_ROLLOUT), "--rollout-batch-size", "4",
-        "--n-samples-per-prompt", "4", "--rollout-max-response-len", "8", "--global-batch-size", "16",
-        "--micro-batch-size", "16", "--lr", "1e-3", "--run-dir", str(run_dir),
-        "--save-interval", str(SAVE_INTERVAL), "--save-debug-rollout-data", str(run_dir / "rollouts" / "{rollout_id}.pt"),
-        "--eval-prompt-data", "arith", str(task_dir / "eval.jsonl"), "--eval-temperature", "0",
-        "--skip-eval-before-train",
-        "--train-num-threads", "1", "--sglang-num-threads", "1",  # one core each: both work at once
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rollout-shuffle",
+            "--rm-type",
+            "math",
+            "--num-rollout",
+            str(NUM_ROLLOUT),
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "8",
+            "--global-batch-size",
+            "16",
+            "--micro-batch-size",
+            "16",
+            "--lr",
+            "1e-3",
+            "--run-dir",
+            str(run_dir),
+            "--save-interval",
+            str(SAVE_INTERVAL),
+            "--save-debug-rollout-data",
+            str(run_dir / "rollouts" / "{rollout_id}.pt"),
+            "--eval-prompt-data",
+            "arith",
+            str(task_dir / "eval.jsonl"),
+            "--eval-temperature",
+            "0",
+            "--skip-eval-before-train",
+            "--train-num-threads",
+            "1",
+            "--sglang-num-threads",
+            "1",  # one core each: both work at once
+        ]
+    )
     try:
         train(args)
         finish_run(args)
@@ -76,11 +111,19 @@ def test_staleness_metrics_in_policy_versions(async_run):
 def test_same_metrics_and_checkpoints_as_the_synchronous_loop(async_run):
     args, run_dir, rows = async_run
     last = rows[-1]
-    for key in ("rollout/raw_reward", "train/pg_loss", "train/grad_norm", "perf/rollout_time",
-                "perf/train_time", "perf/update_weights_time", "perf/rollout_wait_time", "eval/arith"):
+    for key in (
+        "rollout/raw_reward",
+        "train/pg_loss",
+        "train/grad_norm",
+        "perf/rollout_time",
+        "perf/train_time",
+        "perf/update_weights_time",
+        "perf/rollout_wait_time",
+        "eval/arith",
+    ):
         assert key in last and last[key] is not None and math.isfinite(last[key]), key
     assert all(r["rollout/num_samples"] == 16 for r in rows if "rollout/num_samples" in r)
-    tracker = (run_dir / "checkpoints" / "latest_checkpointed_iteration.txt")
+    tracker = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
     assert tracker.read_text().strip() == str(NUM_ROLLOUT - 1)
     assert (run_dir / "metrics.png").is_file()
 
@@ -109,9 +152,25 @@ def test_the_engine_lends_its_core_to_the_trainer(async_run):
 def test_train_async_refuses_colocate(tiny_model_dir, task_dir, capsys):
     from slime.train_async import main
 
-    argv = ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-            "--input-key", "prompt", "--label-key", "label", "--rm-type", "math", "--num-rollout", "1",
-            "--rollout-batch-size", "2", "--colocate", "--run-dir", "/nonexistent/never-made"]
+    argv = [
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--rm-type",
+        "math",
+        "--num-rollout",
+        "1",
+        "--rollout-batch-size",
+        "2",
+        "--colocate",
+        "--run-dir",
+        "/nonexistent/never-made",
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--colocate cannot run with train_async" in err and "Traceback" not in err
@@ -121,8 +180,20 @@ def test_update_weights_interval_is_checked():
     from slime.arguments import parse_args
 
     with pytest.raises(SlimeError, match="--update-weights-interval must be >= 1, got 0"):
-        parse_args(["--hf-checkpoint", "x", "--prompt-data", "y", "--rollout-batch-size", "2", "--num-rollout", "1",
-                    "--update-weights-interval", "0"])
+        parse_args(
+            [
+                "--hf-checkpoint",
+                "x",
+                "--prompt-data",
+                "y",
+                "--rollout-batch-size",
+                "2",
+                "--num-rollout",
+                "1",
+                "--update-weights-interval",
+                "0",
+            ]
+        )
 
 
 def test_cli_has_train_async():

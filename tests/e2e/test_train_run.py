@@ -25,13 +25,46 @@ def short_run(tiny_model_dir, task_dir, tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("run")
     argv = [
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--custom-rm-path", "tests.e2e.hooks.digit_reward", "--num-rollout", "3", "--rollout-batch-size", "8", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "8", "--global-batch-size", "32", "--micro-batch-size", "8",
-        "--lr", "1e-3", "--colocate", "--check-weight-update-equal", "--use-tensorboard",
-        "--eval-prompt-data", "arith", str(task_dir / "eval.jsonl"), "--eval-temperature", "0",
-        "--run-dir", str(run_dir), "--save-interval", "2",
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--rollout-shuffle",
+        "--rm-type",
+        "math",
+        "--custom-rm-path",
+        "tests.e2e.hooks.digit_reward",
+        "--num-rollout",
+        "3",
+        "--rollout-batch-size",
+        "8",
+        "--n-samples-per-prompt",
+        "4",
+        "--rollout-max-response-len",
+        "8",
+        "--global-batch-size",
+        "32",
+        "--micro-batch-size",
+        "8",
+        "--lr",
+        "1e-3",
+        "--colocate",
+        "--check-weight-update-equal",
+        "--use-tensorboard",
+        "--eval-prompt-data",
+        "arith",
+        str(task_dir / "eval.jsonl"),
+        "--eval-temperature",
+        "0",
+        "--run-dir",
+        str(run_dir),
+        "--save-interval",
+        "2",
     ]
     args = parse_args(argv)
     try:
@@ -48,9 +81,19 @@ def test_metrics_are_written_with_slime_keys(short_run):
     assert [r["rollout_id"] for r in rows] == [0, 1, 2, 3]  # eval before training, then one row per rollout
     assert "eval/arith" in rows[0] and "eval/arith" in rows[-1]
     for r in rows[1:]:
-        for key in ("rollout/raw_reward", "rollout/response_len/mean", "train/pg_loss", "train/pg_clipfrac",
-                    "train/ppo_kl", "train/entropy_loss", "train/grad_norm", "perf/rollout_time",
-                    "perf/train_time", "perf/update_weights_time", "perf/tokens_per_s"):
+        for key in (
+            "rollout/raw_reward",
+            "rollout/response_len/mean",
+            "train/pg_loss",
+            "train/pg_clipfrac",
+            "train/ppo_kl",
+            "train/entropy_loss",
+            "train/grad_norm",
+            "perf/rollout_time",
+            "perf/train_time",
+            "perf/update_weights_time",
+            "perf/tokens_per_s",
+        ):
             assert key in r and r[key] is not None and math.isfinite(r[key]), key
         assert r["rollout/num_samples"] == 32
     assert (run_dir / "metrics.png").stat().st_size > 1000

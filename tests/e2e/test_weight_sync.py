@@ -23,11 +23,27 @@ def engine(tiny_model_dir):
 def _actor(tiny_model_dir, tmp_path, *extra):
     from slime.backends.torch.actor import TrainActor
 
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--num-rollout", "1", "--micro-batch-size", "4", "--lr", "1e-2", "--run-dir", str(tmp_path), *extra,
-        "--lr-decay-style", "constant",  # several train() calls on a one-rollout schedule: no decay to 0
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "1",
+            "--micro-batch-size",
+            "4",
+            "--lr",
+            "1e-2",
+            "--run-dir",
+            str(tmp_path),
+            *extra,
+            "--lr-decay-style",
+            "constant",  # several train() calls on a one-rollout schedule: no decay to 0
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     assert actor.init() == 0
     return actor
@@ -80,12 +96,17 @@ def test_distributed_update_serves_the_trainers_new_weights(engine, tiny_model_d
     direct HF forward with the trainer's new weights gives."""
     from slime.engine.client import EngineClient
 
-    actor = _actor(tiny_model_dir, tmp_path, "--update-weight-transport", "nccl",
-                   "--update-weight-buffer-size", "30000")
+    actor = _actor(
+        tiny_model_dir, tmp_path, "--update-weight-transport", "nccl", "--update-weight-buffer-size", "30000"
+    )
     assert actor.weight_sync_path(actor.full_state_dict()) == "collective"  # not colocated
     seq = list(range(5, 40))
-    data = {"tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11], [12, 13, 14, 15], [12, 13, 16, 17]],
-            "response_lengths": [2, 2, 2, 2], "loss_masks": [[1, 1]] * 4, "rewards": [-1.0, 1.0, -0.5, 0.5]}
+    data = {
+        "tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11], [12, 13, 14, 15], [12, 13, 16, 17]],
+        "response_lengths": [2, 2, 2, 2],
+        "loss_masks": [[1, 1]] * 4,
+        "rewards": [-1.0, 1.0, -0.5, 0.5],
+    }
     for step in range(2):  # the second sync reuses the group
         actor.train(step, data)
         assert actor.check_weight_parity(engine.url, seq) > 1e-3, "training should have changed the log-probs"
@@ -95,8 +116,13 @@ def test_distributed_update_serves_the_trainers_new_weights(engine, tiny_model_d
     assert client.get_model_info()["weight_version"] == "d1"
     model = actor.model.eval()
     ids = list(seq[:8])
-    out = client.generate({"input_ids": ids, "sampling_params": {"temperature": 0.0, "max_new_tokens": 6,
-                                                                 "ignore_eos": True}, "return_logprob": True})
+    out = client.generate(
+        {
+            "input_ids": ids,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": True},
+            "return_logprob": True,
+        }
+    )
     want = []
     with torch.no_grad():
         for _ in range(6):

@@ -12,8 +12,7 @@ def start_engine(model_dir, *extra: str, log_dir: Path | None = None):
     from slime.ray.engine_process import EngineProcess
 
     log_path = (log_dir / "engine.log") if log_dir else None
-    eng = EngineProcess.start(model_dir, num_threads=1, extra_args=["--random-seed", "0", *extra],
-                              log_path=log_path)
+    eng = EngineProcess.start(model_dir, num_threads=1, extra_args=["--random-seed", "0", *extra], log_path=log_path)
     try:
         eng.wait_until_healthy(timeout=120)
     except BaseException:

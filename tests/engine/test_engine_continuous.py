@@ -17,8 +17,9 @@ pytestmark = pytest.mark.timeout(120)
 
 @pytest.fixture(scope="module", params=["native", "transformers"])
 def engine(request, tiny_model_dir, tmp_path_factory):
-    eng = start_engine(tiny_model_dir, "--step-delay-ms", "5", "--model-impl", request.param,
-                       log_dir=tmp_path_factory.mktemp("cb_log"))
+    eng = start_engine(
+        tiny_model_dir, "--step-delay-ms", "5", "--model-impl", request.param, log_dir=tmp_path_factory.mktemp("cb_log")
+    )
     with EngineClient(eng.url, timeout=60) as c:
         assert c.get_model_info()["model_impl"] == request.param
     yield eng
@@ -37,8 +38,11 @@ def test_late_requests_join_the_running_batch(engine, hf_model, tokenizer):
         return out
 
     def body(p, n):
-        return {"input_ids": p, "return_logprob": True,
-                "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+        return {
+            "input_ids": p,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        }
 
     with EngineClient(engine.url, timeout=60) as c:
         batches0 = c.get_server_info()["stats"]["batches_run"]

@@ -27,8 +27,14 @@ TEXTS = ["12+34=", "7+5=", "The answer is", "What is 99+9?"]
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, tmp_path_factory):
     # disk loads come from the tests' own temporary directories only
-    eng = start_engine(tiny_model_dir, "--step-delay-ms", "10", "--weight-load-dirs", str(tmp_path_factory.getbasetemp()),
-                       log_dir=tmp_path_factory.mktemp("ctl_log"))
+    eng = start_engine(
+        tiny_model_dir,
+        "--step-delay-ms",
+        "10",
+        "--weight-load-dirs",
+        str(tmp_path_factory.getbasetemp()),
+        log_dir=tmp_path_factory.mktemp("ctl_log"),
+    )
     yield eng
     eng.stop()
 
@@ -63,13 +69,21 @@ def wait_running(client, n=1, timeout=10.0, total=1):
 
 
 def long_body(prompts, n=200, **kw):
-    return {"input_ids": prompts, "return_logprob": True,
-            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **kw}}
+    return {
+        "input_ids": prompts,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True, **kw},
+    }
 
 
 def greedy(client, prompts, n=8):
-    rs = client.generate({"input_ids": prompts, "return_logprob": True,
-                          "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}})
+    rs = client.generate(
+        {
+            "input_ids": prompts,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True},
+        }
+    )
     return [r["output_ids"] for r in rs], rs
 
 
@@ -165,8 +179,8 @@ def test_update_weights_from_tensor_subset(client, ref_model, prompts):
     sd = ref_model.state_dict()
     g = torch.Generator().manual_seed(1)
     upd = {
-        "model.embed_tokens.weight": sd["model.embed_tokens.weight"] + 0.5 * torch.randn(
-            sd["model.embed_tokens.weight"].shape, generator=g),
+        "model.embed_tokens.weight": sd["model.embed_tokens.weight"]
+        + 0.5 * torch.randn(sd["model.embed_tokens.weight"].shape, generator=g),
         "model.layers.0.mlp.up_proj.weight": torch.randn(sd["model.layers.0.mlp.up_proj.weight"].shape, generator=g),
     }
     resp = client.update_weights_from_tensor(upd, weight_version="v1")
@@ -198,8 +212,10 @@ def test_bad_weight_update_changes_nothing(engine, client, ref_model, prompts):
         client.update_weights_from_tensor({**good, "model.layers.9.nope.weight": torch.zeros(3)})
     assert ei.value.status == 400
     with httpx.Client(timeout=30) as h:
-        resp = h.post(engine.url + "/update_weights_from_tensor",
-                      json={"serialized_named_tensors": [base64.b64encode(b"garbage").decode()]})
+        resp = h.post(
+            engine.url + "/update_weights_from_tensor",
+            json={"serialized_named_tensors": [base64.b64encode(b"garbage").decode()]},
+        )
         assert resp.status_code == 400 and "decode" in resp.json()["error"]["message"]
         resp = h.post(engine.url + "/update_weights_from_disk", json={"model_path": "/nonexistent/dir"})
         assert resp.status_code == 403  # not under --weight-load-dirs

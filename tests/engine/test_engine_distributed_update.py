@@ -38,8 +38,13 @@ def _perturbed(model, seed: int):
 
 def _check_engine_serves(client, model, prompts):
     for p in prompts:
-        out = client.generate({"input_ids": p, "return_logprob": True,
-                               "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}})
+        out = client.generate(
+            {
+                "input_ids": p,
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+            }
+        )
         assert out["output_ids"] == reference_greedy(model, p, 8)
         lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
         ref = reference_logprobs(model, p, out["output_ids"], 0.0)
@@ -72,16 +77,28 @@ def test_bad_distributed_requests_answer_400(engine, hf_model, tokenizer):
     prompts = [tokenizer.encode("7+5=")]
     url = engine.url
     cases = [
-        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1234, "rank_offset": 1,
-                                        "world_size": 2, "backend": "nccl"}, "gloo"),
-        ("/init_weights_update_group", {"master_address": "127.0.0.1", "master_port": 1234, "rank_offset": 2,
-                                        "world_size": 2}, "rank_offset"),
+        (
+            "/init_weights_update_group",
+            {"master_address": "127.0.0.1", "master_port": 1234, "rank_offset": 1, "world_size": 2, "backend": "nccl"},
+            "gloo",
+        ),
+        (
+            "/init_weights_update_group",
+            {"master_address": "127.0.0.1", "master_port": 1234, "rank_offset": 2, "world_size": 2},
+            "rank_offset",
+        ),
         ("/init_weights_update_group", {"master_port": 1234, "rank_offset": 1, "world_size": 2}, "master_address"),
-        ("/update_weights_from_distributed", {"names": ["x"], "dtypes": ["float32"], "shapes": [[2]],
-                                              "group_name": "nope"}, "nope"),
+        (
+            "/update_weights_from_distributed",
+            {"names": ["x"], "dtypes": ["float32"], "shapes": [[2]], "group_name": "nope"},
+            "nope",
+        ),
         ("/update_weights_from_distributed", {"names": ["x"], "dtypes": ["float31"], "shapes": [[2]]}, "float31"),
-        ("/update_weights_from_distributed", {"names": ["x", "y"], "dtypes": ["float32"], "shapes": [[2]]},
-         "equal lengths"),
+        (
+            "/update_weights_from_distributed",
+            {"names": ["x", "y"], "dtypes": ["float32"], "shapes": [[2]]},
+            "equal lengths",
+        ),
         ("/destroy_weights_update_group", {"group_name": "nope"}, "nope"),
     ]
     with httpx.Client(timeout=30) as h:

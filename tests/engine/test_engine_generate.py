@@ -71,9 +71,14 @@ def test_same_seed_same_sample_and_top_k_1_is_greedy(client, prompts):
     b = gen(client, prompts[1], **sp)["output_ids"]
     assert a == b
     # inside a batch with other (unseeded) rows: same tokens
-    body = {"input_ids": [prompts[0], prompts[1], prompts[2]],
-            "sampling_params": [dict(max_new_tokens=12, temperature=1.0, ignore_eos=True), sp,
-                                dict(max_new_tokens=3, temperature=0.5)]}
+    body = {
+        "input_ids": [prompts[0], prompts[1], prompts[2]],
+        "sampling_params": [
+            dict(max_new_tokens=12, temperature=1.0, ignore_eos=True),
+            sp,
+            dict(max_new_tokens=3, temperature=0.5),
+        ],
+    }
     assert client.generate(body)[1]["output_ids"] == a
     others = {tuple(gen(client, prompts[1], **{**sp, "sampling_seed": s})["output_ids"]) for s in range(4)}
     assert len(others) > 1  # different seeds sample different continuations
@@ -113,8 +118,15 @@ def test_min_new_tokens_suppresses_stop_tokens(client, prompts):
     stop = ref[0]
     r = gen(client, prompts[4], max_new_tokens=8, temperature=0, stop_token_ids=[stop])
     assert r["output_ids"] == [stop]
-    r = gen(client, prompts[4], max_new_tokens=8, min_new_tokens=4, temperature=0, stop_token_ids=[stop],
-            return_logprob=True)
+    r = gen(
+        client,
+        prompts[4],
+        max_new_tokens=8,
+        min_new_tokens=4,
+        temperature=0,
+        stop_token_ids=[stop],
+        return_logprob=True,
+    )
     out = r["output_ids"]
     assert len(out) >= 4 and stop not in out[:3]
     if r["meta_info"]["finish_reason"]["type"] == "stop":
@@ -124,9 +136,11 @@ def test_min_new_tokens_suppresses_stop_tokens(client, prompts):
 @pytest.mark.parametrize("temperature,extra", [(0.0, {}), (0.7, {"top_p": 0.9, "top_k": 50})])
 def test_output_logprobs_match_hf_forward(client, hf_model, prompts, temperature, extra):
     # a batch of prompts of different lengths: left padding must not change anything
-    body = {"input_ids": prompts,
-            "sampling_params": dict(max_new_tokens=9, temperature=temperature, ignore_eos=True, **extra),
-            "return_logprob": True}
+    body = {
+        "input_ids": prompts,
+        "sampling_params": dict(max_new_tokens=9, temperature=temperature, ignore_eos=True, **extra),
+        "return_logprob": True,
+    }
     results = client.generate(body)
     worst = 0.0
     for p, r in zip(prompts, results):
@@ -138,9 +152,12 @@ def test_output_logprobs_match_hf_forward(client, hf_model, prompts, temperature
 
 @pytest.mark.parametrize("start", [0, 3])
 def test_input_logprobs_match_hf_forward(client, hf_model, prompts, start):
-    body = {"input_ids": [prompts[3], prompts[0]],
-            "sampling_params": {"max_new_tokens": 2, "temperature": 0}, "return_logprob": True,
-            "logprob_start_len": start}
+    body = {
+        "input_ids": [prompts[3], prompts[0]],
+        "sampling_params": {"max_new_tokens": 2, "temperature": 0},
+        "return_logprob": True,
+        "logprob_start_len": start,
+    }
     for p, r in zip([prompts[3], prompts[0]], client.generate(body)):
         got = r["meta_info"]["input_token_logprobs"]
         assert [t for _, t, _ in got] == p[start:]
@@ -160,8 +177,13 @@ def test_input_logprobs_match_hf_forward(client, hf_model, prompts, start):
 def test_text_input_and_batch_rids(client, tokenizer):
     r = client.generate({"text": "12+34=", "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
     assert r["meta_info"]["prompt_tokens"] == len(tokenizer.encode("12+34="))
-    rs = client.generate({"text": ["1+2=", "3+4="], "rid": ["a", "b"],
-                          "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True}})
+    rs = client.generate(
+        {
+            "text": ["1+2=", "3+4="],
+            "rid": ["a", "b"],
+            "sampling_params": {"max_new_tokens": 2, "temperature": 0, "ignore_eos": True},
+        }
+    )
     assert [x["meta_info"]["id"] for x in rs] == ["a", "b"]
     assert all(len(x["output_ids"]) == 2 for x in rs)
 
@@ -216,9 +238,14 @@ def test_async_post_many_concurrent_and_errors(engine, prompts):
     from slime.utils.http_utils import HTTPRequestError, get, post
 
     async def run():
-        payloads = [{"input_ids": prompts[i % len(prompts)],
-                     "sampling_params": {"max_new_tokens": 4, "temperature": 1.0}, "return_logprob": True}
-                    for i in range(64)]
+        payloads = [
+            {
+                "input_ids": prompts[i % len(prompts)],
+                "sampling_params": {"max_new_tokens": 4, "temperature": 1.0},
+                "return_logprob": True,
+            }
+            for i in range(64)
+        ]
         outs = await asyncio.gather(*(post(engine.url + "/generate", p) for p in payloads))
         assert all(len(o["output_ids"]) >= 1 for o in outs)
         assert (await get(engine.url + "/get_model_info"))["is_generation"] is True
@@ -240,6 +267,8 @@ def test_rows_finishing_at_different_steps_match_single_runs(client, prompts):
     for p, sp, b in zip(prompts, sps, batch):
         single = client.generate({"input_ids": p, "sampling_params": sp, "return_logprob": True})
         assert b["output_ids"] == single["output_ids"] and len(b["output_ids"]) == sp["max_new_tokens"]
-        diff = max(abs(x[0] - y[0]) for x, y in zip(b["meta_info"]["output_token_logprobs"],
-                                                      single["meta_info"]["output_token_logprobs"]))
+        diff = max(
+            abs(x[0] - y[0])
+            for x, y in zip(b["meta_info"]["output_token_logprobs"], single["meta_info"]["output_token_logprobs"])
+        )
         assert diff < 1e-4

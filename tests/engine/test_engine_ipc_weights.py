@@ -25,8 +25,12 @@ def test_engine_takes_ipc_weights_and_its_log_probs_follow(tiny_model_dir, tmp_p
     with torch.no_grad():
         logits = model(torch.tensor([seq])).logits[0].float()
     want = torch.log_softmax(logits, -1)[torch.arange(len(seq) - 1), torch.tensor(seq[1:])]
-    eng = EngineProcess.start(tiny_model_dir, num_threads=1, extra_args=["--dtype", "float32", "--device", "cpu"],
-                              log_path=tmp_path / "engine.log")
+    eng = EngineProcess.start(
+        tiny_model_dir,
+        num_threads=1,
+        extra_args=["--dtype", "float32", "--device", "cpu"],
+        log_path=tmp_path / "engine.log",
+    )
     try:
         eng.wait_until_healthy(timeout=120)
         before = torch.tensor(engine_sequence_log_probs(eng.url, seq))

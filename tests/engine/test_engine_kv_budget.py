@@ -9,8 +9,8 @@ import json
 
 import httpx
 import pytest
-
 from engine_test_utils import start_engine
+
 from slime.engine.args import build_arg_parser
 from slime.engine.model_runner import ModelRunner
 from slime.engine.state import kv_token_budget
@@ -21,15 +21,24 @@ NEED = 25  # 5 prompt tokens + 20 new: at most 4 rows fit (4 x 25 = 100)
 
 @pytest.fixture(scope="module")
 def budget_engine(tiny_model_dir, tmp_path_factory):
-    eng = start_engine(tiny_model_dir, "--max-total-tokens", str(BUDGET), "--step-delay-ms", "5",
-                       log_dir=tmp_path_factory.mktemp("log"))
+    eng = start_engine(
+        tiny_model_dir,
+        "--max-total-tokens",
+        str(BUDGET),
+        "--step-delay-ms",
+        "5",
+        log_dir=tmp_path_factory.mktemp("log"),
+    )
     yield eng
     eng.stop()
 
 
 def _gen(ids, n_new):
-    return {"input_ids": ids, "sampling_params": {"max_new_tokens": n_new, "ignore_eos": True, "temperature": 1.0},
-            "return_logprob": True}
+    return {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": n_new, "ignore_eos": True, "temperature": 1.0},
+        "return_logprob": True,
+    }
 
 
 def test_admission_keeps_the_batch_within_the_budget(budget_engine):
@@ -38,8 +47,9 @@ def test_admission_keeps_the_batch_within_the_budget(budget_engine):
 
     async def many():
         async with httpx.AsyncClient(timeout=120) as c:
-            rs = await asyncio.gather(*(c.post(budget_engine.url + "/generate", json=_gen([3, 4, 5, 6, 7 + k], 20))
-                                        for k in range(12)))
+            rs = await asyncio.gather(
+                *(c.post(budget_engine.url + "/generate", json=_gen([3, 4, 5, 6, 7 + k], 20)) for k in range(12))
+            )
             return [r.json() for r in rs]
 
     outs = asyncio.run(many())

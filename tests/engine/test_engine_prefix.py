@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from engine_test_utils import reference_logprobs, start_engine
+
 from slime.engine.client import EngineClient
 
 
@@ -20,8 +20,10 @@ def engines(tiny_model_dir, tmp_path_factory):
 
 def _batch(prompts, n, temperature):
     ids = [p for p in prompts for _ in range(n)]
-    params = [{"temperature": temperature, "max_new_tokens": 10, "sampling_seed": i, "ignore_eos": True}
-              for i in range(len(ids))]
+    params = [
+        {"temperature": temperature, "max_new_tokens": 10, "sampling_seed": i, "ignore_eos": True}
+        for i in range(len(ids))
+    ]
     return {"input_ids": ids, "sampling_params": params, "return_logprob": True}
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from engine_test_utils import reference_logprobs, start_engine
 
 PROMPT = [(7 * i + 3) % 200 + 20 for i in range(40)]
@@ -22,8 +21,15 @@ def engines(tiny_model_dir, tmp_path_factory):
 
 
 def _gen(url, ids, n, temperature=0.0):
-    r = httpx.post(url + "/generate", json={"input_ids": ids, "return_logprob": True, "sampling_params": {
-        "max_new_tokens": n, "ignore_eos": True, "temperature": temperature}}, timeout=60)
+    r = httpx.post(
+        url + "/generate",
+        json={
+            "input_ids": ids,
+            "return_logprob": True,
+            "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": temperature},
+        },
+        timeout=60,
+    )
     r.raise_for_status()
     return r.json()
 
@@ -68,8 +74,11 @@ def test_sampled_turns_in_a_batch_with_misses(engines):
 
     async def both():
         async with httpx.AsyncClient(timeout=60) as c:
-            body = {"input_ids": [history + [40], fresh, history + [41]], "return_logprob": True,
-                    "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0.0}}
+            body = {
+                "input_ids": [history + [40], fresh, history + [41]],
+                "return_logprob": True,
+                "sampling_params": {"max_new_tokens": 6, "ignore_eos": True, "temperature": 0.0},
+            }
             return (await c.post(on.url + "/generate", json=body)).json()
 
     batch = asyncio.run(both())
@@ -78,8 +87,10 @@ def test_sampled_turns_in_a_batch_with_misses(engines):
     single = [_gen(on.url, ids, 6) for ids in (history + [40], fresh, history + [41])]
     for b, s in zip(batch, single):
         assert b["output_ids"] == s["output_ids"]
-        diffs = [abs(x[0] - y[0]) for x, y in zip(b["meta_info"]["output_token_logprobs"],
-                                                   s["meta_info"]["output_token_logprobs"])]
+        diffs = [
+            abs(x[0] - y[0])
+            for x, y in zip(b["meta_info"]["output_token_logprobs"], s["meta_info"]["output_token_logprobs"])
+        ]
         assert max(diffs) < 1e-5
 
 

@@ -44,15 +44,17 @@ def test_stop_leaves_no_process(tiny_model_dir, tmp_path):
 def test_server_exits_when_parent_dies(tiny_model_dir, tmp_path):
     repo = Path(__file__).resolve().parents[2]
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {str(repo)!r})
         from slime.ray.engine_process import EngineProcess
-        e = EngineProcess.start({str(tiny_model_dir)!r}, num_threads=1, log_path={str(tmp_path / 'child.log')!r})
+        e = EngineProcess.start({str(tiny_model_dir)!r}, num_threads=1, log_path={str(tmp_path / "child.log")!r})
         e.wait_until_healthy(timeout=120)
         print(e.pid, flush=True)
         time.sleep(600)
-    """))
+    """)
+    )
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         line = parent.stdout.readline()
@@ -113,13 +115,16 @@ def test_sigterm_answers_in_flight_requests(tiny_model_dir, tmp_path):
 
     from slime.engine.client import EngineClient
 
-    eng = EngineProcess.start(tiny_model_dir, num_threads=1, log_path=tmp_path / "e.log",
-                              extra_args=["--step-delay-ms", "20"])
+    eng = EngineProcess.start(
+        tiny_model_dir, num_threads=1, log_path=tmp_path / "e.log", extra_args=["--step-delay-ms", "20"]
+    )
     with eng, concurrent.futures.ThreadPoolExecutor(1) as ex:
         eng.wait_until_healthy(timeout=120)
         client = EngineClient(eng.url, timeout=30)
-        fut = ex.submit(client.generate, {"input_ids": [5, 6, 7], "sampling_params": {
-            "max_new_tokens": 200, "temperature": 0, "ignore_eos": True}})
+        fut = ex.submit(
+            client.generate,
+            {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}},
+        )
         deadline = time.monotonic() + 10
         while client.get_load()["num_tokens"] <= 3 and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -140,17 +145,34 @@ def test_engines_get_the_mkl_vendor_shim_where_it_applies(tiny_model_dir, tmp_pa
 
     applies = not_applicable() is None
     for shim in (True, False):
-        with EngineProcess.start(tiny_model_dir, num_threads=1, log_path=tmp_path / f"e{shim}.log",
-                                 mkl_vendor_shim=shim) as eng:
+        with EngineProcess.start(
+            tiny_model_dir, num_threads=1, log_path=tmp_path / f"e{shim}.log", mkl_vendor_shim=shim
+        ) as eng:
             eng.wait_until_healthy(timeout=120)
             assert loaded(eng.pid) == (shim and applies)
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
     with open(tmp_path / "hand.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "slime.engine.server", "--model-path", str(tiny_model_dir),
-                                 "--port", str(port), "--num-threads", "1"], env=env, stdout=log, stderr=log)
-    eng = EngineProcess(proc, f"http://127.0.0.1:{port}", "127.0.0.1", port, tmp_path / "hand.log", open(os.devnull, "wb"))
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "slime.engine.server",
+                "--model-path",
+                str(tiny_model_dir),
+                "--port",
+                str(port),
+                "--num-threads",
+                "1",
+            ],
+            env=env,
+            stdout=log,
+            stderr=log,
+        )
+    eng = EngineProcess(
+        proc, f"http://127.0.0.1:{port}", "127.0.0.1", port, tmp_path / "hand.log", open(os.devnull, "wb")
+    )
     with eng:
         eng.wait_until_healthy(timeout=120)
         assert loaded(proc.pid) == applies

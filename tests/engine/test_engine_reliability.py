@@ -45,8 +45,12 @@ def _random_request(rng: random.Random, i: int, prompts: list[list[int]], vocab:
         sp["stop_token_ids"] = rng.sample(range(vocab), 3)
     if rng.random() < 0.1:
         sp["stop"] = ["1", "=="]
-    body = {"input_ids": rng.choice(prompts), "sampling_params": sp, "rid": f"req-{i}",
-            "return_logprob": rng.random() < 0.7}
+    body = {
+        "input_ids": rng.choice(prompts),
+        "sampling_params": sp,
+        "rid": f"req-{i}",
+        "return_logprob": rng.random() < 0.7,
+    }
     if body["return_logprob"] and rng.random() < 0.1:
         body["logprob_start_len"] = 0
     return body
@@ -55,7 +59,7 @@ def _random_request(rng: random.Random, i: int, prompts: list[list[int]], vocab:
 def _malformed(prompts, vocab, context):
     p = prompts[0]
     return [
-        (b"{\"input_ids\": [1, 2", "not valid JSON"),
+        (b'{"input_ids": [1, 2', "not valid JSON"),
         ({"input_ids": p, "sampling_params": {"temprature": 0.5}}, "temprature"),
         ({"input_ids": p, "sampling_params": {"max_new_tokens": context + 1}}, "context length"),
         ({"input_ids": p + [vocab]}, "token id"),
@@ -84,8 +88,10 @@ def test_thousand_requests_with_aborts_and_bad_input(engine, tokenizer):
     async def run():
         sem = asyncio.Semaphore(CONCURRENCY)
         limits = httpx.Limits(max_connections=CONCURRENCY + 8, max_keepalive_connections=CONCURRENCY + 8)
-        async with httpx.AsyncClient(base_url=engine.url, timeout=60, limits=limits, trust_env=False) as h, \
-                httpx.AsyncClient(base_url=engine.url, timeout=60, trust_env=False) as ctl:  # own pool for aborts
+        async with (
+            httpx.AsyncClient(base_url=engine.url, timeout=60, limits=limits, trust_env=False) as h,
+            httpx.AsyncClient(base_url=engine.url, timeout=60, trust_env=False) as ctl,
+        ):  # own pool for aborts
 
             async def one(i: int):
                 body = bodies[i]
@@ -171,8 +177,11 @@ def _check_left_clean(engine, prompt: list[int]) -> None:
             break
         time.sleep(0.05)
     assert load == {"num_reqs": 0, "num_tokens": 0, "num_waiting_reqs": 0, "num_running_reqs": 0}, load
-    r = httpx.post(engine.url + "/generate", json={"input_ids": prompt, "sampling_params": {
-        "max_new_tokens": 4, "temperature": 0, "ignore_eos": True}}, timeout=30).json()
+    r = httpx.post(
+        engine.url + "/generate",
+        json={"input_ids": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}},
+        timeout=30,
+    ).json()
     assert len(r["output_ids"]) == 4
 
 
@@ -183,10 +192,21 @@ def test_a_burst_of_512_concurrent_connections_in_bf16(tiny_model_dir, tmp_path)
 
     eng = start_engine(tiny_model_dir, "--dtype", "bfloat16", log_dir=tmp_path)
     try:
+
         async def burst(client) -> list[int]:
-            rs = await asyncio.gather(*(client.post(eng.url + "/generate", json={
-                "input_ids": [5, 6, 7 + k % 50], "return_logprob": True,
-                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}) for k in range(512)))
+            rs = await asyncio.gather(
+                *(
+                    client.post(
+                        eng.url + "/generate",
+                        json={
+                            "input_ids": [5, 6, 7 + k % 50],
+                            "return_logprob": True,
+                            "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+                        },
+                    )
+                    for k in range(512)
+                )
+            )
             return [len(r.json()["output_ids"]) for r in rs]
 
         async def go():

@@ -30,8 +30,15 @@ def frequencies(rows, n=6000, suppress=None):
 
 
 def test_sampling_frequencies_and_truncation():
-    f = frequencies([row(temperature=1.0), row(temperature=1.0, top_k=2), row(temperature=1.0, top_p=0.8),
-                     row(temperature=0.0), row(temperature=1.0, min_p=0.5)])
+    f = frequencies(
+        [
+            row(temperature=1.0),
+            row(temperature=1.0, top_k=2),
+            row(temperature=1.0, top_p=0.8),
+            row(temperature=0.0),
+            row(temperature=1.0, min_p=0.5),
+        ]
+    )
     assert torch.allclose(f[0], PROBS, atol=0.02)
     assert torch.allclose(f[1], torch.tensor([4 / 7, 3 / 7, 0, 0, 0, 0]), atol=0.02)
     assert torch.allclose(f[2], torch.tensor([0.4, 0.3, 0.15, 0, 0, 0]) / 0.85, atol=0.02)
@@ -87,6 +94,14 @@ def test_param_validation_messages():
         SamplingParams.from_dict({"min_new_tokens": 5, "max_new_tokens": 2}, vocab_size=10)
     with pytest.raises(BadRequest, match="repetition_penalty"):
         SamplingParams.from_dict({"repetition_penalty": 1.2}, vocab_size=10)
-    p = SamplingParams.from_dict({"stop": "x", "stop_token_ids": 3, "repetition_penalty": 1.0,
-                                  "spaces_between_special_tokens": False, "top_k": None}, vocab_size=10)
+    p = SamplingParams.from_dict(
+        {
+            "stop": "x",
+            "stop_token_ids": 3,
+            "repetition_penalty": 1.0,
+            "spaces_between_special_tokens": False,
+            "top_k": None,
+        },
+        vocab_size=10,
+    )
     assert p.stop == ["x"] and p.stop_token_ids == [3] and p.top_k == -1

@@ -29,10 +29,26 @@ def allowed_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir, allowed_dir, tmp_path_factory):
-    eng = start_engine(tiny_model_dir, "--api-key", KEY, "--admin-api-key", ADMIN, "--step-delay-ms", "30",
-                       "--max-running-requests", "1", "--max-queued-requests", "1", "--max-request-body-mb", "0.05",
-                       "--max-batch-request-size", "2", "--weight-load-dirs", str(allowed_dir),
-                       log_dir=tmp_path_factory.mktemp("sec_log"))
+    eng = start_engine(
+        tiny_model_dir,
+        "--api-key",
+        KEY,
+        "--admin-api-key",
+        ADMIN,
+        "--step-delay-ms",
+        "30",
+        "--max-running-requests",
+        "1",
+        "--max-queued-requests",
+        "1",
+        "--max-request-body-mb",
+        "0.05",
+        "--max-batch-request-size",
+        "2",
+        "--weight-load-dirs",
+        str(allowed_dir),
+        log_dir=tmp_path_factory.mktemp("sec_log"),
+    )
     yield eng
     eng.stop()
 
@@ -69,12 +85,19 @@ def test_requests_without_the_key_get_401(engine, h):
 
 
 def test_weight_and_control_endpoints_need_the_admin_key(engine, h):
-    for path, body in (("/pause_generation", {"mode": "abort"}), ("/continue_generation", {}),
-                       ("/abort_request", {"abort_all": True}), ("/flush_cache", {}),
-                       ("/release_memory_occupation", {}), ("/update_weight_version", {"new_version": "x"}),
-                       ("/init_weights_update_group", {"master_address": "10.9.9.9", "master_port": 1,
-                                                       "world_size": 2, "rank_offset": 1}),
-                       ("/update_weights_from_disk", {"model_path": "/"})):
+    for path, body in (
+        ("/pause_generation", {"mode": "abort"}),
+        ("/continue_generation", {}),
+        ("/abort_request", {"abort_all": True}),
+        ("/flush_cache", {}),
+        ("/release_memory_occupation", {}),
+        ("/update_weight_version", {"new_version": "x"}),
+        (
+            "/init_weights_update_group",
+            {"master_address": "10.9.9.9", "master_port": 1, "world_size": 2, "rank_offset": 1},
+        ),
+        ("/update_weights_from_disk", {"model_path": "/"}),
+    ):
         assert h.post(engine.url + path, json=body, headers=AUTH).status_code == 401, path
     assert h.post(engine.url + "/pause_generation", json={"mode": "abort"}, headers=ADMIN_AUTH).status_code == 200
     assert h.post(engine.url + "/continue_generation", headers=ADMIN_AUTH).status_code == 200
@@ -93,8 +116,12 @@ def test_cross_site_requests_are_refused(engine, h):
     for ctype in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"):
         resp = h.post(engine.url + "/generate", content=b'{"input_ids": [1]}', headers={"content-type": ctype, **AUTH})
         assert resp.status_code == 415, ctype
-    assert h.post(engine.url + "/pause_generation", content=b"", headers={"content-type": "text/plain",
-                                                                         **ADMIN_AUTH}).status_code == 415
+    assert (
+        h.post(
+            engine.url + "/pause_generation", content=b"", headers={"content-type": "text/plain", **ADMIN_AUTH}
+        ).status_code
+        == 415
+    )
     assert h.get(engine.url + "/get_server_info", headers=AUTH).json()["paused"] is None
 
 
@@ -108,8 +135,14 @@ def test_oversized_bodies_get_413(engine, h):
 
     resp = h.post(engine.url + "/generate", content=chunks(), headers={"content-type": "application/json", **AUTH})
     assert resp.status_code == 413
-    assert h.post(engine.url + "/update_weights_from_tensor", json={"serialized_named_tensors": ["x" * 70000]},
-                  headers=ADMIN_AUTH).status_code == 400  # the weight endpoint has a cap of its own (the model's)
+    assert (
+        h.post(
+            engine.url + "/update_weights_from_tensor",
+            json={"serialized_named_tensors": ["x" * 70000]},
+            headers=ADMIN_AUTH,
+        ).status_code
+        == 400
+    )  # the weight endpoint has a cap of its own (the model's)
     batch = {"input_ids": [[1], [2], [3]], "sampling_params": {"max_new_tokens": 1}}
     resp = h.post(engine.url + "/generate", json=batch, headers=AUTH)
     assert resp.status_code == 400 and "--max-batch-request-size" in resp.json()["error"]["message"]
@@ -121,8 +154,9 @@ def test_disk_loads_only_from_allowed_directories(engine, h, tiny_model_dir, all
         assert resp.status_code == 403, path
     resp = h.post(engine.url + "/update_weights_from_disk", json={"model_path": str(allowed_dir)}, headers=ADMIN_AUTH)
     assert resp.status_code == 400  # allowed, but holds no weights
-    resp = h.post(engine.url + "/update_weights_from_disk", json={"model_path": str(tiny_model_dir)},
-                  headers=ADMIN_AUTH)
+    resp = h.post(
+        engine.url + "/update_weights_from_disk", json={"model_path": str(tiny_model_dir)}, headers=ADMIN_AUTH
+    )
     assert resp.status_code == 200, resp.text
 
 

@@ -25,9 +25,25 @@ def make(tiny_model_dir, engine, tmp_path):
 
     def build(*extra: str):
         GenerateState.reset()
-        return parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "1", "--num-rollout", "1",
-                           "--custom-rm-path", "tests.e2e.hooks.digit_reward", "--sglang-router-ip", host,
-                           "--sglang-router-port", port, "--run-dir", str(tmp_path / "run"), *extra])
+        return parse_args(
+            [
+                "--hf-checkpoint",
+                str(tiny_model_dir),
+                "--rollout-batch-size",
+                "1",
+                "--num-rollout",
+                "1",
+                "--custom-rm-path",
+                "tests.e2e.hooks.digit_reward",
+                "--sglang-router-ip",
+                host,
+                "--sglang-router-port",
+                port,
+                "--run-dir",
+                str(tmp_path / "run"),
+                *extra,
+            ]
+        )
 
     yield build, str(a), str(b), tmp_path
     GenerateState.reset()
@@ -38,7 +54,7 @@ def _ids(tokenizer, text):
 
 
 def _responses(samples):
-    return [s.tokens[len(s.tokens) - s.response_length:] for s in samples]
+    return [s.tokens[len(s.tokens) - s.response_length :] for s in samples]
 
 
 def test_each_config_data_set_uses_its_own_sampling(make, hf_model, tokenizer):
@@ -74,7 +90,7 @@ eval:
         return tokens[: tokens.index(stop) + 1] if stop in tokens else tokens
 
     assert _responses(results["stopper"]["samples"]) == [cut(greedy[p][:6]) for p in PROMPTS_A]
-    assert _responses(results["stopper"]["samples"])[0] == g0[:first + 1]
+    assert _responses(results["stopper"]["samples"])[0] == g0[: first + 1]
 
 
 def test_eval_max_context_len_leaves_the_prompt_room(make, hf_model, tokenizer):
@@ -86,12 +102,26 @@ def test_eval_max_context_len_leaves_the_prompt_room(make, hf_model, tokenizer):
     build, a, _, _ = make
     lengths = {p: len(_ids(tokenizer, p)) for p in PROMPTS_A}
     context = min(lengths.values()) + 2  # the shortest prompt has room for 2 tokens, longer ones less
-    args = build("--eval-prompt-data", "a", a, "--eval-input-key", "prompt", "--eval-temperature", "0",
-                 "--eval-max-response-len", "6", "--rollout-max-context-len", "4096",
-                 "--eval-max-context-len", str(context))
+    args = build(
+        "--eval-prompt-data",
+        "a",
+        a,
+        "--eval-input-key",
+        "prompt",
+        "--eval-temperature",
+        "0",
+        "--eval-max-response-len",
+        "6",
+        "--rollout-max-context-len",
+        "4096",
+        "--eval-max-context-len",
+        str(context),
+    )
     samples = run_async(eval_rollout_async(args, 0))["a"]["samples"]
     for p, s, got in zip(PROMPTS_A, samples, _responses(samples)):
         room = max(0, context - lengths[p])
         want = reference_greedy(hf_model, _ids(tokenizer, p), min(6, room)) if room else []
         assert got == want, p
-        assert s.status == Sample.Status.TRUNCATED and len(s.tokens) == lengths[p] + len(want) <= max(context, lengths[p])
+        assert s.status == Sample.Status.TRUNCATED and len(s.tokens) == lengths[p] + len(want) <= max(
+            context, lengths[p]
+        )

@@ -4,8 +4,8 @@ tokens, loss mask and log-probs it should, and the turn and token limits hold.""
 from __future__ import annotations
 
 import pytest
-
-from engine_test_utils import reference_logprobs, run_async as _run
+from engine_test_utils import reference_logprobs
+from engine_test_utils import run_async as _run
 
 TURN = 4  # tokens per model turn (ignore_eos: every turn is exactly this long)
 
@@ -17,10 +17,28 @@ def args(tiny_model_dir, engine, tmp_path):
 
     host, port = engine.url.removeprefix("http://").rsplit(":", 1)
     GenerateState.reset()
-    yield parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", "unused.jsonl",
-                      "--rm-type", "math", "--num-rollout", "1", "--rollout-batch-size", "1",
-                      "--rollout-max-response-len", "64", "--sglang-router-ip", host, "--sglang-router-port", port,
-                      "--run-dir", str(tmp_path)])
+    yield parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            "unused.jsonl",
+            "--rm-type",
+            "math",
+            "--num-rollout",
+            "1",
+            "--rollout-batch-size",
+            "1",
+            "--rollout-max-response-len",
+            "64",
+            "--sglang-router-ip",
+            host,
+            "--sglang-router-port",
+            port,
+            "--run-dir",
+            str(tmp_path),
+        ]
+    )
     GenerateState.reset()
 
 
@@ -49,14 +67,23 @@ def test_scripted_tool_conversation_has_exact_tokens_mask_and_logprobs(args, tok
     assert out.status == Sample.Status.COMPLETED and out.metadata["stop_reason"] == "env_done"
     turns = out.metadata["turns"]
     assert [(t["role"], t["end"] - t["start"]) for t in turns] == [
-        ("model", TURN), ("env", len(obs1)), ("model", TURN), ("env", 3), ("model", TURN)]
+        ("model", TURN),
+        ("env", len(obs1)),
+        ("model", TURN),
+        ("env", 3),
+        ("model", TURN),
+    ]
     # the exact expected mask, written out
     assert out.loss_mask == [1] * TURN + [0] * len(obs1) + [1] * TURN + [0] * 3 + [1] * TURN
-    resp = out.tokens[len(prompt):]
-    assert out.tokens[:len(prompt)] == prompt and out.response_length == len(resp) == len(out.loss_mask)
-    assert resp[TURN:TURN + len(obs1)] == obs1 and resp[2 * TURN + len(obs1):2 * TURN + len(obs1) + 3] == [17, 18, 19]
+    resp = out.tokens[len(prompt) :]
+    assert out.tokens[: len(prompt)] == prompt and out.response_length == len(resp) == len(out.loss_mask)
+    assert resp[TURN : TURN + len(obs1)] == obs1 and resp[2 * TURN + len(obs1) : 2 * TURN + len(obs1) + 3] == [
+        17,
+        18,
+        19,
+    ]
     # what the environment saw is the text of each model turn's tokens
-    model_spans = [resp[t["start"]:t["end"]] for t in turns if t["role"] == "model"]
+    model_spans = [resp[t["start"] : t["end"]] for t in turns if t["role"] == "model"]
     assert seen == [tokenizer.decode(span) for span in model_spans[:3]]
     # log-probs: the engine's for model tokens (= an independent HF forward over the whole
     # trajectory, so each turn saw exactly the tokens trained on), 0.0 for tool tokens
@@ -73,19 +100,28 @@ def test_turn_and_token_limits(args):
     def always_more(text, trajectory):
         return "<obs>"
 
-    out = _run(run_multi_turn(args, Sample(prompt="2+2="), _params(args), always_more, max_turns=3,
-                              max_new_tokens_per_turn=TURN))
+    out = _run(
+        run_multi_turn(
+            args, Sample(prompt="2+2="), _params(args), always_more, max_turns=3, max_new_tokens_per_turn=TURN
+        )
+    )
     assert out.status == Sample.Status.TRUNCATED and out.metadata["stop_reason"] == "max_turns"
     assert sum(t["role"] == "model" for t in out.metadata["turns"]) == 3
 
-    out = _run(run_multi_turn(args, Sample(prompt="2+2="), _params(args), always_more, max_total_tokens=30,
-                              max_new_tokens_per_turn=TURN))
+    out = _run(
+        run_multi_turn(
+            args, Sample(prompt="2+2="), _params(args), always_more, max_total_tokens=30, max_new_tokens_per_turn=TURN
+        )
+    )
     assert out.status == Sample.Status.TRUNCATED and out.metadata["stop_reason"] == "max_tokens"
     assert len(out.tokens) <= 30 and len(out.loss_mask) == out.response_length
 
     # the response budget (max_new_tokens) counts model and tool tokens together
-    out = _run(run_multi_turn(args, Sample(prompt="2+2="), _params(args, max_new_tokens=10), always_more,
-                              max_new_tokens_per_turn=TURN))
+    out = _run(
+        run_multi_turn(
+            args, Sample(prompt="2+2="), _params(args, max_new_tokens=10), always_more, max_new_tokens_per_turn=TURN
+        )
+    )
     assert out.response_length <= 10 and out.status == Sample.Status.TRUNCATED
 
 
@@ -104,11 +140,17 @@ def test_no_response_budget_runs_until_the_context_is_full(args, tiny_model_dir)
         turns.append(text)
         return None if len(turns) == 2 else "<obs>"
 
-    capped = _run(run_multi_turn(args, Sample(prompt="2+2="), _params(args, max_new_tokens=None), one_more,
-                                 max_new_tokens_per_turn=TURN))
+    capped = _run(
+        run_multi_turn(
+            args, Sample(prompt="2+2="), _params(args, max_new_tokens=None), one_more, max_new_tokens_per_turn=TURN
+        )
+    )
     assert capped.status == Sample.Status.COMPLETED
     assert [t["end"] - t["start"] for t in capped.metadata["turns"] if t["role"] == "model"] == [TURN, TURN]
-    full = _run(run_multi_turn(args, Sample(prompt="2+2="), _params(args, max_new_tokens=None),
-                               lambda text, trajectory: "<obs>"))
+    full = _run(
+        run_multi_turn(
+            args, Sample(prompt="2+2="), _params(args, max_new_tokens=None), lambda text, trajectory: "<obs>"
+        )
+    )
     assert full.status == Sample.Status.TRUNCATED and full.metadata["stop_reason"] == "max_tokens"
     assert len(full.tokens) == context - 1  # the engine's room: every position but one

@@ -7,7 +7,6 @@ import asyncio
 import json
 
 import pytest
-
 from engine_test_utils import reference_logprobs, start_engine
 
 MAX = 24  # --rollout-max-response-len
@@ -33,11 +32,35 @@ def make(tiny_model_dir, slow_engine, tmp_path):
 
     def build(*extra: str):
         GenerateState.reset()
-        args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data), "--input-key", "prompt",
-                           "--label-key", "label", "--custom-rm-path", "tests.e2e.hooks.digit_reward",
-                           "--num-rollout", "2", "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-                           "--rollout-max-response-len", str(MAX), "--sglang-router-ip", host,
-                           "--sglang-router-port", port, "--run-dir", str(tmp_path / "run"), *extra])
+        args = parse_args(
+            [
+                "--hf-checkpoint",
+                str(tiny_model_dir),
+                "--prompt-data",
+                str(data),
+                "--input-key",
+                "prompt",
+                "--label-key",
+                "label",
+                "--custom-rm-path",
+                "tests.e2e.hooks.digit_reward",
+                "--num-rollout",
+                "2",
+                "--rollout-batch-size",
+                "2",
+                "--n-samples-per-prompt",
+                "2",
+                "--rollout-max-response-len",
+                str(MAX),
+                "--sglang-router-ip",
+                host,
+                "--sglang-router-port",
+                port,
+                "--run-dir",
+                str(tmp_path / "run"),
+                *extra,
+            ]
+        )
         return args, RolloutDataSourceWithBuffer(args)
 
     yield build
@@ -69,7 +92,7 @@ def _aborted_after(args, groups, n_tokens: int) -> None:
 def _check_token_exact(sample, hf_model) -> None:
     """The trained tokens and log-probs are exactly the engine's: an independent HF forward over
     prompt + response gives the same log-probs (temperature 1), across the resume boundary."""
-    prompt, response = sample.tokens[: sample.prompt_length], sample.tokens[sample.prompt_length:]
+    prompt, response = sample.tokens[: sample.prompt_length], sample.tokens[sample.prompt_length :]
     assert len(response) == sample.response_length == len(sample.loss_mask) == len(sample.rollout_log_probs)
     ref = reference_logprobs(hf_model, prompt, response, 1.0)
     assert max(abs(a - b) for a, b in zip(ref, sample.rollout_log_probs)) < 1e-4
@@ -123,8 +146,14 @@ def test_without_partial_rollout_the_tail_is_discarded_and_counted(make):
     from slime.rollout.sglang_rollout import generate_rollout
 
     # over-sampling needs a reason (a filter or --partial-rollout): a filter that keeps every group
-    args, source = make("--over-sampling-batch-size", "3", "--rollout-batch-size", "1",
-                        "--dynamic-sampling-filter-path", "tests.contracts.hooks.keep_all")
+    args, source = make(
+        "--over-sampling-batch-size",
+        "3",
+        "--rollout-batch-size",
+        "1",
+        "--dynamic-sampling-filter-path",
+        "tests.contracts.hooks.keep_all",
+    )
     out = generate_rollout(args, 0, source)
     assert len(out.samples) == 1
     assert out.metrics["rollout/partial/discarded_groups"] == 2.0 and source.get_buffer_length() == 0

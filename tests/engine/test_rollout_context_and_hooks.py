@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from engine_test_utils import start_engine
 
 CONTEXT = 14
@@ -34,12 +33,38 @@ def test_default_rollout_fits_the_context_and_runs_sample_hooks(tiny_model_dir, 
     GenerateState.reset()
     hooks.CALLS.pop("sample_hook", None)
     try:
-        args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(data), "--input-key", "prompt",
-                           "--label-key", "label", "--custom-rm-path", "tests.e2e.hooks.digit_reward",
-                           "--num-rollout", "1", "--rollout-batch-size", "3", "--n-samples-per-prompt", "2",
-                           "--rollout-max-context-len", str(CONTEXT), "--rollout-temperature", "1.0",
-                           "--rollout-sample-hook-path", "tests.contracts.hooks.sample_hook",
-                           "--sglang-router-ip", host, "--sglang-router-port", port, "--run-dir", str(tmp_path / "r")])
+        args = parse_args(
+            [
+                "--hf-checkpoint",
+                str(tiny_model_dir),
+                "--prompt-data",
+                str(data),
+                "--input-key",
+                "prompt",
+                "--label-key",
+                "label",
+                "--custom-rm-path",
+                "tests.e2e.hooks.digit_reward",
+                "--num-rollout",
+                "1",
+                "--rollout-batch-size",
+                "3",
+                "--n-samples-per-prompt",
+                "2",
+                "--rollout-max-context-len",
+                str(CONTEXT),
+                "--rollout-temperature",
+                "1.0",
+                "--rollout-sample-hook-path",
+                "tests.contracts.hooks.sample_hook",
+                "--sglang-router-ip",
+                host,
+                "--sglang-router-port",
+                port,
+                "--run-dir",
+                str(tmp_path / "r"),
+            ]
+        )
         assert args.rollout_max_prompt_len == CONTEXT - 1
         source = RolloutDataSourceWithBuffer(args)
         assert len(tokenizer(prompts[-1], add_special_tokens=False)["input_ids"]) > CONTEXT - 1

@@ -12,10 +12,11 @@ import time
 
 import httpx
 import pytest
+from engine_test_utils import run_async as _run
+from engine_test_utils import start_engine
 
-from engine_test_utils import run_async as _run, start_engine
-from slime.ray.engine_watcher import EngineWatcher
 from slime.arguments import parse_args
+from slime.ray.engine_watcher import EngineWatcher
 from slime.ray.router import check_router_args, start_router
 from slime.utils.http_utils import post, session_headers
 
@@ -39,9 +40,11 @@ def _rows(engines) -> list[int]:
 
 
 def _gen(ids, max_new_tokens=4):
-    return {"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens,
-                                                  "temperature": 1.0},
-            "return_logprob": True}
+    return {
+        "input_ids": ids,
+        "sampling_params": {"max_new_tokens": max_new_tokens, "min_new_tokens": max_new_tokens, "temperature": 1.0},
+        "return_logprob": True,
+    }
 
 
 def _listen_ips(port: int) -> set[str]:
@@ -59,7 +62,7 @@ def _listen_ips(port: int) -> set[str]:
             if state != "0A" or int(port_hex, 16) != port:
                 continue
             if len(ip_hex) == 8:
-                ips.add(".".join(str(int(ip_hex[i:i + 2], 16)) for i in (6, 4, 2, 0)))
+                ips.add(".".join(str(int(ip_hex[i : i + 2], 16)) for i in (6, 4, 2, 0)))
             else:
                 ips.add("::" if set(ip_hex) == {"0"} else ip_hex)
     return ips
@@ -144,8 +147,9 @@ def test_fallback_dispatcher_without_sglang_router(two_engines, tiny_model_dir, 
 
 
 @pytest.mark.parametrize("fallback", [False, True], ids=["sglang-router", "dispatcher"])
-def test_engine_killed_mid_run_is_removed_and_requests_are_retried(two_engines, tiny_model_dir, tmp_path,
-                                                                   monkeypatch, fallback):
+def test_engine_killed_mid_run_is_removed_and_requests_are_retried(
+    two_engines, tiny_model_dir, tmp_path, monkeypatch, fallback
+):
     if fallback:
         monkeypatch.setitem(sys.modules, "sglang_router", None)
     doomed = start_engine(tiny_model_dir, "--step-delay-ms", "20", log_dir=tmp_path)
@@ -157,8 +161,12 @@ def test_engine_killed_mid_run_is_removed_and_requests_are_retried(two_engines, 
 
         async def rollout():
             async def one(i):
-                return await post(router.url + "/generate", _gen([4, 5, i], max_new_tokens=24),
-                                  retry_interval=0.3, headers=session_headers(f"s{i}"))
+                return await post(
+                    router.url + "/generate",
+                    _gen([4, 5, i], max_new_tokens=24),
+                    retry_interval=0.3,
+                    headers=session_headers(f"s{i}"),
+                )
 
             tasks = [asyncio.create_task(one(i)) for i in range(12)]
             await asyncio.sleep(0.4)
@@ -195,15 +203,40 @@ def test_multi_turn_trajectory_stays_on_one_engine(two_engines, tiny_model_dir, 
     router = _router(tmp_path, tiny_model_dir, "consistent_hashing", [e.url for e in two_engines])
     GenerateState.reset()
     try:
-        args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", "unused.jsonl", "--rm-type", "math",
-                           "--num-rollout", "1", "--rollout-batch-size", "1", "--sglang-router-ip", router.host,
-                           "--sglang-router-port", str(router.port), "--run-dir", str(tmp_path)])
+        args = parse_args(
+            [
+                "--hf-checkpoint",
+                str(tiny_model_dir),
+                "--prompt-data",
+                "unused.jsonl",
+                "--rm-type",
+                "math",
+                "--num-rollout",
+                "1",
+                "--rollout-batch-size",
+                "1",
+                "--sglang-router-ip",
+                router.host,
+                "--sglang-router-port",
+                str(router.port),
+                "--run-dir",
+                str(tmp_path),
+            ]
+        )
         params = dict(GenerateState(args).sampling_params, max_new_tokens=64, ignore_eos=True)
         spread = []
         for i in range(6):
             before = _rows(two_engines)
-            out = _run(run_multi_turn(args, Sample(prompt=f"{i}+{i}=", session_id=f"traj-{i}"), params, lambda text, traj: "<ok>",
-                                      max_turns=3, max_new_tokens_per_turn=2))
+            out = _run(
+                run_multi_turn(
+                    args,
+                    Sample(prompt=f"{i}+{i}=", session_id=f"traj-{i}"),
+                    params,
+                    lambda text, traj: "<ok>",
+                    max_turns=3,
+                    max_new_tokens_per_turn=2,
+                )
+            )
             assert sum(t["role"] == "model" for t in out.metadata["turns"]) == 3
             spread.append([b - a for a, b in zip(before, _rows(two_engines))])
     finally:
@@ -220,8 +253,13 @@ def test_router_options_reach_sglang_router(two_engines, tiny_model_dir, tmp_pat
     args = parse_args(["--rollout-batch-size", "1", "--num-rollout", "1", "--router-max-payload-size", "300"])
     assert args.router_args == ["--max-payload-size", "300"]
     assert check_router_args(args.router_args) is None
-    router = start_router(urls, policy="round_robin", model_path=str(tiny_model_dir), log_dir=tmp_path / "logs",
-                          extra_args=args.router_args)
+    router = start_router(
+        urls,
+        policy="round_robin",
+        model_path=str(tiny_model_dir),
+        log_dir=tmp_path / "logs",
+        extra_args=args.router_args,
+    )
     try:
         small = {"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2}}
         assert httpx.post(router.url + "/generate", json=small, timeout=30).status_code == 200
@@ -244,8 +282,14 @@ def test_router_and_engines_need_the_runs_key(tiny_model_dir, tmp_path, monkeypa
     monkeypatch.setenv(api_keys.ENV_API_KEY, key)  # the engine reads it from its environment
     engine = start_engine(tiny_model_dir, "--step-delay-ms", "30", log_dir=tmp_path)
     monkeypatch.delenv(api_keys.ENV_API_KEY)
-    router = start_router([engine.url], policy="round_robin", model_path=str(tiny_model_dir),
-                          log_dir=tmp_path / "logs", api_key=key, admin_api_key=key)
+    router = start_router(
+        [engine.url],
+        policy="round_robin",
+        model_path=str(tiny_model_dir),
+        log_dir=tmp_path / "logs",
+        api_key=key,
+        admin_api_key=key,
+    )
     auth = {"Authorization": f"Bearer {key}"}
     try:
         with httpx.Client(timeout=30, trust_env=False) as h:
@@ -260,13 +304,21 @@ def test_router_and_engines_need_the_runs_key(tiny_model_dir, tmp_path, monkeypa
             assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 4
             assert router.worker_urls() == [engine.url]  # the framework's own membership calls carry the key
             if fallback:  # the dispatcher's own checks, as the engine's
-                assert h.post(router.url + "/generate", content=b"{}", headers={"content-type": "text/plain",
-                                                                               **auth}).status_code == 415
+                assert (
+                    h.post(
+                        router.url + "/generate", content=b"{}", headers={"content-type": "text/plain", **auth}
+                    ).status_code
+                    == 415
+                )
                 evil = {"Origin": "http://evil.example", **auth}
                 assert h.post(router.url + "/generate", json=_gen([1]), headers=evil).status_code == 403
-                big = b'{"x": "' + b"a" * (257 * 1024 ** 2) + b'"}'
-                assert h.post(router.url + "/generate", content=big, headers={"content-type": "application/json",
-                                                                              **auth}).status_code == 413
+                big = b'{"x": "' + b"a" * (257 * 1024**2) + b'"}'
+                assert (
+                    h.post(
+                        router.url + "/generate", content=big, headers={"content-type": "application/json", **auth}
+                    ).status_code
+                    == 413
+                )
         impatient = httpx.Client(timeout=httpx.Timeout(1.0, connect=5.0), trust_env=False)
         with impatient, pytest.raises(httpx.ReadTimeout):  # 200 steps x 30 ms
             impatient.post(router.url + "/generate", json=_gen([1], max_new_tokens=200), headers=auth)

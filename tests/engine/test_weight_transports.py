@@ -8,9 +8,9 @@ import os
 
 import pytest
 import torch
+from engine_test_utils import start_engine
 from safetensors.torch import load_file
 
-from engine_test_utils import start_engine
 from slime.engine.client import EngineClient
 from slime.utils.http_utils import HTTPRequestError
 
@@ -53,8 +53,14 @@ def trained(hf_model):
 
 
 def engine_logprobs(url: str) -> list[float]:
-    out = EngineClient(url).generate({"input_ids": SEQ, "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
-                                      "return_logprob": True, "logprob_start_len": 0})
+    out = EngineClient(url).generate(
+        {
+            "input_ids": SEQ,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        }
+    )
     return [lp[0] for lp in out["meta_info"]["input_token_logprobs"][1:]]
 
 
@@ -89,31 +95,50 @@ def test_shared_memory_full_sync(engine, trained):
 
 def test_shared_memory_bad_path_refused(engine):
     with pytest.raises(HTTPRequestError, match="path must be a file /dev/shm/slime-weights-"):
-        EngineClient(engine.url)._call("POST", "/update_weights_from_shared_memory", {
-            "path": "/etc/passwd", "size": 8, "names": ["model.norm.weight"], "dtypes": ["float32"],
-            "shapes": [[2]], "offsets": [0]})
+        EngineClient(engine.url)._call(
+            "POST",
+            "/update_weights_from_shared_memory",
+            {
+                "path": "/etc/passwd",
+                "size": 8,
+                "names": ["model.norm.weight"],
+                "dtypes": ["float32"],
+                "shapes": [[2]],
+                "offsets": [0],
+            },
+        )
 
 
 def test_pull_outside_weight_load_dirs_refused(engine, tmp_path):
     with pytest.raises(HTTPRequestError, match="HTTP 403"):
-        EngineClient(engine.url)._call("POST", "/pull_weights", {
-            "local_checkpoint_dir": str(tmp_path), "source_dir": str(tmp_path), "target_version": 0})
+        EngineClient(engine.url)._call(
+            "POST",
+            "/pull_weights",
+            {"local_checkpoint_dir": str(tmp_path), "source_dir": str(tmp_path), "target_version": 0},
+        )
 
 
 def test_delta_equals_full_bit_for_bit_and_refused_delta_falls_back(engine, tiny_model_dir, dirs, trained):
     from slime.sync.disk import DiskWeightSync
 
     model, step = trained
-    delta = DiskWeightSync(disk_dir=str(dirs["pub"]), mode="delta", local_dir=str(dirs["local"]),
-                           base_checkpoint=str(tiny_model_dir))
+    delta = DiskWeightSync(
+        disk_dir=str(dirs["pub"]), mode="delta", local_dir=str(dirs["local"]), base_checkpoint=str(tiny_model_dir)
+    )
     seen = []  # --custom-update-weight-post-write-path: after the files are written, before engines read
 
     def post_write(version_dir, engines):
-        seen.append((os.path.basename(version_dir), os.path.exists(os.path.join(version_dir, "model.safetensors"
-                                                                                ".index.json")), engines))
+        seen.append(
+            (
+                os.path.basename(version_dir),
+                os.path.exists(os.path.join(version_dir, "model.safetensors.index.json")),
+                engines,
+            )
+        )
 
-    full = DiskWeightSync(disk_dir=str(dirs["full"]), mode="full", base_checkpoint=str(tiny_model_dir),
-                          post_write=post_write)
+    full = DiskWeightSync(
+        disk_dir=str(dirs["full"]), mode="full", base_checkpoint=str(tiny_model_dir), post_write=post_write
+    )
     full_bytes = None
     for i in range(2):
         state = step()

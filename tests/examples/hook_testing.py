@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 from argparse import Namespace
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -48,8 +49,15 @@ class ScriptedEngine:
         else:
             finish = {"type": "length", "length": len(ids)}
         logprobs = [[-(k + 1) / 10 - j / 1000, t, None] for j, t in enumerate(ids)]
-        out = {"text": text, "output_ids": ids,
-               "meta_info": {"finish_reason": finish, "output_token_logprobs": logprobs, "weight_version": self.weight_version}}
+        out = {
+            "text": text,
+            "output_ids": ids,
+            "meta_info": {
+                "finish_reason": finish,
+                "output_token_logprobs": logprobs,
+                "weight_version": self.weight_version,
+            },
+        }
         self.outputs.append(out)
         return web.json_response(out)
 
@@ -68,8 +76,9 @@ async def serve(engine: ScriptedEngine, args: Namespace, coro_fn: Callable[[], A
         await runner.cleanup()
 
 
-def run_hook(generate: Callable, args: Namespace, engine: ScriptedEngine, sample: Sample,
-             max_new_tokens: int | None = None) -> Sample:
+def run_hook(
+    generate: Callable, args: Namespace, engine: ScriptedEngine, sample: Sample, max_new_tokens: int | None = None
+) -> Sample:
     """One call of a generate hook against `engine`, with the run's sampling parameters."""
     from slime.rollout.sglang_rollout import sampling_params_from_args
 
@@ -83,11 +92,32 @@ def train_argv(example: str, model_dir: Path, run_dir: Path, rm_path: str | None
     """A short colocated run with `examples/<example>`'s generate hook, data and reward."""
     data = Path(__file__).resolve().parents[2] / "examples" / example / "data.jsonl"
     return [
-        "--hf-checkpoint", str(model_dir), "--prompt-data", str(data),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template",
-        "--custom-generate-function-path", f"examples.{example}.generate.generate",
-        "--custom-rm-path", rm_path or f"examples.{example}.reward.reward",
-        "--num-rollout", "2", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2",
-        "--rollout-max-response-len", "32", "--global-batch-size", "8", "--micro-batch-size", "4",
-        "--colocate", "--run-dir", str(run_dir),
+        "--hf-checkpoint",
+        str(model_dir),
+        "--prompt-data",
+        str(data),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--apply-chat-template",
+        "--custom-generate-function-path",
+        f"examples.{example}.generate.generate",
+        "--custom-rm-path",
+        rm_path or f"examples.{example}.reward.reward",
+        "--num-rollout",
+        "2",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "2",
+        "--rollout-max-response-len",
+        "32",
+        "--global-batch-size",
+        "8",
+        "--micro-batch-size",
+        "4",
+        "--colocate",
+        "--run-dir",
+        str(run_dir),
     ]

@@ -60,14 +60,20 @@ def hook_env(tiny_model_dir, tmp_path) -> tuple[Namespace, Any]:
 
 
 def _sample(tokenizer: Any, task: str, tests: Any) -> Sample:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": task}], tokenize=False,
-                                           add_generation_prompt=True)
-    return Sample(index=0, prompt=prompt, label=tests if isinstance(tests, str) else "",
-                  metadata={} if isinstance(tests, str) else {"tests": tests})
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": task}], tokenize=False, add_generation_prompt=True
+    )
+    return Sample(
+        index=0,
+        prompt=prompt,
+        label=tests if isinstance(tests, str) else "",
+        metadata={} if isinstance(tests, str) else {"tests": tests},
+    )
 
 
-def _run(args: Namespace, tokenizer: Any, turns: list[str], sample: Sample,
-         max_new_tokens: int = 200) -> tuple[Sample, ScriptedEngine]:
+def _run(
+    args: Namespace, tokenizer: Any, turns: list[str], sample: Sample, max_new_tokens: int = 200
+) -> tuple[Sample, ScriptedEngine]:
     """Run the hook once against a ScriptedEngine served on a free loopback port."""
     from examples.coding_agent.generate import generate
 
@@ -104,8 +110,15 @@ def test_run_then_answer_trajectory_is_exact(hook_env):
     args, tok = hook_env
     sample = _sample(tok, "Write add(a, b) returning a + b.", ADD_TESTS)
     prompt_ids = tok(sample.prompt, add_special_tokens=False)["input_ids"]
-    out, engine = _run(args, tok, ["Let me check. <code>print(sum(range(5)))</code>",
-                                   "```python\ndef add(a, b):\n    return a + b\n```" + tok.eos_token], sample)
+    out, engine = _run(
+        args,
+        tok,
+        [
+            "Let me check. <code>print(sum(range(5)))</code>",
+            "```python\ndef add(a, b):\n    return a + b\n```" + tok.eos_token,
+        ],
+        sample,
+    )
 
     t1, t2 = (o["output_ids"] for o in engine.outputs)
     obs = "\n<output>\n10\n</output>\n"  # the sandbox really ran it: sum(range(5)) == 10
@@ -114,12 +127,15 @@ def test_run_then_answer_trajectory_is_exact(hook_env):
     assert out.response == engine.outputs[0]["text"] + obs + engine.outputs[1]["text"]
     assert out.loss_mask == [1] * len(t1) + [0] * len(obs_ids) + [1] * len(t2)
     assert out.response_length == len(out.loss_mask) == len(out.rollout_log_probs)
-    expected_lp = ([-0.1 - j / 1000 for j in range(len(t1))] + [0.0] * len(obs_ids)
-                   + [-0.2 - j / 1000 for j in range(len(t2))])
+    expected_lp = (
+        [-0.1 - j / 1000 for j in range(len(t1))] + [0.0] * len(obs_ids) + [-0.2 - j / 1000 for j in range(len(t2))]
+    )
     assert out.rollout_log_probs == pytest.approx(expected_lp)
     assert [(t["role"], t["start"], t["end"], t["finish_reason"]) for t in out.metadata["turns"]] == [
-        ("model", 0, len(t1), "stop"), ("env", len(t1), len(t1) + len(obs_ids), None),
-        ("model", len(t1) + len(obs_ids), out.response_length, "stop")]
+        ("model", 0, len(t1), "stop"),
+        ("env", len(t1), len(t1) + len(obs_ids), None),
+        ("model", len(t1) + len(obs_ids), out.response_length, "stop"),
+    ]
     assert out.status == Sample.Status.COMPLETED and out.tokens[-1] == tok.eos_token_id
     assert [r["ok"] for r in out.metadata["tool_runs"]] == [True]
 
@@ -138,9 +154,11 @@ def test_tool_runs_in_the_sandbox_without_network(hook_env):
     with socket.socket() as listener:  # reachable from here, not from inside the sandbox
         listener.bind(("127.0.0.1", 0))
         listener.listen()
-        program = ("import os,socket\nprint(os.getcwd())\n"  # short: the context is 256
-                   f"try:socket.create_connection(('127.0.0.1',{listener.getsockname()[1]}));print('connected')\n"
-                   "except OSError:print('refused')")
+        program = (
+            "import os,socket\nprint(os.getcwd())\n"  # short: the context is 256
+            f"try:socket.create_connection(('127.0.0.1',{listener.getsockname()[1]}));print('connected')\n"
+            "except OSError:print('refused')"
+        )
         out, _ = _run(args, tok, [f"<code>{program}</code>", "done" + tok.eos_token], _sample(tok, "t", ADD_TESTS))
     output = out.response.split("<output>")[1].split("</output>")[0].split()
     assert output[0] == "/sandbox" and output[1] == "refused", output
@@ -193,8 +211,12 @@ def test_reward_falls_back_to_the_last_program_run_and_takes_io_tests(hook_env):
 
     args, tok = hook_env
     io_tests = [{"input": "3\n", "output": "9"}, {"input": "12\n", "output": "144"}]
-    out, _ = _run(args, tok, ["<code>n = int(input())\nprint(n * n)</code>", "That works." + tok.eos_token],
-                  _sample(tok, "Read n, print n * n.", io_tests))
+    out, _ = _run(
+        args,
+        tok,
+        ["<code>n = int(input())\nprint(n * n)</code>", "That works." + tok.eos_token],
+        _sample(tok, "Read n, print n * n.", io_tests),
+    )
     assert asyncio.run(reward(args, out)) == 1.0  # no fenced block: the program it ran is its answer
     no_code = Sample(response="I do not know.", label=ADD_TESTS)
     assert asyncio.run(reward(args, no_code)) == 0.0 and no_code.metadata["code_result"].startswith("no program")
@@ -212,7 +234,9 @@ def test_short_training_run_with_sandboxed_tools(tiny_model_dir, tmp_path):
 
     run_dir = tmp_path / "run"
     try:
-        args = parse_args(train_argv("coding_agent", tiny_model_dir, run_dir, "tests.examples.test_coding_agent.reward_through_hook"))
+        args = parse_args(
+            train_argv("coding_agent", tiny_model_dir, run_dir, "tests.examples.test_coding_agent.reward_through_hook")
+        )
         train(args)
     finally:
         shutdown()

@@ -11,8 +11,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-from slime.rollout import fully_async_rollout as fa  # noqa: E402
 from slime.errors import SlimeError  # noqa: E402
+from slime.rollout import fully_async_rollout as fa  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
 from tests.helpers import make_args
 
@@ -62,14 +62,37 @@ def rollout_args(tiny_model_dir, task_dir, engine, monkeypatch):
     monkeypatch.delenv(fa.MAX_INFLIGHT_ENV, raising=False)
     host, port = engine.url.removeprefix("http://").rsplit(":", 1)
     GenerateState.reset()
-    yield parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rm-type", "math",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
-        "--global-batch-size", "4", "--num-rollout", "3",
-        "--rollout-function-path", "examples.fully_async.rollout.generate_rollout",
-        "--sglang-router-ip", host, "--sglang-router-port", port,
-    ])
+    yield parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rm-type",
+            "math",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "6",
+            "--global-batch-size",
+            "4",
+            "--num-rollout",
+            "3",
+            "--rollout-function-path",
+            "examples.fully_async.rollout.generate_rollout",
+            "--sglang-router-ip",
+            host,
+            "--sglang-router-port",
+            port,
+        ]
+    )
     fa.reset_worker()
     GenerateState.reset()
 
@@ -181,16 +204,45 @@ def test_short_training_run(tiny_model_dir, task_dir, tmp_path, monkeypatch):
 
     monkeypatch.setenv(fa.QUEUE_SIZE_ENV, "8")  # reaches the RolloutManager through Ray's worker env
     run_dir = tmp_path / "run"
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rollout-shuffle",
-        "--rm-type", "math", "--rollout-function-path", "examples.fully_async.rollout.generate_rollout",
-        "--num-rollout", "3", "--rollout-batch-size", "4", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "8", "--global-batch-size", "16", "--micro-batch-size", "16",
-        "--lr", "1e-3", "--run-dir", str(run_dir),
-        # one core each: the engine keeps generating while the trainer trains
-        "--train-num-threads", "1", "--sglang-num-threads", "1",
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rollout-shuffle",
+            "--rm-type",
+            "math",
+            "--rollout-function-path",
+            "examples.fully_async.rollout.generate_rollout",
+            "--num-rollout",
+            "3",
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "8",
+            "--global-batch-size",
+            "16",
+            "--micro-batch-size",
+            "16",
+            "--lr",
+            "1e-3",
+            "--run-dir",
+            str(run_dir),
+            # one core each: the engine keeps generating while the trainer trains
+            "--train-num-threads",
+            "1",
+            "--sglang-num-threads",
+            "1",
+        ]
+    )
     try:
         train(args)
     finally:

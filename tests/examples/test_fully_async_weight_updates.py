@@ -21,17 +21,32 @@ def test_too_stale():
     assert fa.too_stale(1, 0, 0) and not fa.too_stale(1, 1, 0)
 
 
-@pytest.mark.parametrize("extra, needle", [
-    (["--max-weight-staleness", "-1"], "--max-weight-staleness must be >= 0"),
-    (["--max-weight-staleness", "1", "--rollout-function-path", "slime.rollout.sglang_rollout.generate_rollout"],
-     "--max-weight-staleness applies to the fully async rollout"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--max-weight-staleness", "-1"], "--max-weight-staleness must be >= 0"),
+        (
+            ["--max-weight-staleness", "1", "--rollout-function-path", "slime.rollout.sglang_rollout.generate_rollout"],
+            "--max-weight-staleness applies to the fully async rollout",
+        ),
+    ],
+)
 def test_bad_staleness_bound_stops_at_parsing(extra, needle):
     from slime.arguments import parse_args
     from slime.errors import SlimeError
 
-    base = ["--hf-checkpoint", "x", "--prompt-data", "y", "--rollout-batch-size", "2", "--num-rollout", "1",
-            "--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout"]
+    base = [
+        "--hf-checkpoint",
+        "x",
+        "--prompt-data",
+        "y",
+        "--rollout-batch-size",
+        "2",
+        "--num-rollout",
+        "1",
+        "--rollout-function-path",
+        "slime.rollout.fully_async_rollout.generate_rollout",
+    ]
     with pytest.raises(SlimeError, match=needle):
         parse_args(base + extra)
 
@@ -40,13 +55,36 @@ def _args(tiny_model_dir, task_dir, engine, *extra: str):
     from slime.arguments import parse_args
 
     host, port = engine.url.removeprefix("http://").rsplit(":", 1)
-    return parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--apply-chat-template", "--rm-type", "math",
-        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-        "--num-rollout", "100", "--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout",
-        "--sglang-router-ip", host, "--sglang-router-port", port, *extra,
-    ])
+    return parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--apply-chat-template",
+            "--rm-type",
+            "math",
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--global-batch-size",
+            "4",
+            "--num-rollout",
+            "100",
+            "--rollout-function-path",
+            "slime.rollout.fully_async_rollout.generate_rollout",
+            "--sglang-router-ip",
+            host,
+            "--sglang-router-port",
+            port,
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture
@@ -106,12 +144,20 @@ def test_groups_over_the_staleness_bound_are_dropped_and_counted(tiny_model_dir,
 
 
 def test_a_weight_update_aborts_in_flight_groups_and_the_new_weights_finish_them(
-        tiny_model_dir, task_dir, engine, fresh):
+    tiny_model_dir, task_dir, engine, fresh
+):
     from slime.data.data_source import RolloutDataSourceWithBuffer
     from slime.rollout.sglang_rollout import GenerateState
 
-    args = _args(tiny_model_dir, task_dir, engine, "--rollout-max-response-len", "160",
-                 "--partial-rollout", "--mask-offpolicy-in-partial-rollout")
+    args = _args(
+        tiny_model_dir,
+        task_dir,
+        engine,
+        "--rollout-max-response-len",
+        "160",
+        "--partial-rollout",
+        "--mask-offpolicy-in-partial-rollout",
+    )
     ds = RolloutDataSourceWithBuffer(args)
     GenerateState(args).sampling_params["ignore_eos"] = True  # long responses: the abort lands mid-way
     _set_version(engine, "0")

@@ -21,7 +21,10 @@ ROLES = [a.role for a in ma.AGENTS]
 
 def _output(ids: list[int], finish: str = "stop", version: str | None = "3") -> dict:
     """One `/generate` answer in the engine's format (slime/engine/request.py result_of)."""
-    meta = {"finish_reason": {"type": finish}, "output_token_logprobs": [[-0.5 - i, t, None] for i, t in enumerate(ids)]}
+    meta = {
+        "finish_reason": {"type": finish},
+        "output_token_logprobs": [[-0.5 - i, t, None] for i, t in enumerate(ids)],
+    }
     if version is not None:
         meta["weight_version"] = version
     return {"text": "x" * len(ids), "output_ids": ids, "meta_info": meta}
@@ -69,8 +72,13 @@ def test_metrics_per_agent():
     for r, role in enumerate(ROLES):
         g = []
         for j in range(2):
-            s = Sample(response_length=r + 1, loss_mask=[1] * (r + 1), reward=float(j),
-                       status=Sample.Status.TRUNCATED if j else Sample.Status.COMPLETED, metadata={"role": role})
+            s = Sample(
+                response_length=r + 1,
+                loss_mask=[1] * (r + 1),
+                reward=float(j),
+                status=Sample.Status.TRUNCATED if j else Sample.Status.COMPLETED,
+                metadata={"role": role},
+            )
             if role == "solver":
                 s.metadata["own_reward"] = 1.0
             g.append(s)
@@ -92,14 +100,37 @@ def _args(tiny_model_dir, task_dir, engine, *extra: str) -> Namespace:
     from slime.arguments import parse_args
 
     host, port = engine.url.removeprefix("http://").rsplit(":", 1)
-    return parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
-        "--rollout-batch-size", "6", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "6",
-        "--global-batch-size", "12", "--num-rollout", "1",
-        "--rollout-function-path", "examples.multi_agent.rollout.generate_rollout",
-        "--sglang-router-ip", host, "--sglang-router-port", port, *extra,
-    ])
+    return parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--rm-type",
+            "math",
+            "--rollout-batch-size",
+            "6",
+            "--n-samples-per-prompt",
+            "2",
+            "--rollout-max-response-len",
+            "6",
+            "--global-batch-size",
+            "12",
+            "--num-rollout",
+            "1",
+            "--rollout-function-path",
+            "examples.multi_agent.rollout.generate_rollout",
+            "--sglang-router-ip",
+            host,
+            "--sglang-router-port",
+            port,
+            *extra,
+        ]
+    )
 
 
 @pytest.fixture
@@ -124,7 +155,7 @@ def test_rollout_against_real_engine(tiny_model_dir, task_dir, engine, fresh_sta
     assert ds.group_counter == 2  # rollout_batch_size / 3 prompts were fetched
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     for p in range(2):
-        solver, reviewer, finalizer = groups[3 * p: 3 * p + 3]
+        solver, reviewer, finalizer = groups[3 * p : 3 * p + 3]
         assert [g[0].metadata["role"] for g in (solver, reviewer, finalizer)] == ROLES
         problem = solver[0].prompt
         for j in range(2):
@@ -135,8 +166,11 @@ def test_rollout_against_real_engine(tiny_model_dir, task_dir, engine, fresh_sta
                 assert len(s.rollout_log_probs) == s.response_length == len(s.loss_mask) and all(s.loss_mask)
                 assert s.tokens[: s.prompt_length] == tok(s.prompt, add_special_tokens=False)["input_ids"]
                 assert s.weight_versions == ["0"]
-            shown = ma.visible_text(tok, solver[j].tokens[solver[j].prompt_length:])
-            assert f"Proposed answer: {shown}\n" in reviewer[j].prompt and f"Proposed answer: {shown}\n" in finalizer[j].prompt
+            shown = ma.visible_text(tok, solver[j].tokens[solver[j].prompt_length :])
+            assert (
+                f"Proposed answer: {shown}\n" in reviewer[j].prompt
+                and f"Proposed answer: {shown}\n" in finalizer[j].prompt
+            )
             assert finalizer[j].prompt.startswith(problem.removesuffix("<|end|><|assistant|>"))
     assert out.metrics[f"{ma.METRIC_PREFIX}/finalizer_num_samples"] == 4
     assert all(math.isfinite(v) for v in out.metrics.values())
@@ -155,19 +189,32 @@ def test_bad_arguments_are_named(tiny_model_dir, task_dir, engine, fresh_state):
 
 
 def test_evaluation_is_the_solver_alone_with_the_chat_template(tiny_model_dir, task_dir, engine, fresh_state):
-    args = _args(tiny_model_dir, task_dir, engine, "--eval-prompt-data", "arith", str(task_dir / "eval.jsonl"),
-                 "--eval-temperature", "0")
+    args = _args(
+        tiny_model_dir,
+        task_dir,
+        engine,
+        "--eval-prompt-data",
+        "arith",
+        str(task_dir / "eval.jsonl"),
+        "--eval-temperature",
+        "0",
+    )
     results = ma.generate_rollout(args, 0, None, evaluation=True)
     samples = results["arith"]["samples"]
-    assert len(samples) == 32 and samples[0].prompt.startswith("<|user|>") and samples[0].prompt.endswith("<|assistant|>")
+    assert (
+        len(samples) == 32 and samples[0].prompt.startswith("<|user|>") and samples[0].prompt.endswith("<|assistant|>")
+    )
     assert args.apply_chat_template is False  # the caller's args are not changed
 
 
 # ------------------------------------------------------------------------------------ real run
 def record_trained(args, rollout_id, rollout_data) -> None:
     """--rollout-data-postprocess-path (trainer side): what the trainer is about to train on."""
-    row = {"rollout_id": rollout_id, "num_samples": len(rollout_data["loss_masks"]),
-           "trained_tokens": int(sum(sum(int(x) for x in m) for m in rollout_data["loss_masks"]))}
+    row = {
+        "rollout_id": rollout_id,
+        "num_samples": len(rollout_data["loss_masks"]),
+        "trained_tokens": int(sum(sum(int(x) for x in m) for m in rollout_data["loss_masks"])),
+    }
     with open(Path(args.run_dir) / "trained.jsonl", "a") as f:
         f.write(json.dumps(row) + "\n")
 
@@ -179,17 +226,48 @@ def test_short_training_run(tiny_model_dir, task_dir, tmp_path):
     from slime.train import shutdown, train
 
     run_dir = tmp_path / "run"
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--rm-type", "math", "--rollout-shuffle",
-        "--rollout-function-path", "examples.multi_agent.rollout.generate_rollout",
-        "--rollout-data-postprocess-path", "tests.examples.test_multi_agent.record_trained",
-        "--num-rollout", "2", "--rollout-batch-size", "6", "--n-samples-per-prompt", "4",
-        "--rollout-max-response-len", "8", "--global-batch-size", "24", "--micro-batch-size", "24",
-        "--lr", "1e-3", "--colocate", "--run-dir", str(run_dir),
-        "--eval-prompt-data", "arith", str(task_dir / "eval.jsonl"), "--eval-temperature", "0",
-        "--skip-eval-before-train",
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "train.jsonl"),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--rm-type",
+            "math",
+            "--rollout-shuffle",
+            "--rollout-function-path",
+            "examples.multi_agent.rollout.generate_rollout",
+            "--rollout-data-postprocess-path",
+            "tests.examples.test_multi_agent.record_trained",
+            "--num-rollout",
+            "2",
+            "--rollout-batch-size",
+            "6",
+            "--n-samples-per-prompt",
+            "4",
+            "--rollout-max-response-len",
+            "8",
+            "--global-batch-size",
+            "24",
+            "--micro-batch-size",
+            "24",
+            "--lr",
+            "1e-3",
+            "--colocate",
+            "--run-dir",
+            str(run_dir),
+            "--eval-prompt-data",
+            "arith",
+            str(task_dir / "eval.jsonl"),
+            "--eval-temperature",
+            "0",
+            "--skip-eval-before-train",
+        ]
+    )
     try:
         train(args)
     finally:

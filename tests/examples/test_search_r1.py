@@ -18,8 +18,9 @@ import time
 import urllib.error
 import urllib.request
 from argparse import Namespace
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -47,8 +48,12 @@ def _get_json(url: str, body: dict | None = None) -> Any:
 
 def start_retrieval_server(port: int) -> subprocess.Popen:
     """`python -m examples.search_r1.retrieval_server --port N`, as the README runs it; waits for /health."""
-    proc = subprocess.Popen([sys.executable, "-m", "examples.search_r1.retrieval_server", "--port", str(port)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "examples.search_r1.retrieval_server", "--port", str(port)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -106,8 +111,9 @@ def hook_env(tiny_model_dir, tmp_path, retrieval_url, monkeypatch) -> tuple[Name
 
 
 def _sample(tokenizer: Any, question: str, label: str) -> Sample:
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
     return Sample(index=0, prompt=prompt, label=label)
 
 
@@ -160,24 +166,28 @@ def test_search_then_answer_trajectory_is_exact(hook_env, retrieval_url):
     sample = _sample(tok, "Which planet is called the Red Planet?", "Mars")
     prompt_ids = tok(sample.prompt, add_special_tokens=False)["input_ids"]
     calls_before = _health(retrieval_url)["requests"]
-    out, engine = _run(args, tok, ["I should look it up. <search>red planet</search>",
-                                   "<answer>Mars</answer>"], sample)
+    out, engine = _run(args, tok, ["I should look it up. <search>red planet</search>", "<answer>Mars</answer>"], sample)
 
     assert _health(retrieval_url)["requests"] == calls_before + 1  # the real server was asked once
     t1, t2 = (o["output_ids"] for o in engine.outputs)
-    info = ("\n<information>(1) Mars: Mars is called the Red Planet because iron oxide dust makes its surface "
-            "look red.</information>\n")
+    info = (
+        "\n<information>(1) Mars: Mars is called the Red Planet because iron oxide dust makes its surface "
+        "look red.</information>\n"
+    )
     info_ids = tok.encode(info, add_special_tokens=False)
     assert out.tokens == prompt_ids + t1 + info_ids + t2
     assert out.response == engine.outputs[0]["text"] + info + engine.outputs[1]["text"]
     assert out.response_length == len(t1) + len(info_ids) + len(t2) == len(out.loss_mask)
     assert out.loss_mask == [1] * len(t1) + [0] * len(info_ids) + [1] * len(t2)
-    expected_lp = ([-0.1 - j / 1000 for j in range(len(t1))] + [0.0] * len(info_ids)
-                   + [-0.2 - j / 1000 for j in range(len(t2))])
+    expected_lp = (
+        [-0.1 - j / 1000 for j in range(len(t1))] + [0.0] * len(info_ids) + [-0.2 - j / 1000 for j in range(len(t2))]
+    )
     assert out.rollout_log_probs == pytest.approx(expected_lp)
     assert [(t["role"], t["start"], t["end"], t["finish_reason"]) for t in out.metadata["turns"]] == [
-        ("model", 0, len(t1), "stop"), ("env", len(t1), len(t1) + len(info_ids), None),
-        ("model", len(t1) + len(info_ids), out.response_length, "stop")]
+        ("model", 0, len(t1), "stop"),
+        ("env", len(t1), len(t1) + len(info_ids), None),
+        ("model", len(t1) + len(info_ids), out.response_length, "stop"),
+    ]
     assert out.status == Sample.Status.COMPLETED and out.metadata["stop_reason"] == "env_done"
     assert out.metadata["search_queries"] == ["red planet"] and out.weight_versions == ["7", "7"]
 
@@ -264,7 +274,9 @@ def test_short_training_run_with_retrieval_server(tiny_model_dir, tmp_path, monk
     monkeypatch.setenv("SEARCH_R1_URL", f"http://127.0.0.1:{port}")  # Ray workers inherit it
     run_dir = tmp_path / "run"
     try:
-        args = parse_args(train_argv("search_r1", tiny_model_dir, run_dir, "tests.examples.test_search_r1.reward_through_hook"))
+        args = parse_args(
+            train_argv("search_r1", tiny_model_dir, run_dir, "tests.examples.test_search_r1.reward_through_hook")
+        )
         train(args)
     finally:
         shutdown()

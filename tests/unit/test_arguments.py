@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 import slime
-
 from slime.arguments import build_parser, parse_args, to_argv
 from slime.errors import SlimeError
 from slime.ray.engine_launch import LaunchSpec, launch_spec
@@ -28,9 +27,19 @@ def test_num_steps_per_rollout_from_global_batch():
 
 
 def test_sglang_passthrough_is_verbatim_but_router_args_are_slimes():
-    a = parse_args(BASE + ["--sglang-dtype", "bfloat16", "--sglang-disable-radix-cache",
-                           "--sglang-mem-fraction-static=0.7", "--sglang-router-ip", "127.0.0.1",
-                           "--sglang-router-port", "30000"])
+    a = parse_args(
+        BASE
+        + [
+            "--sglang-dtype",
+            "bfloat16",
+            "--sglang-disable-radix-cache",
+            "--sglang-mem-fraction-static=0.7",
+            "--sglang-router-ip",
+            "127.0.0.1",
+            "--sglang-router-port",
+            "30000",
+        ]
+    )
     assert a.sglang_args == ["--dtype", "bfloat16", "--disable-radix-cache", "--mem-fraction-static=0.7"]
     assert a.sglang_router_ip == "127.0.0.1" and a.sglang_router_port == 30000
 
@@ -83,18 +92,37 @@ def test_yaml_config_unknown_key(tmp_path):
 
 
 def test_to_argv_round_trip():
-    argv = to_argv({"rollout_batch_size": 4, "num_rollout": 2, "colocate": True, "rollout_shuffle": False,
-                    "eval_prompt_data": ["a", "b.jsonl"]})
-    assert argv == ["--rollout-batch-size", "4", "--num-rollout", "2", "--colocate", "--eval-prompt-data", "a", "b.jsonl"]
+    argv = to_argv(
+        {
+            "rollout_batch_size": 4,
+            "num_rollout": 2,
+            "colocate": True,
+            "rollout_shuffle": False,
+            "eval_prompt_data": ["a", "b.jsonl"],
+        }
+    )
+    assert argv == [
+        "--rollout-batch-size",
+        "4",
+        "--num-rollout",
+        "2",
+        "--colocate",
+        "--eval-prompt-data",
+        "a",
+        "b.jsonl",
+    ]
     assert parse_args(argv).eval_prompt_data == ["a", "b.jsonl"]
 
 
 def test_engine_launch_spec_honours_passthrough():
     """One builder reads host, port and seed from --sglang-* for both backends."""
-    a = parse_args(BASE + ["--sglang-host", "0.0.0.0", "--sglang-port=31000", "--sglang-dtype", "bfloat16",
-                           "--sglang-num-threads", "3"])
-    assert launch_spec(a, rank=1) == LaunchSpec("0.0.0.0", 31001, ["--dtype", "bfloat16", "--num-threads", "3",
-                                                                    "--random-seed", str(a.seed + 1)])
+    a = parse_args(
+        BASE
+        + ["--sglang-host", "0.0.0.0", "--sglang-port=31000", "--sglang-dtype", "bfloat16", "--sglang-num-threads", "3"]
+    )
+    assert launch_spec(a, rank=1) == LaunchSpec(
+        "0.0.0.0", 31001, ["--dtype", "bfloat16", "--num-threads", "3", "--random-seed", str(a.seed + 1)]
+    )
     plain = parse_args(BASE)
     assert launch_spec(plain, rank=0) == LaunchSpec("127.0.0.1", None, ["--random-seed", str(plain.seed)])
     seeded = parse_args(BASE + ["--sglang-random-seed", "7"])
@@ -105,16 +133,34 @@ def test_options_belong_to_a_concern_group():
     """Each option is added by one concern's group of slime.arguments (none left in argparse's catch-all)."""
     parser = build_parser()
     titles = {g.title for g in parser._action_groups if g._group_actions}
-    loose = [a.dest for g in parser._action_groups if g.title == "options" for a in g._group_actions
-             if a.dest not in ("help", "config")]
+    loose = [
+        a.dest
+        for g in parser._action_groups
+        if g.title == "options"
+        for a in g._group_actions
+        if a.dest not in ("help", "config")
+    ]
     assert not loose, loose
-    assert {"cluster", "rollout", "rewards", "data", "eval", "engines", "logging", "checkpoints", "batching",
-            "optimizer", "algorithm"} <= titles
+    assert {
+        "cluster",
+        "rollout",
+        "rewards",
+        "data",
+        "eval",
+        "engines",
+        "logging",
+        "checkpoints",
+        "batching",
+        "optimizer",
+        "algorithm",
+    } <= titles
 
 
 def _is_args(node: ast.expr) -> bool:
     """`args` or `<something>.args`: the parsed namespace, as the package names it everywhere."""
-    return (isinstance(node, ast.Name) and node.id == "args") or (isinstance(node, ast.Attribute) and node.attr == "args")
+    return (isinstance(node, ast.Name) and node.id == "args") or (
+        isinstance(node, ast.Attribute) and node.attr == "args"
+    )
 
 
 def test_code_reads_options_without_second_defaults():
@@ -123,8 +169,14 @@ def test_code_reads_options_without_second_defaults():
     found = []
     for path in Path(slime.__file__).parent.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
-                    and len(node.args) == 3 and _is_args(node.args[0]) and isinstance(node.args[1], ast.Constant)
-                    and node.args[1].value in options):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id == "getattr"
+                and len(node.args) == 3
+                and _is_args(node.args[0])
+                and isinstance(node.args[1], ast.Constant)
+                and node.args[1].value in options
+            ):
                 found.append(f"{path}:{node.lineno} {node.args[1].value}")
     assert not found, found

@@ -20,8 +20,17 @@ from slime.checkpoint_sources import resolve_checkpoints
 from slime.data.data_source import RolloutDataSourceWithBuffer, resume
 from slime.errors import SlimeError
 from slime.utils.checkpoint_layout import (
-    HALT_AT_ENV, HALT_FILE_ENV, MANIFEST, ROLLOUT_STATE_FILE, TRACKER, TRAINER_STATE_FILE, check_complete, commit,
-    iter_dir, latest_dir, staging_dir,
+    HALT_AT_ENV,
+    HALT_FILE_ENV,
+    MANIFEST,
+    ROLLOUT_STATE_FILE,
+    TRACKER,
+    TRAINER_STATE_FILE,
+    check_complete,
+    commit,
+    iter_dir,
+    latest_dir,
+    staging_dir,
 )
 from tests.helpers import make_args
 
@@ -59,8 +68,10 @@ def test_the_tracker_moves_only_after_the_checkpoint_is_whole(tmp_path):
     assert commit(save, 0) == iter_dir(save, 0)
     assert (save / TRACKER).read_text() == "0\n" and not staging_dir(save, 0).exists()
     manifest = json.loads((iter_dir(save, 0) / MANIFEST).read_text())
-    assert manifest["rollout_id"] == 0 and manifest["files"]["model.safetensors"] == (
-        iter_dir(save, 0) / "model.safetensors").stat().st_size
+    assert (
+        manifest["rollout_id"] == 0
+        and manifest["files"]["model.safetensors"] == (iter_dir(save, 0) / "model.safetensors").stat().st_size
+    )
     assert set(manifest["files"]) == {"config.json", "model.safetensors", TRAINER_STATE_FILE, ROLLOUT_STATE_FILE}
 
     _stage(save, 1)
@@ -80,6 +91,7 @@ def test_the_tracker_moves_only_after_the_checkpoint_is_whole(tmp_path):
 
 # ---------------------------------------------------------------- --load refuses what is not whole
 
+
 def _resolve(tiny_model_dir, save, *argv):
     args = make_args("--hf-checkpoint", str(tiny_model_dir), "--load", str(save), *argv)
     return resolve_checkpoints(args, json.loads((tiny_model_dir / "config.json").read_text()))
@@ -97,16 +109,25 @@ def test_a_complete_checkpoint_is_resumed(tiny_model_dir, ckpt):
     assert _resolve(tiny_model_dir, ckpt) == []
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda d: (d / MANIFEST).unlink(), "has no checkpoint_manifest.json, so it is not a complete checkpoint"),
-    (lambda d: (d / TRAINER_STATE_FILE).unlink(), r"trainer_state.pt \(the trainer state .*\) is missing"),
-    (lambda d: (d / ROLLOUT_STATE_FILE).unlink(), r"rollout_state.json \(the data position and Data Buffer\) is miss"),
-    (lambda d: (d / "model.safetensors").write_bytes(b"\0" * 10), r"damaged: model.safetensors \(the model weights\) "
-                                                                   r"has 10 bytes"),
-    (lambda d: (d / MANIFEST).write_text('{"format": "other"}'), "is not a slime-rl checkpoint manifest"),
-    (lambda d: (d.parent / TRACKER).write_text("release"), "holds 'release', not a rollout id"),
-    (lambda d: (d.parent / TRACKER).write_text("9"), "iter_0000009 does not exist"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda d: (d / MANIFEST).unlink(), "has no checkpoint_manifest.json, so it is not a complete checkpoint"),
+        (lambda d: (d / TRAINER_STATE_FILE).unlink(), r"trainer_state.pt \(the trainer state .*\) is missing"),
+        (
+            lambda d: (d / ROLLOUT_STATE_FILE).unlink(),
+            r"rollout_state.json \(the data position and Data Buffer\) is miss",
+        ),
+        (
+            lambda d: (d / "model.safetensors").write_bytes(b"\0" * 10),
+            r"damaged: model.safetensors \(the model weights\) "
+            r"has 10 bytes",
+        ),
+        (lambda d: (d / MANIFEST).write_text('{"format": "other"}'), "is not a slime-rl checkpoint manifest"),
+        (lambda d: (d.parent / TRACKER).write_text("release"), "holds 'release', not a rollout id"),
+        (lambda d: (d.parent / TRACKER).write_text("9"), "iter_0000009 does not exist"),
+    ],
+)
 def test_a_half_written_or_foreign_checkpoint_stops_naming_what_is_wrong(tiny_model_dir, ckpt, damage, message):
     damage(iter_dir(ckpt, 3))
     with pytest.raises(SlimeError, match=message) as e:
@@ -131,21 +152,41 @@ def test_a_checkpoint_without_the_data_state_stops_when_the_data_resumes_from_it
 
 # ---------------------------------------------------------------- the trainer's side
 
+
 def _actor(tiny_model_dir, run_dir, *extra):
     from slime.arguments import parse_args
     from slime.backends.torch.actor import TrainActor
 
-    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt",
-                       "2", "--num-rollout", "3", "--lr", "1e-2", "--micro-batch-size", "4", "--run-dir",
-                       str(run_dir), *extra])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "3",
+            "--lr",
+            "1e-2",
+            "--micro-batch-size",
+            "4",
+            "--run-dir",
+            str(run_dir),
+            *extra,
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
     return actor
 
 
-DATA = {"tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11, 3], [12, 13, 14, 15], [12, 13, 16, 17, 18, 19]],
-        "response_lengths": [2, 3, 2, 3], "loss_masks": [[1, 1], [1, 0, 1], [1, 1], [1, 1, 1]],
-        "rewards": [1.0, -1.0, 0.5, -0.5]}
+DATA = {
+    "tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11, 3], [12, 13, 14, 15], [12, 13, 16, 17, 18, 19]],
+    "response_lengths": [2, 3, 2, 3],
+    "loss_masks": [[1, 1], [1, 0, 1], [1, 1], [1, 1, 1]],
+    "rewards": [1.0, -1.0, 0.5, -0.5],
+}
 
 
 class _NotPlain:  # a pickled object: what weights_only=True refuses to run
@@ -170,8 +211,11 @@ def test_trainer_checkpoints_load_weights_only_and_foreign_ones_stop(tiny_model_
     d = _stage(other, 0, weights={"model.embed_tokens.weight": torch.zeros(3, 3), "extra.weight": torch.zeros(1)})
     torch.save(torch.load(f"{save}/iter_0000000/{TRAINER_STATE_FILE}", weights_only=True), d / TRAINER_STATE_FILE)
     commit(other, 0)
-    with pytest.raises(SlimeError, match=r"does not hold the weights of --hf-checkpoint's model: .*missing.*"
-                                         r"extra.weight.*shapes differ: model.embed_tokens.weight \(3, 3\)"):
+    with pytest.raises(
+        SlimeError,
+        match=r"does not hold the weights of --hf-checkpoint's model: .*missing.*"
+        r"extra.weight.*shapes differ: model.embed_tokens.weight \(3, 3\)",
+    ):
         _actor(tiny_model_dir, tmp_path / "c", "--load", str(other))
 
     # a trainer state holding a pickled object is not run: refused, named

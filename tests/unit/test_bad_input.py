@@ -27,10 +27,26 @@ def _children() -> set[int]:
 @pytest.fixture
 def argv(tiny_model_dir, task_dir, tmp_path):
     return [
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-        "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
-        "--num-rollout", "1", "--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8",
-        "--run-dir", str(tmp_path / "run"),
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--rm-type",
+        "math",
+        "--num-rollout",
+        "1",
+        "--rollout-batch-size",
+        "4",
+        "--n-samples-per-prompt",
+        "2",
+        "--rollout-max-response-len",
+        "8",
+        "--run-dir",
+        str(tmp_path / "run"),
     ]
 
 
@@ -53,7 +69,9 @@ def _fails_early(argv, capsys, *expected):
 
 
 def test_missing_checkpoint(argv, capsys, tmp_path):
-    _fails_early(_replace(argv, "--hf-checkpoint", str(tmp_path / "nope")), capsys, "--hf-checkpoint", "not a directory")
+    _fails_early(
+        _replace(argv, "--hf-checkpoint", str(tmp_path / "nope")), capsys, "--hf-checkpoint", "not a directory"
+    )
 
 
 def test_checkpoint_without_config(argv, capsys, tmp_path):
@@ -93,30 +111,52 @@ def test_bad_hook_path(argv, capsys):
 
 def test_cli_prints_one_clean_line(tmp_path):
     proc = subprocess.run(
-        [sys.executable, "-m", "slime", "train", "--hf-checkpoint", str(tmp_path / "missing"),
-         "--prompt-data", "x.jsonl", "--rollout-batch-size", "1", "--num-rollout", "1"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "slime",
+            "train",
+            "--hf-checkpoint",
+            str(tmp_path / "missing"),
+            "--prompt-data",
+            "x.jsonl",
+            "--rollout-batch-size",
+            "1",
+            "--num-rollout",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2
     assert proc.stderr.startswith("slime: error: --hf-checkpoint") and "Traceback" not in proc.stderr
 
 
 def test_response_longer_than_the_context(argv, capsys):
-    _fails_early(argv + ["--rollout-max-response-len", "4096"], capsys, "--rollout-max-response-len 4096",
-                 "context length 256")
+    _fails_early(
+        argv + ["--rollout-max-response-len", "4096"], capsys, "--rollout-max-response-len 4096", "context length 256"
+    )
 
 
 def test_prompt_limit_that_leaves_nothing(argv, capsys):
-    _fails_early(argv + ["--rollout-max-prompt-len", "2"], capsys, "holds no prompts",
-                 "longer than --rollout-max-prompt-len 2")
+    _fails_early(
+        argv + ["--rollout-max-prompt-len", "2"], capsys, "holds no prompts", "longer than --rollout-max-prompt-len 2"
+    )
 
 
 def test_over_sampling_without_a_reason_to_over_sample(argv, capsys):
-    _fails_early(argv + ["--over-sampling-batch-size", "8"], capsys,
-                 "--over-sampling-batch-size only applies with --dynamic-sampling-filter-path or --partial-rollout")
+    _fails_early(
+        argv + ["--over-sampling-batch-size", "8"],
+        capsys,
+        "--over-sampling-batch-size only applies with --dynamic-sampling-filter-path or --partial-rollout",
+    )
     _fails_early(argv + ["--mask-offpolicy-in-partial-rollout"], capsys, "needs --partial-rollout")
 
 
 def test_bad_buffer_filter_path(argv, capsys):
-    _fails_early(argv + ["--buffer-filter-path", "tests.contracts.hooks.custom_rm"], capsys,
-                 "--buffer-filter-path tests.contracts.hooks.custom_rm: signature")
+    _fails_early(
+        argv + ["--buffer-filter-path", "tests.contracts.hooks.custom_rm"],
+        capsys,
+        "--buffer-filter-path tests.contracts.hooks.custom_rm: signature",
+    )

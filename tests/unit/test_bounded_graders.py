@@ -101,8 +101,16 @@ def test_deepscaler_bombs(name):
     assert (reward, wall < BOUND, bool(reason)) == (0, True, True)
 
 
-@pytest.mark.parametrize("answer", ["\\boxed{9**9**9}", "\\boxed{(10^{100})!}", "\\boxed{10^{10^{10}}!}",
-                                    "\\boxed{(x+1)^{5000}}", BOMBS["1 MB answer"]])
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "\\boxed{9**9**9}",
+        "\\boxed{(10^{100})!}",
+        "\\boxed{10^{10^{10}}!}",
+        "\\boxed{(x+1)^{5000}}",
+        BOMBS["1 MB answer"],
+    ],
+)
 def test_math_verify_bombs(answer):
     reward, reason, wall = grade("math_verify", answer, HALF)
     assert (reward, wall < BOUND, bool(reason)) == (0.0, True, True)
@@ -118,6 +126,7 @@ def test_slimes_sync_entry_points_are_bounded_too():
 
 
 # ------------------------------------------------------------------------------- event loop, recovery
+
 
 def test_event_loop_keeps_running_while_a_grade_is_stuck():
     args = make_args(rm_type="math", math_grader_timeout=TIMEOUT)
@@ -160,8 +169,15 @@ def test_sympy_and_math_verify_never_run_in_the_rollout_process():
         print(sorted(m for m in ("sympy", "math_verify") if m in sys.modules))
     """)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120,
-                         env={**os.environ, "PYTHONPATH": root}, check=False)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root},
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split("\n")[:2] == ["[1.0, 1.0, 1, 1.0]", "[]"]  # all settled by workers
 
@@ -233,18 +249,26 @@ def test_normal_answers_grade_as_before(response, label, reward):
     assert (got, reason) == (reward, None)
     # the same verdict as slime's grading run unbounded, in this process (the old code path)
     given, truth = math_grader.extract_answer(response), label
-    old = given is not None and (math_grader.grade_mathd(given, truth)
-                                 or math_grader._grade_sympy_unbounded(given, truth))
+    old = given is not None and (
+        math_grader.grade_mathd(given, truth) or math_grader._grade_sympy_unbounded(given, truth)
+    )
     assert float(old) == reward
     deep, deep_reason, _ = grade("deepscaler", "<think>x</think>" + response, label)
     assert (deep, deep_reason) == (int(reward), None)
 
 
-@pytest.mark.parametrize("response,label,reward", [
-    ("\\boxed{\\frac{1}{2}}", "0.5", 1.0), ("\\boxed{\\frac{2}{4}}", "0.5", 1.0), ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
-    ("\\boxed{\\sqrt{8}}", "$2\\sqrt{2}$", 1.0), ("\\boxed{\\sqrt{8}}", "$3\\sqrt{2}$", 0.0), ("\\boxed{3}", "4", 0.0),
-    ("\\boxed{(1,2)}", "(1,2)", 1.0),
-])
+@pytest.mark.parametrize(
+    "response,label,reward",
+    [
+        ("\\boxed{\\frac{1}{2}}", "0.5", 1.0),
+        ("\\boxed{\\frac{2}{4}}", "0.5", 1.0),
+        ("\\boxed{x^2+2x+1}", "(x+1)^2", 1.0),
+        ("\\boxed{\\sqrt{8}}", "$2\\sqrt{2}$", 1.0),
+        ("\\boxed{\\sqrt{8}}", "$3\\sqrt{2}$", 0.0),
+        ("\\boxed{3}", "4", 0.0),
+        ("\\boxed{(1,2)}", "(1,2)", 1.0),
+    ],
+)
 def test_math_verify_normal_answers(response, label, reward):
     assert grade("math_verify", response, label)[:2] == (reward, None)
     old = math_verify_rm._verify_unbounded(math_grader.extract_answer(response), label)  # run in this process
@@ -254,12 +278,45 @@ def test_math_verify_normal_answers(response, label, reward):
 # ------------------------------------------------------------------------------- the screen itself
 
 REAL_ANSWERS = [
-    "65", "-3", "\\frac{\\sqrt{3}}{2}", "2^{2023}", "2^{2023}-1", "e^{-x^2}", "(x+1)^{10}", "10!", "2023!",
-    "\\binom{10}{3}", "{10 \\choose 3}", "1.5 \\times 10^{7}", "x^{2}+y^{2}", "\\sqrt[3]{2}", "[1, 2)",
-    "\\{1,2,3\\}", "f(x) = x^2", "\\left( \\frac{1}{2}, 3 \\right)", "3^{100}", "\\dfrac{2^{100}}{3}",
-    "0.000001", "10^{-7}", "\\text{(A)}", "x^{1/2}", "\\pi/4", "(-\\infty, 3]", "k=3", "1,000,000",
-    "2^{2^{10}}", "e^{i\\pi}", "\\sqrt{2 \\times 10^{7}}", "5!!", "\\log_2(10^{6})", "123456789012345678901234",
-    "\\$1{,}000", "90^\\circ", "\\mathbf{(B)}", "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "x \\in (0, 1]",
+    "65",
+    "-3",
+    "\\frac{\\sqrt{3}}{2}",
+    "2^{2023}",
+    "2^{2023}-1",
+    "e^{-x^2}",
+    "(x+1)^{10}",
+    "10!",
+    "2023!",
+    "\\binom{10}{3}",
+    "{10 \\choose 3}",
+    "1.5 \\times 10^{7}",
+    "x^{2}+y^{2}",
+    "\\sqrt[3]{2}",
+    "[1, 2)",
+    "\\{1,2,3\\}",
+    "f(x) = x^2",
+    "\\left( \\frac{1}{2}, 3 \\right)",
+    "3^{100}",
+    "\\dfrac{2^{100}}{3}",
+    "0.000001",
+    "10^{-7}",
+    "\\text{(A)}",
+    "x^{1/2}",
+    "\\pi/4",
+    "(-\\infty, 3]",
+    "k=3",
+    "1,000,000",
+    "2^{2^{10}}",
+    "e^{i\\pi}",
+    "\\sqrt{2 \\times 10^{7}}",
+    "5!!",
+    "\\log_2(10^{6})",
+    "123456789012345678901234",
+    "\\$1{,}000",
+    "90^\\circ",
+    "\\mathbf{(B)}",
+    "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+    "x \\in (0, 1]",
 ]
 
 
@@ -279,6 +336,7 @@ def test_screen_is_fast_on_the_longest_inputs():
 
 
 # ------------------------------------------------------------------------------- options
+
 
 def test_math_grader_timeout_option():
     assert make_args().math_grader_timeout == 5.0
@@ -318,8 +376,10 @@ def test_refused_grades_are_counted_in_the_rollout_metrics():
     from slime.rollout.train_data import rollout_metrics, samples_to_train_data
 
     args = make_args(rm_type="math", n_samples_per_prompt=2)
-    group = [Sample(prompt="p", response="\\boxed{9**9**9**9}", label="1.5", index=0),
-             Sample(prompt="p", response="\\boxed{1.5}", label="1.5", index=1)]
+    group = [
+        Sample(prompt="p", response="\\boxed{9**9**9**9}", label="1.5", index=0),
+        Sample(prompt="p", response="\\boxed{1.5}", label="1.5", index=1),
+    ]
     for s in group:
         s.reward = asyncio.run(async_rm(args, s))
         s.tokens, s.response_length, s.loss_mask, s.status = [1, 2, 3], 2, [1, 1], Sample.Status.COMPLETED

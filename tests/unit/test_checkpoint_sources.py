@@ -23,16 +23,19 @@ def _torch_dist(path, vocab: int, hidden: int, layers: int, step: str = "12"):
     """A Megatron-LM style torch_dist checkpoint: tracker + iteration directory written by
     torch.distributed.checkpoint, with Megatron's GPT tensor names (layers stacked first)."""
     directory = path / ("release" if step == "release" else f"iter_{int(step):07d}")
-    state = {"embedding.word_embeddings.weight": torch.zeros(vocab, hidden),
-             "decoder.layers.self_attention.linear_proj.weight": torch.zeros(layers, hidden, hidden)}
+    state = {
+        "embedding.word_embeddings.weight": torch.zeros(vocab, hidden),
+        "decoder.layers.self_attention.linear_proj.weight": torch.zeros(layers, hidden, hidden),
+    }
     dcp.save(state, checkpoint_id=str(directory), no_dist=True)
     (path / "latest_checkpointed_iteration.txt").write_text(step)
     return path
 
 
 def test_load_without_a_checkpoint_starts_fresh_from_ref_load(tiny_model_dir, tmp_path):
-    args = make_args("--hf-checkpoint", str(tiny_model_dir), "--load", str(tmp_path / "ckpt"),
-                     "--save", str(tmp_path / "ckpt"))
+    args = make_args(
+        "--hf-checkpoint", str(tiny_model_dir), "--load", str(tmp_path / "ckpt"), "--save", str(tmp_path / "ckpt")
+    )
     notes = resolve_checkpoints(args, _config(tiny_model_dir))
     assert args.load is None and args.ref_load == str(tiny_model_dir)
     assert len(notes) == 1 and "holds no checkpoint yet: starting at rollout 0 from --ref-load" in notes[0]
@@ -69,8 +72,8 @@ def test_torch_dist_ref_load_of_another_model_stops_naming_both(tiny_model_dir, 
 
 
 def test_a_checkpoint_of_this_layout_is_resumed(tiny_model_dir, tmp_path):
-    from tests.unit.test_atomic_checkpoints import _stage
     from slime.utils.checkpoint_layout import commit
+    from tests.unit.test_atomic_checkpoints import _stage
 
     ckpt = tmp_path / "ckpt"
     _stage(ckpt, 3)
@@ -79,8 +82,9 @@ def test_a_checkpoint_of_this_layout_is_resumed(tiny_model_dir, tmp_path):
     assert resolve_checkpoints(args, _config(tiny_model_dir)) == [] and args.load == str(ckpt)
     (ckpt / "latest_checkpointed_iteration.txt").write_text("4")  # a tracker naming nothing: stops
     with pytest.raises(SlimeError, match="iter_0000004 does not exist"):
-        resolve_checkpoints(make_args("--hf-checkpoint", str(tiny_model_dir), "--load", str(ckpt)),
-                            _config(tiny_model_dir))
+        resolve_checkpoints(
+            make_args("--hf-checkpoint", str(tiny_model_dir), "--load", str(ckpt)), _config(tiny_model_dir)
+        )
 
 
 def test_load_of_a_megatron_run_is_explained(tiny_model_dir, tmp_path):

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 
 import pytest
@@ -31,14 +30,25 @@ def _place(role, node, cores):
 
 def test_each_engine_lends_its_cores_to_one_trainer_rank_on_its_node(tmp_path):
     args = parse_args(BASE + ["--run-dir", str(tmp_path)])
-    actors = [_place("trainer rank 0", "a", (0,)), _place("trainer rank 1", "a", (1,)),
-              _place("trainer rank 2", "b", (0,))]
-    engines = [_place("engine 0", "a", (2,)), _place("engine 1", "a", (3,)), _place("engine 2", "a", (4,)),
-               _place("engine 3", "c", (0,)), _place("engine 4", "a", None)]
+    actors = [
+        _place("trainer rank 0", "a", (0,)),
+        _place("trainer rank 1", "a", (1,)),
+        _place("trainer rank 2", "b", (0,)),
+    ]
+    engines = [
+        _place("engine 0", "a", (2,)),
+        _place("engine 1", "a", (3,)),
+        _place("engine 2", "a", (4,)),
+        _place("engine 3", "c", (0,)),
+        _place("engine 4", "a", None),
+    ]
     files = plan_core_lending(args, actors, engines)
     assert files == [lending_file(str(tmp_path), e) for e in range(3)] + [None, None]  # other node; unpinned
     assert [[(l.path, l.cores) for l in a.lenders] for a in actors] == [
-        [(files[0], (2,)), (files[2], (4,))], [(files[1], (3,))], []]  # the node's ranks in turn
+        [(files[0], (2,)), (files[2], (4,))],
+        [(files[1], (3,))],
+        [],
+    ]  # the node's ranks in turn
     assert "borrows cores 2,4 while their engine is idle" in actors[0].describe()
 
 
@@ -129,7 +139,7 @@ def test_the_trainer_takes_idle_cores_and_threads_in_its_compute_thread_and_give
         from slime.utils.cores import pin_to_cores
         from slime.utils.core_lending import CoreBorrower, EngineLending, Lender
         pin_to_cores([{a}]); torch.set_num_threads(1)
-        engine = EngineLending({str(tmp_path / 'e.idle')!r})
+        engine = EngineLending({str(tmp_path / "e.idle")!r})
         b = CoreBorrower(({a},), 1, [Lender(engine.path, ({b},))])
         state = lambda: (sorted(os.sched_getaffinity(0)), torch.get_num_threads())
         out = [state()]

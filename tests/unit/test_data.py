@@ -194,8 +194,16 @@ def test_load_parquet(tmp_path):
 
 
 def _args(path, **kw):
-    return make_args(**{"prompt_data": str(path), "input_key": "prompt", "label_key": "label", "rollout_seed": 7,
-                        "n_samples_per_prompt": 3, **kw})
+    return make_args(
+        **{
+            "prompt_data": str(path),
+            "input_key": "prompt",
+            "label_key": "label",
+            "rollout_seed": 7,
+            "n_samples_per_prompt": 3,
+            **kw,
+        }
+    )
 
 
 @pytest.fixture
@@ -256,7 +264,9 @@ def test_data_source_state_restore(prompts, tmp_path):
 
 
 def test_data_source_chat_template_and_errors(prompts, tiny_dir, tmp_path):
-    ds = RolloutDataSource(_args(prompts, apply_chat_template=True, hf_checkpoint=str(tiny_dir), n_samples_per_prompt=1))
+    ds = RolloutDataSource(
+        _args(prompts, apply_chat_template=True, hf_checkpoint=str(tiny_dir), n_samples_per_prompt=1)
+    )
     assert ds.get_samples(1)[0][0].prompt == "<|user|>0+0=<|end|><|assistant|>"
     with pytest.raises(SlimeError, match="--hf-checkpoint is not set"):
         RolloutDataSource(_args(prompts, apply_chat_template=True))
@@ -277,8 +287,13 @@ def test_group_copies_are_independent_like_deepcopy():
     from slime.data.data_source import independent_copy
     from slime.utils.types import Sample
 
-    prompt = Sample(prompt=[{"role": "user", "content": "1+1="}], label="2", metadata={"k": [1, {"x": 2}]},
-                    tokens=[5, 6], apply_chat_template_kwargs={"enable_thinking": False})
+    prompt = Sample(
+        prompt=[{"role": "user", "content": "1+1="}],
+        label="2",
+        metadata={"k": [1, {"x": 2}]},
+        tokens=[5, 6],
+        apply_chat_template_kwargs={"enable_thinking": False},
+    )
     a, b = independent_copy(prompt), independent_copy(prompt)
     assert vars(a) == vars(copy.deepcopy(prompt)) == vars(prompt)
     a.prompt[0]["content"] = "changed"

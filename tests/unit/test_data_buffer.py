@@ -9,16 +9,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
-
 from transformers import AutoTokenizer
 
 from slime.arguments import parse_args
 from slime.data.data_source import RolloutDataSourceWithBuffer
 from slime.data.dataset import load_prompt_samples
-from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE
 from slime.errors import SlimeError
 from slime.preflight import preflight
 from slime.rollout.train_data import eval_metrics, pass_at_k
+from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE
 from slime.utils.types import Sample
 from tests.helpers import make_args
 
@@ -31,11 +30,21 @@ def _prompts(tmp_path, n=10, name="p.jsonl", extra=None):
 
 
 def _args(path, **kw):
-    return make_args(**{"prompt_data": str(path), "input_key": "prompt", "label_key": "label", "rollout_shuffle": True,
-                        "rollout_seed": 3, "n_samples_per_prompt": 2, **kw})
+    return make_args(
+        **{
+            "prompt_data": str(path),
+            "input_key": "prompt",
+            "label_key": "label",
+            "rollout_shuffle": True,
+            "rollout_seed": 3,
+            "n_samples_per_prompt": 2,
+            **kw,
+        }
+    )
 
 
 # ---------------------------------------------------------------- buffer and checkpoints
+
 
 def test_buffer_is_served_first_and_survives_a_checkpoint(tmp_path):
     src = RolloutDataSourceWithBuffer(_args(_prompts(tmp_path), save=str(tmp_path / "ckpt")))
@@ -97,8 +106,17 @@ def test_tool_key_reaches_the_chat_template_and_metadata(tmp_path, tiny_model_di
     ]
     path = tmp_path / "t.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    src = RolloutDataSourceWithBuffer(_args(path, tool_key="tools", apply_chat_template=True, rollout_shuffle=False,
-                                            apply_chat_template_kwargs=None, n_samples_per_prompt=1), tokenizer=tok)
+    src = RolloutDataSourceWithBuffer(
+        _args(
+            path,
+            tool_key="tools",
+            apply_chat_template=True,
+            rollout_shuffle=False,
+            apply_chat_template_kwargs=None,
+            n_samples_per_prompt=1,
+        ),
+        tokenizer=tok,
+    )
     prompts = [g[0] for g in src.get_samples(3)]
     assert prompts[0].prompt == "<|system|>tools: calculator search<|end|><|user|>add<|end|><|assistant|>"
     assert prompts[0].metadata["tools"] == [{"name": "calculator"}, {"name": "search"}]
@@ -118,11 +136,29 @@ def test_tool_key_with_a_bad_value_names_file_and_line(tmp_path):
 
 # ---------------------------------------------------------------- --num-epoch, --rollout-max-prompt-len
 
+
 def _parse(tmp_path, model_dir, *extra):
-    return parse_args(["--hf-checkpoint", str(model_dir), "--prompt-data", str(_prompts(tmp_path, n=10)),
-                       "--input-key", "prompt", "--label-key", "label", "--rollout-batch-size", "4",
-                       "--rm-type", "math", "--rollout-max-response-len", "8", "--run-dir", str(tmp_path / "run"),
-                       *extra])
+    return parse_args(
+        [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--prompt-data",
+            str(_prompts(tmp_path, n=10)),
+            "--input-key",
+            "prompt",
+            "--label-key",
+            "label",
+            "--rollout-batch-size",
+            "4",
+            "--rm-type",
+            "math",
+            "--rollout-max-response-len",
+            "8",
+            "--run-dir",
+            str(tmp_path / "run"),
+            *extra,
+        ]
+    )
 
 
 def _counted(args):
@@ -154,13 +190,33 @@ def test_max_prompt_len_drops_and_counts_before_epochs_are_counted(tmp_path, tin
     assert len(src) == 8 and src.num_dropped == 4  # rows 0, 3, 6, 9 are too long
     assert all(g[0].prompt == "1+1?" for g in src.get_samples(8))
 
-    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(path), "--input-key", "prompt",
-                       "--rollout-batch-size", "4", "--num-epoch", "3", "--rollout-max-prompt-len", str(limit),
-                       "--rm-type", "math", "--rollout-max-response-len", "8", "--run-dir", str(tmp_path / "run")])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(path),
+            "--input-key",
+            "prompt",
+            "--rollout-batch-size",
+            "4",
+            "--num-epoch",
+            "3",
+            "--rollout-max-prompt-len",
+            str(limit),
+            "--rm-type",
+            "math",
+            "--rollout-max-response-len",
+            "8",
+            "--run-dir",
+            str(tmp_path / "run"),
+        ]
+    )
     assert _counted(args).num_rollout == 6  # 3 epochs x 8 kept prompts // 4
 
 
 # ---------------------------------------------------------------- pass@k
+
 
 def _brute_pass_at_k(correct: list[bool], k: int) -> float:
     """Fraction of all k-subsets of the samples that hold a correct one (the definition)."""
@@ -179,13 +235,14 @@ def test_eval_metrics_report_pass_at_k_per_prompt():
     rewards = [1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0]  # prompt 0: 1 of 4, prompt 1: 0 of 4, prompt 2: 2 of 4
     samples = [Sample(group_index=i // 4, index=i, response_length=3) for i in range(12)]
     m = eval_metrics(make_args(), {"arith": {"rewards": rewards, "samples": samples}})
-    groups = [[bool(r) for r in rewards[i:i + 4]] for i in (0, 4, 8)]
+    groups = [[bool(r) for r in rewards[i : i + 4]] for i in (0, 4, 8)]
     for k in (1, 2, 4):
         assert m[f"eval/arith/pass@{k}"] == pytest.approx(sum(_brute_pass_at_k(g, k) for g in groups) / 3)
     assert "eval/arith/pass@8" not in m and m["eval/arith"] == pytest.approx(3 / 12)
 
 
 # ---------------------------------------------------------------- slime's import path and contract
+
 
 def test_slimes_data_source_path_is_the_default_and_the_contract(tmp_path):
     import slime.rollout.data_source as slime_path

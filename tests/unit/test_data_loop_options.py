@@ -15,8 +15,7 @@ import pytest
 from slime.arguments import build_parser, parse_args
 from slime.arguments.training import custom_config_note
 from slime.arguments.upstream import NOT_BUILT
-from slime.data.data_source import (DataSource, RolloutDataSource, RolloutDataSourceWithBuffer, resume,
-                                    resume_rollout_id)
+from slime.data.data_source import DataSource, RolloutDataSource, RolloutDataSourceWithBuffer, resume, resume_rollout_id
 from slime.errors import SlimeError
 from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, TRACKER, iter_dir
 from slime.utils.types import Sample
@@ -51,26 +50,52 @@ def test_options_have_slimes_dest_default_and_action():
 
 
 def test_options_parse_to_their_values():
-    args = make_args("--start-rollout-id", "3", "--disable-rollout-global-dataset", "--loss-mask-type", "qwen3_5",
-                     num_rollout=5, rollout_function_path=CUSTOM_ROLLOUT)
+    args = make_args(
+        "--start-rollout-id",
+        "3",
+        "--disable-rollout-global-dataset",
+        "--loss-mask-type",
+        "qwen3_5",
+        num_rollout=5,
+        rollout_function_path=CUSTOM_ROLLOUT,
+    )
     assert (args.start_rollout_id, args.rollout_global_dataset, args.loss_mask_type) == (3, False, "qwen3_5")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--loss-mask-type", "llama"], "invalid choice"),
-    (["--start-rollout-id", "-1"], "--start-rollout-id must be >= 0"),
-    (["--start-rollout-id", "2", "--num-rollout", "2"], "leaves nothing to train"),
-    (["--disable-rollout-global-dataset"], "sglang_rollout.generate_rollout takes its prompts from --prompt-data"),
-    (["--disable-rollout-global-dataset", "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"],
-     "sft_rollout.generate_rollout takes its prompts"),
-    (["--disable-rollout-global-dataset", "--rollout-function-path", CUSTOM_ROLLOUT, "--num-rollout", None,
-      "--num-epoch", "2"], "--num-epoch counts passes"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--loss-mask-type", "llama"], "invalid choice"),
+        (["--start-rollout-id", "-1"], "--start-rollout-id must be >= 0"),
+        (["--start-rollout-id", "2", "--num-rollout", "2"], "leaves nothing to train"),
+        (["--disable-rollout-global-dataset"], "sglang_rollout.generate_rollout takes its prompts from --prompt-data"),
+        (
+            [
+                "--disable-rollout-global-dataset",
+                "--rollout-function-path",
+                "slime.rollout.sft_rollout.generate_rollout",
+            ],
+            "sft_rollout.generate_rollout takes its prompts",
+        ),
+        (
+            [
+                "--disable-rollout-global-dataset",
+                "--rollout-function-path",
+                CUSTOM_ROLLOUT,
+                "--num-rollout",
+                None,
+                "--num-epoch",
+                "2",
+            ],
+            "--num-epoch counts passes",
+        ),
+    ],
+)
 def test_bad_values_stop_at_parsing(argv, message):
     base = ["--rollout-batch-size", "1", "--num-rollout", "1"]
     if None in argv:  # drop --num-rollout
         i = argv.index(None)
-        argv = argv[:i - 1] + argv[i + 1:]
+        argv = argv[: i - 1] + argv[i + 1 :]
         base = ["--rollout-batch-size", "1"]
     with pytest.raises(SlimeError, match=message):
         parse_args(base + argv)
@@ -86,6 +111,7 @@ def test_start_rollout_id_is_checked_once_num_epoch_counts_the_rollouts():
 
 # ---------------------------------------------------------------- --custom-config-path
 
+
 def _config(tmp_path, text):
     p = tmp_path / "custom.yaml"
     p.write_text(text)
@@ -93,8 +119,7 @@ def _config(tmp_path, text):
 
 
 def test_custom_config_keys_become_attributes_and_replace_arguments(tmp_path):
-    path = _config(tmp_path, "my_threshold: 0.25\nmy_names: [a, b]\nmy-dashed: 1\nlr: 2.0e-5\n"
-                             "rollout_batch_size: 8\n")
+    path = _config(tmp_path, "my_threshold: 0.25\nmy_names: [a, b]\nmy-dashed: 1\nlr: 2.0e-5\nrollout_batch_size: 8\n")
     args = make_args("--custom-config-path", path, rollout_batch_size=2, lr=1e-6)
     assert args.my_threshold == 0.25 and args.my_names == ["a", "b"]
     assert getattr(args, "my-dashed") == 1  # set as written, as slime's setattr does
@@ -107,14 +132,17 @@ def test_custom_config_keys_become_attributes_and_replace_arguments(tmp_path):
     assert custom_config_note(make_args()) is None
 
 
-@pytest.mark.parametrize("text, message", [
-    ("lr: 1e-5\n", r"'lr' replaces args.lr \(1e-06, a float\) with '1e-5', a str \(YAML reads"),
-    ("rollout_batch_size: 2.5\n", "replaces args.rollout_batch_size"),
-    ("colocate: 1\n", "replaces args.colocate"),
-    ("rollout-batch-size: 4\n", "would not replace args.rollout_batch_size; write 'rollout_batch_size'"),
-    ("- a\n- b\n", "expected a mapping"),
-    ("a: [\n", "invalid YAML"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("lr: 1e-5\n", r"'lr' replaces args.lr \(1e-06, a float\) with '1e-5', a str \(YAML reads"),
+        ("rollout_batch_size: 2.5\n", "replaces args.rollout_batch_size"),
+        ("colocate: 1\n", "replaces args.colocate"),
+        ("rollout-batch-size: 4\n", "would not replace args.rollout_batch_size; write 'rollout_batch_size'"),
+        ("- a\n- b\n", "expected a mapping"),
+        ("a: [\n", "invalid YAML"),
+    ],
+)
 def test_custom_config_errors_name_the_file_and_key(tmp_path, text, message):
     path = _config(tmp_path, text)
     with pytest.raises(SlimeError, match=message) as e:
@@ -131,6 +159,7 @@ def test_custom_config_missing_file_and_empty_file(tmp_path):
 
 # ---------------------------------------------------------------- --disable-rollout-global-dataset
 
+
 @pytest.fixture()
 def prompts(tmp_path):
     p = tmp_path / "p.jsonl"
@@ -139,8 +168,14 @@ def prompts(tmp_path):
 
 
 def test_without_global_dataset_get_samples_hands_out_buffer_then_empty_samples(prompts, tmp_path):
-    args = make_args("--disable-rollout-global-dataset", prompt_data=str(prompts), input_key="prompt",
-                     n_samples_per_prompt=2, rollout_function_path=CUSTOM_ROLLOUT, save=str(tmp_path / "ck"))
+    args = make_args(
+        "--disable-rollout-global-dataset",
+        prompt_data=str(prompts),
+        input_key="prompt",
+        n_samples_per_prompt=2,
+        rollout_function_path=CUSTOM_ROLLOUT,
+        save=str(tmp_path / "ck"),
+    )
     ds = RolloutDataSourceWithBuffer(args)
     assert len(ds) == 0 and ds.dataset is None  # --prompt-data not loaded (slime's)
     kept = [Sample(prompt="mine", index=100, group_index=50), Sample(prompt="mine", index=101, group_index=50)]
@@ -182,6 +217,7 @@ def test_preflight_data_check_honours_the_flag(tmp_path):
 
 # ---------------------------------------------------------------- which data state a run resumes from
 
+
 @pytest.fixture()
 def checkpoints(prompts, tmp_path):
     """Data states saved at rollouts 1 (2 prompts handed out) and 3 (5 handed out); the latest is 3."""
@@ -201,13 +237,16 @@ def _fresh(prompts, ck, *argv):
     return args, RolloutDataSourceWithBuffer(args)
 
 
-@pytest.mark.parametrize("argv, want_id, want_offset", [
-    ([], 3, 5),  # unset: the latest checkpoint's (the trainer resumes at 4)
-    (["--start-rollout-id", "4"], 3, 5),
-    (["--start-rollout-id", "2"], 1, 2),  # slime: the state saved with start_rollout_id - 1
-    (["--start-rollout-id", "3"], 2, 0),  # no state saved with rollout 2: from the beginning, as slime
-    (["--start-rollout-id", "0"], None, 0),
-])
+@pytest.mark.parametrize(
+    "argv, want_id, want_offset",
+    [
+        ([], 3, 5),  # unset: the latest checkpoint's (the trainer resumes at 4)
+        (["--start-rollout-id", "4"], 3, 5),
+        (["--start-rollout-id", "2"], 1, 2),  # slime: the state saved with start_rollout_id - 1
+        (["--start-rollout-id", "3"], 2, 0),  # no state saved with rollout 2: from the beginning, as slime
+        (["--start-rollout-id", "0"], None, 0),
+    ],
+)
 def test_resume_follows_slimes_rule(prompts, checkpoints, argv, want_id, want_offset):
     args, ds = _fresh(prompts, checkpoints, *argv)
     assert resume_rollout_id(args) == want_id
@@ -246,8 +285,9 @@ class _Recorder(DataSource):
         return 0
 
 
-@pytest.mark.parametrize("argv, calls", [([], [3]), (["--start-rollout-id", "2"], [1]),
-                                         (["--start-rollout-id", "0"], [])])
+@pytest.mark.parametrize(
+    "argv, calls", [([], [3]), (["--start-rollout-id", "2"], [1]), (["--start-rollout-id", "0"], [])]
+)
 def test_resume_gives_a_custom_source_slimes_rollout_id(checkpoints, argv, calls):
     args = make_args(*argv, load=str(checkpoints), num_rollout=10)
     source = _Recorder()
@@ -257,19 +297,45 @@ def test_resume_gives_a_custom_source_slimes_rollout_id(checkpoints, argv, calls
 
 # ---------------------------------------------------------------- the LR schedule does not jump to the start id
 
+
 def test_lr_schedule_counts_steps_taken_not_the_start_rollout_id(tiny_model_dir, tmp_path):
     """slime (Megatron): the scheduler's position is its own step count (restored from a checkpoint),
     never derived from --start-rollout-id. Linear decay from lr to 0 over the run's 5 steps: step k has
     lr * (1 - k / 5)."""
     from slime.backends.torch.actor import TrainActor
 
-    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt",
-                       "2", "--num-rollout", "5", "--start-rollout-id", "3", "--lr", "1e-2", "--min-lr", "0",
-                       "--lr-decay-style", "linear", "--micro-batch-size", "4", "--run-dir", str(tmp_path)])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "5",
+            "--start-rollout-id",
+            "3",
+            "--lr",
+            "1e-2",
+            "--min-lr",
+            "0",
+            "--lr-decay-style",
+            "linear",
+            "--micro-batch-size",
+            "4",
+            "--run-dir",
+            str(tmp_path),
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     assert actor.init() == 0  # no --load: the trainer has nothing to resume
-    data = {"tokens": [[5, 6, 7, 8], [5, 6, 9, 10], [11, 12, 13], [11, 12, 14]], "response_lengths": [2, 2, 1, 1],
-            "loss_masks": [[1, 1], [1, 1], [1], [1]], "rewards": [1.0, -1.0, 0.5, -0.5]}
+    data = {
+        "tokens": [[5, 6, 7, 8], [5, 6, 9, 10], [11, 12, 13], [11, 12, 14]],
+        "response_lengths": [2, 2, 1, 1],
+        "loss_masks": [[1, 1], [1, 1], [1], [1]],
+        "rewards": [1.0, -1.0, 0.5, -0.5],
+    }
     lrs = [actor.train(rollout_id, copy.deepcopy(data))["train/lr"] for rollout_id in (3, 4)]
     assert lrs == pytest.approx([1e-2, 1e-2 * (1 - 1 / 5)], rel=1e-9)
 
@@ -298,9 +364,16 @@ def _by_hand(tok, pieces):
 
 
 # The tiny template renders `<|ROLE|>CONTENT<|end|>` per message, `<|assistant|>` as the generation prompt.
-PER_MESSAGE = [("<|system|>Add.<|end|>", 0), ("<|user|>1+2=<|end|>", 0), ("<|assistant|>", 0),
-               ("\\boxed{3}<|end|>", 1), ("<|user|>and 20+2?<|end|>", 0), ("<|tool|>calc: 22<|end|>", 0),
-               ("<|assistant|>", 0), ("The answer is \\boxed{22}<|end|>", 1)]
+PER_MESSAGE = [
+    ("<|system|>Add.<|end|>", 0),
+    ("<|user|>1+2=<|end|>", 0),
+    ("<|assistant|>", 0),
+    ("\\boxed{3}<|end|>", 1),
+    ("<|user|>and 20+2?<|end|>", 0),
+    ("<|tool|>calc: 22<|end|>", 0),
+    ("<|assistant|>", 0),
+    ("The answer is \\boxed{22}<|end|>", 1),
+]
 EXPECTED = {
     "qwen": PER_MESSAGE,  # each message rendered alone
     "qwen3": PER_MESSAGE,  # each message rendered beside a probe: the same on this template
@@ -312,8 +385,9 @@ EXPECTED = {
 def _sft_args(tmp_path, rows, tiny_model_dir, *argv):
     p = tmp_path / "sft.jsonl"
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return make_args(*argv, prompt_data=str(p), input_key="messages", hf_checkpoint=str(tiny_model_dir),
-                     rollout_batch_size=len(rows))
+    return make_args(
+        *argv, prompt_data=str(p), input_key="messages", hf_checkpoint=str(tiny_model_dir), rollout_batch_size=len(rows)
+    )
 
 
 @pytest.mark.parametrize("loss_mask_type", sorted(EXPECTED))
@@ -321,7 +395,7 @@ def test_sft_rollout_uses_the_loss_mask_type(tmp_path, tiny_model_dir, tok, loss
     from slime.rollout.sft_rollout import generate_rollout
 
     args = _sft_args(tmp_path, [{"messages": CONVERSATION}], tiny_model_dir, "--loss-mask-type", loss_mask_type)
-    (sample,), = generate_rollout(args, 0, RolloutDataSource(args, tokenizer=tok))
+    ((sample,),) = generate_rollout(args, 0, RolloutDataSource(args, tokenizer=tok))
     tokens, mask, response_length = _by_hand(tok, EXPECTED[loss_mask_type])
     assert sample.tokens == tokens
     assert sample.loss_mask == mask and sample.response_length == response_length == len(mask)
@@ -335,7 +409,7 @@ def test_sft_rollout_step_loss_mask_and_nothing_to_train(tmp_path, tiny_model_di
     quiet = copy.deepcopy(CONVERSATION)
     quiet[2]["step_loss_mask"] = 0  # slime: this assistant turn is not trained on
     args = _sft_args(tmp_path, [{"messages": quiet}], tiny_model_dir)
-    (sample,), = generate_rollout(args, 0, RolloutDataSource(args, tokenizer=tok))
+    ((sample,),) = generate_rollout(args, 0, RolloutDataSource(args, tokenizer=tok))
     pieces = [(text, 0 if text == "\\boxed{3}<|end|>" else m) for text, m in PER_MESSAGE]
     assert (sample.tokens, sample.loss_mask, sample.response_length) == _by_hand(tok, pieces)
 
@@ -349,14 +423,17 @@ def test_sft_rollout_passes_the_rows_tools_to_the_template(tmp_path, tiny_model_
     from slime.rollout.sft_rollout import generate_rollout
 
     with_tools = copy.deepcopy(tok)
-    with_tools.chat_template = "{%- if tools -%}<|system|>tools={{ tools | length }}<|end|>{%- endif -%}" + CHAT_TEMPLATE
+    with_tools.chat_template = (
+        "{%- if tools -%}<|system|>tools={{ tools | length }}<|end|>{%- endif -%}" + CHAT_TEMPLATE
+    )
     messages = [{"role": "user", "content": "57+8="}, {"role": "assistant", "content": "\\boxed{65}"}]
     tools = [{"name": "calc"}, {"name": "search"}]
     args = _sft_args(tmp_path, [{"messages": messages, "tools": tools}], tiny_model_dir)
-    (sample,), = generate_rollout(args, 0, RolloutDataSource(args, tokenizer=with_tools))
+    ((sample,),) = generate_rollout(args, 0, RolloutDataSource(args, tokenizer=with_tools))
     # slime: the tools go with the first message
-    want = _by_hand(tok, [("<|system|>tools=2<|end|><|user|>57+8=<|end|>", 0), ("<|assistant|>", 0),
-                          ("\\boxed{65}<|end|>", 1)])
+    want = _by_hand(
+        tok, [("<|system|>tools=2<|end|><|user|>57+8=<|end|>", 0), ("<|assistant|>", 0), ("\\boxed{65}<|end|>", 1)]
+    )
     assert (sample.tokens, sample.loss_mask, sample.response_length) == want
 
 
@@ -374,6 +451,7 @@ def test_sft_rollout_errors_name_the_option(tmp_path, tiny_model_dir, tok):
 
 # ---------------------------------------------------------------- one short real run
 
+
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_short_sft_run_starts_at_the_start_rollout_id(tiny_model_dir, task_dir, tmp_path, capsys):
@@ -383,14 +461,45 @@ def test_short_sft_run_starts_at_the_start_rollout_id(tiny_model_dir, task_dir, 
 
     run_dir = tmp_path / "run"
     config = _config(tmp_path, "lr: 2.0e-3\nmy_setting: 7\n")
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "sft.jsonl"),
-        "--input-key", "messages", "--loss-type", "sft_loss", "--rollout-max-response-len", "64",
-        "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout", "--loss-mask-type", "qwen3",
-        "--num-rollout", "2", "--start-rollout-id", "1", "--rollout-batch-size", "4", "--global-batch-size", "4",
-        "--micro-batch-size", "4", "--lr", "1e-3", "--lr-decay-style", "linear", "--save-interval", "1",
-        "--custom-config-path", config, "--colocate", "--run-dir", str(run_dir),
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--prompt-data",
+            str(task_dir / "sft.jsonl"),
+            "--input-key",
+            "messages",
+            "--loss-type",
+            "sft_loss",
+            "--rollout-max-response-len",
+            "64",
+            "--rollout-function-path",
+            "slime.rollout.sft_rollout.generate_rollout",
+            "--loss-mask-type",
+            "qwen3",
+            "--num-rollout",
+            "2",
+            "--start-rollout-id",
+            "1",
+            "--rollout-batch-size",
+            "4",
+            "--global-batch-size",
+            "4",
+            "--micro-batch-size",
+            "4",
+            "--lr",
+            "1e-3",
+            "--lr-decay-style",
+            "linear",
+            "--save-interval",
+            "1",
+            "--custom-config-path",
+            config,
+            "--colocate",
+            "--run-dir",
+            str(run_dir),
+        ]
+    )
     try:
         train(args)
     finally:

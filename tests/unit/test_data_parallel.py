@@ -43,23 +43,54 @@ def _data(seed: int) -> dict:
         masks.append([1] * r if i % 3 else [1] * (r - 1) + [0] if r > 1 else [1])
         rewards.append(rng.uniform(-1, 1))
         rollout_lp.append([-rng.uniform(3, 7) for _ in range(r)])  # the engine's, for the mismatch metric
-    return {"tokens": tokens, "response_lengths": resp, "loss_masks": masks, "rewards": rewards,
-            "rollout_log_probs": rollout_lp}
+    return {
+        "tokens": tokens,
+        "response_lengths": resp,
+        "loss_masks": masks,
+        "rewards": rewards,
+        "rollout_log_probs": rollout_lp,
+    }
 
 
-COMMON = ["--rollout-batch-size", "4", "--n-samples-per-prompt", "2", "--global-batch-size", "4",
-          "--micro-batch-size", "1", "--num-rollout", "2", "--lr", "1e-3",
-          # Adam's first update is ~lr*sign(g): float noise on a near-zero gradient would flip it;
-          # a large eps makes the update a smooth function of the gradient (equal weights = equal grads)
-          "--adam-eps", "1e-2"]
+COMMON = [
+    "--rollout-batch-size",
+    "4",
+    "--n-samples-per-prompt",
+    "2",
+    "--global-batch-size",
+    "4",
+    "--micro-batch-size",
+    "1",
+    "--num-rollout",
+    "2",
+    "--lr",
+    "1e-3",
+    # Adam's first update is ~lr*sign(g): float noise on a near-zero gradient would flip it;
+    # a large eps makes the update a smooth function of the gradient (equal weights = equal grads)
+    "--adam-eps",
+    "1e-2",
+]
 CONFIGS = {
     # the old log-probs from the frozen copy of the served weights; whitening over both ranks; the
     # KL loss against the reference; slime's per-sample mean
-    "keep_old_actor_whiten_kl": ["--keep-old-actor", "--normalize-advantages", "--use-kl-loss",
-                                 "--kl-loss-coef", "0.1", "--kl-loss-type", "low_var_kl"],
+    "keep_old_actor_whiten_kl": [
+        "--keep-old-actor",
+        "--normalize-advantages",
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.1",
+        "--kl-loss-type",
+        "low_var_kl",
+    ],
     # PPO: the critic trained beside the policy (values, GAE, clipped value loss), token-sum reduction
-    "ppo_critic_per_token": ["--advantage-estimator", "ppo", "--normalize-advantages", "--calculate-per-token-loss",
-                             "--critic-lr", "2e-3"],
+    "ppo_critic_per_token": [
+        "--advantage-estimator",
+        "ppo",
+        "--normalize-advantages",
+        "--calculate-per-token-loss",
+        "--critic-lr",
+        "2e-3",
+    ],
     # the default job's shape: one optimizer step per rollout, so the old log-probs are the training
     # forward's own (no separate pass) and train/train_rollout_logprob_abs_diff comes from it
     "one_step_per_rollout": ["--global-batch-size", str(N)],
@@ -74,10 +105,20 @@ def _worker(rank: int, world: int, ports: list[int], model_dir: str, out: str) -
     from slime.utils.checkpoint_layout import commit
 
     def actor_of(name: str, port: int, *extra: str) -> TrainActor:
-        args = parse_args(["--hf-checkpoint", model_dir, "--run-dir", f"{out}/run_{name}_{world}",
-                           "--actor-num-gpus-per-node", str(world), *COMMON, *CONFIGS[name], *extra])
-        actor = TrainActor(args, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port,
-                           num_threads=1)
+        args = parse_args(
+            [
+                "--hf-checkpoint",
+                model_dir,
+                "--run-dir",
+                f"{out}/run_{name}_{world}",
+                "--actor-num-gpus-per-node",
+                str(world),
+                *COMMON,
+                *CONFIGS[name],
+                *extra,
+            ]
+        )
+        actor = TrainActor(args, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, num_threads=1)
         return actor
 
     def finish(actor: TrainActor, metrics: list, path: str) -> None:
@@ -115,8 +156,7 @@ def _run(world: int, model_dir, out) -> dict:
     """Every configuration in `world` spawned processes; {name: what rank 0 saw}."""
     ctx = mp.get_context("spawn")
     ports = [free_port() for _ in range(2 * len(CONFIGS))]
-    procs = [ctx.Process(target=_worker, args=(rank, world, ports, str(model_dir), str(out)))
-             for rank in range(world)]
+    procs = [ctx.Process(target=_worker, args=(rank, world, ports, str(model_dir), str(out))) for rank in range(world)]
     for p in procs:
         p.start()
     for p in procs:
@@ -126,9 +166,11 @@ def _run(world: int, model_dir, out) -> dict:
         if p.is_alive():
             p.kill()
     assert codes == [0] * world, f"{world} rank(s): exit codes {codes}"
-    return {name: {way: torch.load(out / f"{name}_{world}{way}.pt", weights_only=True) for way in ("", "_resumed")}
-            | {"rng": [torch.load(out / f"rng_{name}_{world}_{r}.pt", weights_only=True) for r in range(world)]}
-            for name in CONFIGS}
+    return {
+        name: {way: torch.load(out / f"{name}_{world}{way}.pt", weights_only=True) for way in ("", "_resumed")}
+        | {"rng": [torch.load(out / f"rng_{name}_{world}_{r}.pt", weights_only=True) for r in range(world)]}
+        for name in CONFIGS
+    }
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +191,13 @@ def test_two_ranks_make_the_same_update_as_one(runs, tiny_model_dir, name):
     for rollout_id, (m1, m2) in enumerate(zip(one["metrics"], two["metrics"])):
         compared = [k for k in m1 if not k.startswith("perf/")]
         assert sorted(compared) == sorted(k for k in m2 if not k.startswith("perf/"))
-        for key in ("train/pg_loss", "train/grad_norm", "rollout/advantages_std", "train/ppo_kl",
-                    "train/train_rollout_logprob_abs_diff"):
+        for key in (
+            "train/pg_loss",
+            "train/grad_norm",
+            "rollout/advantages_std",
+            "train/ppo_kl",
+            "train/train_rollout_logprob_abs_diff",
+        ):
             assert key in compared, key
         for key in compared:
             # abs: train/ppo_kl is a mean of differences of fp32 log-probs of magnitude ~5, whose last

@@ -36,23 +36,30 @@ def test_slimes_names_defaults_and_dump_details_layout(tmp_path):
     assert parse_args(BASE + ["--debug-rollout-only", "--colocate"]).colocate is False
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--debug-rollout-only", "--debug-train-only"], "cannot be set at the same time"),
-    (["--debug-rollout-only", "--load-debug-rollout-data", "r.pt"], "--debug-rollout-only starts no trainer"),
-    (["--debug-train-only"], "--debug-train-only starts no engines"),
-    (["--debug-train-only", "--load-debug-rollout-data", "r.pt", "--check-weight-update-equal"],
-     "--check-weight-update-equal compares the engines"),
-    (["--debug-rollout-only", "--get-mismatch-metrics"], "--get-mismatch-metrics acts in the trainer"),
-    (["--load-debug-rollout-data-subsample", "0.5"], "give that too"),
-    (["--load-debug-rollout-data", "r.pt", "--load-debug-rollout-data-subsample", "1.5"], "must be in (0, 1]"),
-    (["--save-debug-rollout-data", "d/{rollout}.pt"], "--save-debug-rollout-data 'd/{rollout}.pt': placeholders"),
-    (["--save-debug-train-data", "a.pt", "--save-debug-rollout-data", "a.pt"], "must not be equal"),
-    (["--ci-save-grad-norm", "g/{step}.pt"], "--ci-save-grad-norm"),
-    (["--ci-save-grad-norm", "a", "--ci-load-grad-norm", "b"], "give one"),
-    (["--ci-train-rollout-logprob-abs-diff-threshold", "-1"], "must be >= 0"),
-    (["--get-mismatch-metrics", "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"],
-     "SFT data"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--debug-rollout-only", "--debug-train-only"], "cannot be set at the same time"),
+        (["--debug-rollout-only", "--load-debug-rollout-data", "r.pt"], "--debug-rollout-only starts no trainer"),
+        (["--debug-train-only"], "--debug-train-only starts no engines"),
+        (
+            ["--debug-train-only", "--load-debug-rollout-data", "r.pt", "--check-weight-update-equal"],
+            "--check-weight-update-equal compares the engines",
+        ),
+        (["--debug-rollout-only", "--get-mismatch-metrics"], "--get-mismatch-metrics acts in the trainer"),
+        (["--load-debug-rollout-data-subsample", "0.5"], "give that too"),
+        (["--load-debug-rollout-data", "r.pt", "--load-debug-rollout-data-subsample", "1.5"], "must be in (0, 1]"),
+        (["--save-debug-rollout-data", "d/{rollout}.pt"], "--save-debug-rollout-data 'd/{rollout}.pt': placeholders"),
+        (["--save-debug-train-data", "a.pt", "--save-debug-rollout-data", "a.pt"], "must not be equal"),
+        (["--ci-save-grad-norm", "g/{step}.pt"], "--ci-save-grad-norm"),
+        (["--ci-save-grad-norm", "a", "--ci-load-grad-norm", "b"], "give one"),
+        (["--ci-train-rollout-logprob-abs-diff-threshold", "-1"], "must be >= 0"),
+        (
+            ["--get-mismatch-metrics", "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"],
+            "SFT data",
+        ),
+    ],
+)
 def test_bad_input_stops_at_parsing_naming_the_option(argv, needle):
     with pytest.raises(SlimeError) as e:
         parse_args(BASE + argv)
@@ -70,16 +77,37 @@ def test_train_only_with_evaluation_data_says_so_at_start_up(tmp_path):
 def _groups(num_groups: int, n: int) -> list[list[Sample]]:
     groups = []
     for g in range(num_groups):
-        groups.append([Sample(group_index=g, index=g * n + j, prompt=f"p{g}", tokens=[1, 2, 3, 4 + j],
-                              response=f"r{j}", response_length=2, reward=float(j), loss_mask=[1, 1],
-                              rollout_log_probs=[-0.1 * (j + 1), -0.2 + 1e-9 * g], status=Sample.Status.COMPLETED)
-                       for j in range(n)])
+        groups.append(
+            [
+                Sample(
+                    group_index=g,
+                    index=g * n + j,
+                    prompt=f"p{g}",
+                    tokens=[1, 2, 3, 4 + j],
+                    response=f"r{j}",
+                    response_length=2,
+                    reward=float(j),
+                    loss_mask=[1, 1],
+                    rollout_log_probs=[-0.1 * (j + 1), -0.2 + 1e-9 * g],
+                    status=Sample.Status.COMPLETED,
+                )
+                for j in range(n)
+            ]
+        )
     return groups
 
 
 def _args(tmp_path, *extra):
-    return parse_args(BASE + ["--save-debug-rollout-data", str(tmp_path / "d" / "{rollout_id}.pt"),
-                              "--load-debug-rollout-data", str(tmp_path / "d" / "{rollout_id}.pt"), *extra])
+    return parse_args(
+        BASE
+        + [
+            "--save-debug-rollout-data",
+            str(tmp_path / "d" / "{rollout_id}.pt"),
+            "--load-debug-rollout-data",
+            str(tmp_path / "d" / "{rollout_id}.pt"),
+            *extra,
+        ]
+    )
 
 
 def test_saved_in_slimes_format_and_loaded_back_as_the_same_groups(tmp_path):
@@ -103,8 +131,9 @@ def test_dump_details_writes_readable_records(tmp_path):
 
 
 def test_subsample_is_slimes_rule(tmp_path):
-    args = _args(tmp_path, "--load-debug-rollout-data-subsample", "0.5", "--global-batch-size", "2",
-                 "--rollout-batch-size", "4")
+    args = _args(
+        tmp_path, "--load-debug-rollout-data-subsample", "0.5", "--global-batch-size", "2", "--rollout-batch-size", "4"
+    )
     samples = [s for g in _groups(4, 2) for s in g]
     save_rollout_data(args, samples, rollout_id=0)
     k = int(len(samples) * 0.5)
@@ -115,13 +144,17 @@ def test_subsample_is_slimes_rule(tmp_path):
 
 def test_files_that_do_not_match_the_runs_batch_stop_naming_the_mismatch(tmp_path):
     save_rollout_data(_args(tmp_path), [s for g in _groups(2, 2) for s in g], rollout_id=0)
-    with pytest.raises(SlimeError, match=r"holds 4 samples, but this run's rollout is --rollout-batch-size 3 x "
-                                         r"--n-samples-per-prompt 2 = 6 samples"):
+    with pytest.raises(
+        SlimeError,
+        match=r"holds 4 samples, but this run's rollout is --rollout-batch-size 3 x "
+        r"--n-samples-per-prompt 2 = 6 samples",
+    ):
         load_rollout_data(_args(tmp_path, "--rollout-batch-size", "3", "--global-batch-size", "2"), 0)
     with pytest.raises(SlimeError, match="holds groups of 2 samples, but --n-samples-per-prompt is 4"):
         load_rollout_data(_args(tmp_path, "--rollout-batch-size", "1", "--n-samples-per-prompt", "4"), 0)
-    with pytest.raises(SlimeError, match="keeps 2 samples, not a whole number of optimizer steps of "
-                                         "--global-batch-size 4"):
+    with pytest.raises(
+        SlimeError, match="keeps 2 samples, not a whole number of optimizer steps of --global-batch-size 4"
+    ):
         load_rollout_data(_args(tmp_path, "--load-debug-rollout-data-subsample", "0.5"), 0)
     with pytest.raises(SlimeError, match="no file .*1.pt for rollout 1"):
         load_rollout_data(_args(tmp_path), 1)
@@ -143,17 +176,20 @@ def test_mismatch_metrics_match_a_plain_loop():
     per_sample: dict[str, list[float]] = {}
     start = 0
     for n, m in zip(lengths, masks):
-        t = train[start:start + n].tolist()
-        r = rollout[start:start + n].tolist()
+        t = train[start : start + n].tolist()
+        r = rollout[start : start + n].tolist()
         keep = [i for i in range(n) if m[i]]
         mt, mr = sum(t[i] for i in keep) / len(keep), sum(r[i] for i in keep) / len(keep)
         per_sample.setdefault("mis_training_log_ppl", []).append(-mt)
         per_sample.setdefault("mis_rollout_ppl", []).append(math.exp(-mr))
         per_sample.setdefault("mis_kl", []).append(sum(r[i] - t[i] for i in keep) / len(keep))
         per_sample.setdefault("mis_k3_kl", []).append(
-            sum(math.exp(t[i] - r[i]) - (t[i] - r[i]) - 1 for i in keep) / len(keep))
+            sum(math.exp(t[i] - r[i]) - (t[i] - r[i]) - 1 for i in keep) / len(keep)
+        )
         per_sample.setdefault("mis_log_ppl_abs_diff", []).append(abs(mr - mt))
-        per_sample.setdefault("mis_chi2_token", []).append(sum(math.exp(2 * (t[i] - r[i])) for i in keep) / len(keep) - 1)
+        per_sample.setdefault("mis_chi2_token", []).append(
+            sum(math.exp(2 * (t[i] - r[i])) for i in keep) / len(keep) - 1
+        )
         per_sample.setdefault("mis_chi2_seq", []).append(math.exp(2 * sum(t[i] - r[i] for i in keep)) - 1)
         start += n
     for key, values in per_sample.items():
@@ -212,8 +248,23 @@ DATA = {
 def _train(tiny_model_dir, tmp_path, *extra):
     from slime.backends.torch.actor import TrainActor
 
-    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt",
-                       "2", "--num-rollout", "1", "--run-dir", str(tmp_path), "--micro-batch-size", "2", *extra])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "1",
+            "--run-dir",
+            str(tmp_path),
+            "--micro-batch-size",
+            "2",
+            *extra,
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
     return actor, actor.train(0, {k: [list(v) if isinstance(v, list) else v for v in vals] for k, vals in DATA.items()})
@@ -221,8 +272,13 @@ def _train(tiny_model_dir, tmp_path, *extra):
 
 def test_trainer_mismatch_metrics_train_data_dump_and_ci_report(tiny_model_dir, tmp_path):
     plain_actor, plain = _train(tiny_model_dir, tmp_path / "plain")
-    actor, metrics = _train(tiny_model_dir, tmp_path / "mis", "--get-mismatch-metrics",
-                            "--save-debug-train-data", str(tmp_path / "td" / "{rollout_id}_{rank}.pt"))
+    actor, metrics = _train(
+        tiny_model_dir,
+        tmp_path / "mis",
+        "--get-mismatch-metrics",
+        "--save-debug-train-data",
+        str(tmp_path / "td" / "{rollout_id}_{rank}.pt"),
+    )
     assert metrics["train/loss"] == plain["train/loss"]  # diagnostics only
     # the trainer's old log-probs (dumped) against the rollout's, by the plain formula
     saved = torch.load(tmp_path / "td" / "0_0.pt", weights_only=False)
@@ -236,8 +292,10 @@ def test_trainer_mismatch_metrics_train_data_dump_and_ci_report(tiny_model_dir, 
     _, with_rollout_lp = _train(tiny_model_dir, tmp_path / "rlp", "--get-mismatch-metrics", "--use-rollout-logprobs")
     assert with_rollout_lp["train/mis_kl"] == pytest.approx(metrics["train/mis_kl"], rel=1e-5)
     # the made-up rollout log-probs are far from the model's: --ci-test's bound stops the run with a report
-    with pytest.raises(SlimeError, match="train/train_rollout_logprob_abs_diff = .* exceeds "
-                                         "--ci-train-rollout-logprob-abs-diff-threshold 0.001"):
+    with pytest.raises(
+        SlimeError,
+        match="train/train_rollout_logprob_abs_diff = .* exceeds --ci-train-rollout-logprob-abs-diff-threshold 0.001",
+    ):
         _train(tiny_model_dir, tmp_path / "ci", "--ci-test", "--ci-train-rollout-logprob-abs-diff-threshold", "0.001")
     assert json.loads((tmp_path / "ci" / "ci_failure.json").read_text())["where"] == "rollout 0"
 
@@ -251,14 +309,24 @@ def test_forge_load_replays_saved_rollouts_with_slimes_path_rules(tmp_path):
     from slime.rollout.forge_load import generate_rollout
 
     def save(name, rewards):
-        samples = [Sample(prompt="p", response=str(r), reward=float(r), group_index=i // 2, index=i,
-                          status=Sample.Status.COMPLETED) for i, r in enumerate(rewards)]
+        samples = [
+            Sample(
+                prompt="p",
+                response=str(r),
+                reward=float(r),
+                group_index=i // 2,
+                index=i,
+                status=Sample.Status.COMPLETED,
+            )
+            for i, r in enumerate(rewards)
+        ]
         torch.save({"rollout_id": 0, "samples": [s.to_dict() for s in samples]}, tmp_path / name)
 
     save("0.pt", [1, 0, 1, 1])
     save("eval_3.pt", [0, 1])
-    args = make_args(n_samples_per_prompt=2, rollout_batch_size=2,
-                     load_forge_rollout_data=str(tmp_path / "{rollout_id}.pt"))
+    args = make_args(
+        n_samples_per_prompt=2, rollout_batch_size=2, load_forge_rollout_data=str(tmp_path / "{rollout_id}.pt")
+    )
     assert not args.debug_train_only  # unlike --load-debug-rollout-data
     out = generate_rollout(args, 5, None)  # no 5.pt: training falls back to 0.pt
     assert isinstance(out, RolloutFnTrainOutput) and [[s.reward for s in g] for g in out.samples] == [[1, 0], [1, 1]]

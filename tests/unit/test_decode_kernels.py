@@ -22,8 +22,9 @@ def test_add_rms_norm_matches_torch():
     torch.testing.assert_close(x, ref_x, rtol=0, atol=0)  # the residual is added in place
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
     plain = K.add_rms_norm(ref_x.clone(), None, w, 1e-5)
-    torch.testing.assert_close(plain, w * (ref_x * torch.rsqrt(ref_x.pow(2).mean(-1, keepdim=True) + 1e-5)),
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        plain, w * (ref_x * torch.rsqrt(ref_x.pow(2).mean(-1, keepdim=True) + 1e-5)), rtol=1e-5, atol=1e-6
+    )
 
 
 def test_silu_mul_matches_torch():
@@ -54,7 +55,7 @@ def test_rope_store_rotates_and_writes_the_new_position():
 
     def rotate(x):
         c, s = cos[pos].unsqueeze(1), sin[pos].unsqueeze(1)
-        return x * c + torch.cat((-x[..., d // 2:], x[..., : d // 2]), -1) * s
+        return x * c + torch.cat((-x[..., d // 2 :], x[..., : d // 2]), -1) * s
 
     rq, rk = rotate(q), rotate(k)
     K.rope_store(q, k, v, cos, sin, pos, keys, values)
@@ -95,11 +96,21 @@ def test_wrappers_refuse_what_the_kernels_cannot_read():
     with pytest.raises(ValueError, match="contiguous"):
         K.silu_mul(torch.zeros(4, 4).t(), torch.zeros(4, 4))
     with pytest.raises(IndexError, match="slots"):
-        K.decode_attention(torch.zeros(3, 2, 8), torch.zeros(2, 2, 1, 8, 16), torch.zeros(2, 2, 16, 8),
-                           torch.zeros(3, dtype=torch.long), 1.0)
+        K.decode_attention(
+            torch.zeros(3, 2, 8),
+            torch.zeros(2, 2, 1, 8, 16),
+            torch.zeros(2, 2, 16, 8),
+            torch.zeros(3, dtype=torch.long),
+            1.0,
+        )
     with pytest.raises(ValueError, match="blocks of 16"):
-        K.decode_attention(torch.zeros(2, 2, 8), torch.zeros(2, 2, 2, 8, 10), torch.zeros(2, 2, 20, 8),
-                           torch.zeros(2, dtype=torch.long), 1.0)
+        K.decode_attention(
+            torch.zeros(2, 2, 8),
+            torch.zeros(2, 2, 2, 8, 10),
+            torch.zeros(2, 2, 20, 8),
+            torch.zeros(2, dtype=torch.long),
+            1.0,
+        )
 
 
 def test_build_is_cached_and_keyed(tmp_path, monkeypatch):

@@ -79,14 +79,16 @@ def _imports() -> dict[str, set[str]]:
 
 def _third_party() -> dict[str, set[str]]:
     local = _local_modules()
-    return {m: files for m, files in _imports().items()
-            if m not in sys.stdlib_module_names and m not in local}
+    return {m: files for m, files in _imports().items() if m not in sys.stdlib_module_names and m not in local}
 
 
 def test_every_imported_third_party_module_is_declared():
     declared = _declared()
-    missing = {m: sorted(files)[:3] for m, files in _third_party().items()
-               if m not in OPTIONAL and _norm(DISTRIBUTION.get(m, m)) not in declared}
+    missing = {
+        m: sorted(files)[:3]
+        for m, files in _third_party().items()
+        if m not in OPTIONAL and _norm(DISTRIBUTION.get(m, m)) not in declared
+    }
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
 
 
@@ -94,8 +96,13 @@ def test_slime_imports_no_optional_module_at_top_level():
     """The optional modules are imported lazily (inside a function) in the package itself."""
     for f in (ROOT / "slime").rglob("*.py"):
         for node in ast.parse(f.read_text(), str(f)).body:
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else []
+            )
             assert not any(n.split(".")[0] in OPTIONAL for n in names), f"{f}: top-level import of {names}"
 
 

@@ -39,9 +39,25 @@ def _copy(data):
 
 
 def _args(tiny_model_dir, tmp_path, *extra):
-    return parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2",
-                       "--n-samples-per-prompt", "2", "--num-rollout", "1", "--lr", "1e-2",
-                       "--micro-batch-size", "4", "--run-dir", str(tmp_path), *extra])
+    return parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "1",
+            "--lr",
+            "1e-2",
+            "--micro-batch-size",
+            "4",
+            "--run-dir",
+            str(tmp_path),
+            *extra,
+        ]
+    )
 
 
 # ------------------------------------------------------------------------------ selection
@@ -115,8 +131,9 @@ def _reference_sft_step(tiny_model_dir, args, data, bf16: bool):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     model.train()
     model.config.use_cache = False
-    opt, sched = build_optimizer([p for p in model.parameters() if p.requires_grad], args, lr=args.lr,
-                                 warmup=args.lr_warmup_iters)
+    opt, sched = build_optimizer(
+        [p for p in model.parameters() if p.requires_grad], args, lr=args.lr, warmup=args.lr_warmup_iters
+    )
     idx = list(range(len(data["tokens"])))
     denoms = [float(sum(m)) for m in data["loss_masks"]]
     num_tokens = float(sum(sum(m) for m in data["loss_masks"]))
@@ -125,8 +142,15 @@ def _reference_sft_step(tiny_model_dir, args, data, bf16: bool):
         opt.zero_grad(set_to_none=True)
         mb = make_micro_batch(data, idx, model.config.pad_token_id or 0, share_prompts=args.share_prompt_forward)
         lp, _ = response_log_probs(model, mb, args.rollout_temperature, with_entropy=True)
-        loss = sft_loss(lp, mb.response_lengths, mb.loss_masks, sample_denoms=denoms,
-                        calculate_per_token_loss=False, num_samples=len(idx), num_tokens=num_tokens)
+        loss = sft_loss(
+            lp,
+            mb.response_lengths,
+            mb.loss_masks,
+            sample_denoms=denoms,
+            calculate_per_token_loss=False,
+            num_samples=len(idx),
+            num_tokens=num_tokens,
+        )
         loss.backward()
         grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad))
         opt.step()
@@ -138,8 +162,7 @@ def _reference_sft_step(tiny_model_dir, args, data, bf16: bool):
 def test_cpu_train_step_is_bit_for_bit_the_plain_one(tiny_model_dir, tmp_path, bf16):
     extra = ["--loss-type", "sft_loss"] + (["--bf16"] if bf16 else [])
     args = _args(tiny_model_dir, tmp_path, *extra)
-    actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1,
-                       device="cpu")
+    actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1, device="cpu")
     actor.init()
     assert actor.device == torch.device("cpu")
     metrics = actor.train(0, _copy(DATA))
@@ -159,8 +182,12 @@ def test_cpu_old_log_probs_are_the_plain_forward(tiny_model_dir, tmp_path):
     got = actor._forward_only(_copy(DATA), [0, 1, 2, 3], actor.model)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        want, _ = response_log_probs(model, make_micro_batch(DATA, [0, 1, 2, 3], model.config.pad_token_id or 0,
-                                                             share_prompts=args.share_prompt_forward))
+        want, _ = response_log_probs(
+            model,
+            make_micro_batch(
+                DATA, [0, 1, 2, 3], model.config.pad_token_id or 0, share_prompts=args.share_prompt_forward
+            ),
+        )
     assert all(g.device.type == "cpu" for g in got)
     assert torch.equal(torch.cat(got), want)
 
@@ -175,8 +202,12 @@ def test_engine_cuda_request_without_a_gpu_stops_at_start_up(tiny_model_dir):
     with pytest.raises(SlimeError, match="--device cuda: this machine has no CUDA GPU"):
         ModelRunner(str(tiny_model_dir), device="cuda")
     # the server says so and exits 2 before loading the model
-    out = subprocess.run([sys.executable, "-m", "slime.engine.server", "--model-path", str(tiny_model_dir),
-                          "--device", "cuda:0"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "slime.engine.server", "--model-path", str(tiny_model_dir), "--device", "cuda:0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2
     assert "--device cuda:0: this machine has no CUDA GPU" in out.stderr
 

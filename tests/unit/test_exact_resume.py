@@ -25,8 +25,23 @@ DATA = {
 
 
 def _actor(model_dir, run_dir, *extra) -> TrainActor:
-    args = parse_args(["--hf-checkpoint", str(model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-                       "--num-rollout", "3", "--lr", "1e-3", "--run-dir", str(run_dir), *extra])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "3",
+            "--lr",
+            "1e-3",
+            "--run-dir",
+            str(run_dir),
+            *extra,
+        ]
+    )
     return TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
 
 

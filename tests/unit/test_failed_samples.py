@@ -38,10 +38,12 @@ def _ref_rloo(rewards, ok):
     return out
 
 
-GROUPS = [([0.2, 0.0, 0.9, 0.4], [True, False, True, True]),
-          ([1.0, 1.0, 0.0, 0.5], [True, True, True, True]),
-          ([0.3, 0.7, 0.1, 0.6], [False, True, False, True]),
-          ([0.5, 0.2, 0.8, 0.9], [False, False, True, False])]
+GROUPS = [
+    ([0.2, 0.0, 0.9, 0.4], [True, False, True, True]),
+    ([1.0, 1.0, 0.0, 0.5], [True, True, True, True]),
+    ([0.3, 0.7, 0.1, 0.6], [False, True, False, True]),
+    ([0.5, 0.2, 0.8, 0.9], [False, False, True, False]),
+]
 
 
 @pytest.mark.parametrize("std", [True, False])
@@ -72,21 +74,29 @@ def test_whitening_ignores_samples_with_zero_masks():
     got = masked_whiten(torch.cat(adv), torch.cat(masks))
     kept = [1.0, 2.0, -1.0]
     mean, var = statistics.fmean(kept), statistics.variance(kept)  # unbiased, as slime's
-    assert got[torch.cat(masks).bool()].tolist() == pytest.approx([(x - mean) / (var + 1e-8) ** 0.5 for x in kept],
-                                                                  rel=1e-5)
+    assert got[torch.cat(masks).bool()].tolist() == pytest.approx(
+        [(x - mean) / (var + 1e-8) ** 0.5 for x in kept], rel=1e-5
+    )
 
 
 # ---------------------------------------------------------------- a reward that raises for 1 in 10
 
+
 @pytest.fixture
 def rollout(monkeypatch):
     def run(n_groups, n):
-        args = make_args(rm_type="math", rollout_batch_size=n_groups, n_samples_per_prompt=n,
-                         custom_generate_function_path="tests.contracts.hooks.custom_generate",
-                         custom_rm_path="tests.e2e.hooks.flaky_digit_reward")
+        args = make_args(
+            rm_type="math",
+            rollout_batch_size=n_groups,
+            n_samples_per_prompt=n,
+            custom_generate_function_path="tests.contracts.hooks.custom_generate",
+            custom_rm_path="tests.e2e.hooks.flaky_digit_reward",
+        )
         stub_generate_state(monkeypatch, args)
-        groups = [[Sample(group_index=k, index=k * n + j, prompt="p", tokens=[9], metadata={}) for j in range(n)]
-                  for k in range(n_groups)]
+        groups = [
+            [Sample(group_index=k, index=k * n + j, prompt="p", tokens=[9], metadata={}) for j in range(n)]
+            for k in range(n_groups)
+        ]
         for g in groups:
             asyncio.run(sglang_rollout.generate_and_rm_group(args, g, {"max_new_tokens": 4}))
         return args, groups
@@ -111,12 +121,13 @@ def test_a_reward_that_raises_for_one_sample_in_ten(rollout):
     assert metrics["rollout/status/failed"] == 4 and metrics["rollout/dropped_groups"] == 0
     ok = [s.status != Sample.Status.FAILED for s in samples]
     # the mean reward is the mean of the rewards that exist
-    assert metrics["rollout/raw_reward"] == pytest.approx(statistics.fmean(_digits(s) for s in samples
-                                                                           if s.status != Sample.Status.FAILED))
+    assert metrics["rollout/raw_reward"] == pytest.approx(
+        statistics.fmean(_digits(s) for s in samples if s.status != Sample.Status.FAILED)
+    )
     # GRPO per group over the samples that were scored; the FAILED ones: advantage 0, never trained on
     for k, g in enumerate(groups):
-        want = _ref_grpo([_digits(s) if o else 0.0 for s, o in zip(g, ok[4 * k:])], ok[4 * k:4 * k + 4])
-        assert data["rewards"][4 * k:4 * k + 4] == pytest.approx(want, rel=1e-5, abs=1e-5)
+        want = _ref_grpo([_digits(s) if o else 0.0 for s, o in zip(g, ok[4 * k :])], ok[4 * k : 4 * k + 4])
+        assert data["rewards"][4 * k : 4 * k + 4] == pytest.approx(want, rel=1e-5, abs=1e-5)
     for i, s in enumerate(samples):
         assert data["excluded"][i] == int(not ok[i])
         assert (sum(data["loss_masks"][i]) == 0) == (not ok[i])
@@ -132,6 +143,7 @@ def test_a_group_with_too_few_valid_samples_is_dropped(rollout):
 
 # ---------------------------------------------------------------- the loss average skips them
 
+
 def test_the_loss_average_is_over_the_valid_samples(tiny_model_dir, tmp_path):
     """One sample of four FAILED (zero mask, `excluded`): the policy loss equals that of the three
     valid samples trained alone (without the exclusion it would be 3/4 of it)."""
@@ -139,16 +151,34 @@ def test_the_loss_average_is_over_the_valid_samples(tiny_model_dir, tmp_path):
     from slime.backends.torch.actor import TrainActor
 
     def actor(n):
-        args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", str(n),
-                           "--n-samples-per-prompt", "1", "--num-rollout", "1", "--lr", "1e-2",
-                           "--micro-batch-size", "1", "--run-dir", str(tmp_path / str(n))])
+        args = parse_args(
+            [
+                "--hf-checkpoint",
+                str(tiny_model_dir),
+                "--rollout-batch-size",
+                str(n),
+                "--n-samples-per-prompt",
+                "1",
+                "--num-rollout",
+                "1",
+                "--lr",
+                "1e-2",
+                "--micro-batch-size",
+                "1",
+                "--run-dir",
+                str(tmp_path / str(n)),
+            ]
+        )
         a = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
         a.init()
         return a
 
-    valid = {"tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11, 3], [12, 13, 16, 17, 18, 19]],
-             "response_lengths": [2, 3, 3], "loss_masks": [[1, 1], [1, 0, 1], [1, 1, 1]],
-             "rewards": [1.0, -0.3, 0.5]}
+    valid = {
+        "tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11, 3], [12, 13, 16, 17, 18, 19]],
+        "response_lengths": [2, 3, 3],
+        "loss_masks": [[1, 1], [1, 0, 1], [1, 1, 1]],
+        "rewards": [1.0, -0.3, 0.5],
+    }
     with_failed = copy.deepcopy(valid)
     with_failed["tokens"].insert(2, [12, 13, 14, 15])
     with_failed["response_lengths"].insert(2, 2)

@@ -48,7 +48,9 @@ def test_zero_when_equal_and_k3_nonnegative():
 
 
 def test_half_precision_computed_in_fp32():
-    got = compute_approx_kl(torch.tensor([-0.5], dtype=torch.bfloat16), torch.tensor([-1.0], dtype=torch.bfloat16), "k2")
+    got = compute_approx_kl(
+        torch.tensor([-0.5], dtype=torch.bfloat16), torch.tensor([-1.0], dtype=torch.bfloat16), "k2"
+    )
     assert got.dtype == torch.float32
     assert got.item() == pytest.approx(0.125)
 

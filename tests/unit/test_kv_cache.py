@@ -21,7 +21,7 @@ def test_same_tensors_as_dynamic_layer_through_appends_selects_and_crops():
             for layer in (grow, ref):
                 layer.keys, layer.values = layer.keys[[0, 2]], layer.values[[0, 2]]
                 layer.keys, layer.values = layer.keys[:, :, 3:], layer.values[:, :, 3:]
-            steps[i + 1:] = [s[:2] for s in steps[i + 1:]]
+            steps[i + 1 :] = [s[:2] for s in steps[i + 1 :]]
     # in place: the buffer was rebuilt a handful of times (growth, and once after the selection),
     # not once per step as torch.cat would
     assert len(buffers) < 10

@@ -22,10 +22,33 @@ LAYERS = [
     ("weight sync", ("slime.sync",)),
     ("trainer", ("slime.backends",)),
     ("fleet", ("slime.ray",)),
-    ("top", ("slime.preflight", "slime.checkpoint_sources", "slime.train", "slime.train_async", "slime.default_job", "slime.cli", "slime.__main__")),
+    (
+        "top",
+        (
+            "slime.preflight",
+            "slime.checkpoint_sources",
+            "slime.train",
+            "slime.train_async",
+            "slime.default_job",
+            "slime.cli",
+            "slime.__main__",
+        ),
+    ),
 ]
-TRAINER_SIDE = ("slime.arguments", "slime.data", "slime.rollout", "slime.agent", "slime.sync", "slime.backends", "slime.ray",
-                "slime.preflight", "slime.train", "slime.default_job", "slime.algorithms", "slime.observability")
+TRAINER_SIDE = (
+    "slime.arguments",
+    "slime.data",
+    "slime.rollout",
+    "slime.agent",
+    "slime.sync",
+    "slime.backends",
+    "slime.ray",
+    "slime.preflight",
+    "slime.train",
+    "slime.default_job",
+    "slime.algorithms",
+    "slime.observability",
+)
 
 
 def _modules() -> dict[str, Path]:
@@ -57,7 +80,9 @@ def _import_graph() -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 names = [f"{base}.{a.name}" for a in node.names]
             for name in names:
                 target = resolve(name) if name.startswith("slime") else None
@@ -87,7 +112,7 @@ def test_no_import_circle():
         path.append(mod)
         for dep in sorted(graph[mod]):
             if state.get(dep) == 1:
-                cycle = path[path.index(dep):] + [dep]
+                cycle = path[path.index(dep) :] + [dep]
                 raise AssertionError("import circle: " + " -> ".join(cycle))
             if dep not in state:
                 visit(dep)
@@ -100,28 +125,45 @@ def test_no_import_circle():
 
 
 def test_nothing_imports_upward():
-    upward = [f"{mod} ({LAYERS[_layer(mod)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
-              for mod, deps in _import_graph().items() for dep in deps if _layer(dep) > _layer(mod)]
+    upward = [
+        f"{mod} ({LAYERS[_layer(mod)][0]}) imports {dep} ({LAYERS[_layer(dep)][0]})"
+        for mod, deps in _import_graph().items()
+        for dep in deps
+        if _layer(dep) > _layer(mod)
+    ]
     assert not upward, upward
 
 
 def test_engine_package_imports_only_itself_and_the_ground():
     graph = _import_graph()
     allowed = ("slime.engine", "slime.errors", "slime.utils")
-    bad = [f"{mod} imports {dep}" for mod, deps in graph.items() if mod.startswith("slime.engine")
-           for dep in deps if dep != "slime" and not any(dep == a or dep.startswith(a + ".") for a in allowed)]
+    bad = [
+        f"{mod} imports {dep}"
+        for mod, deps in graph.items()
+        if mod.startswith("slime.engine")
+        for dep in deps
+        if dep != "slime" and not any(dep == a or dep.startswith(a + ".") for a in allowed)
+    ]
     assert not bad, bad
 
 
 def test_engine_server_starts_without_the_trainer_side():
     """What `python -m slime.engine.server` (and `slime serve`) loads: the engine and the ground only."""
-    code = ("import sys, slime.engine.server, slime.cli; "
-            "print('\\n'.join(m for m in sys.modules if m.startswith('slime')))")
+    code = (
+        "import sys, slime.engine.server, slime.cli; print('\\n'.join(m for m in sys.modules if m.startswith('slime')))"
+    )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert "slime.engine.server" in loaded
     trainer = [m for m in loaded if any(m == p or m.startswith(p + ".") for p in TRAINER_SIDE)]
     assert not trainer, trainer
-    ray_or_tb = subprocess.run([sys.executable, "-c", "import sys, slime.engine.server; "
-                                "print([m for m in ('ray', 'tensorboard') if m in sys.modules])"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+    ray_or_tb = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, slime.engine.server; print([m for m in ('ray', 'tensorboard') if m in sys.modules])",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert ray_or_tb == "[]"

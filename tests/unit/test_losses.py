@@ -265,7 +265,9 @@ def test_ppo_gradient_matches_finite_differences():
         up, down = log_probs.clone(), log_probs.clone()
         up[i] += h
         down[i] -= h
-        fd = (policy_loss_ppo_clip(up, old, adv, **kw)[0][i] - policy_loss_ppo_clip(down, old, adv, **kw)[0][i]) / (2 * h)
+        fd = (policy_loss_ppo_clip(up, old, adv, **kw)[0][i] - policy_loss_ppo_clip(down, old, adv, **kw)[0][i]) / (
+            2 * h
+        )
         assert lp.grad[i].item() == pytest.approx(fd.item(), abs=1e-6)
     # and the reduced loss through sum_of_sample_mean has no NaN gradient
     lp2 = log_probs.clone().requires_grad_(True)

@@ -18,31 +18,86 @@ BASE = ["--rollout-batch-size", "4", "--num-rollout", "2"]
 
 # The shape of slime's scripts/models/qwen3-4B.sh, and the PERF/MISC blocks of its run script.
 QWEN3_4B_MODEL_ARGS = [
-    "--swiglu", "--num-layers", "36", "--hidden-size", "2560", "--ffn-hidden-size", "9728",
-    "--num-attention-heads", "32", "--group-query-attention", "--num-query-groups", "8",
-    "--use-rotary-position-embeddings", "--disable-bias-linear", "--normalization", "RMSNorm",
-    "--norm-epsilon", "1e-6", "--rotary-base", "1000000", "--vocab-size", "151936", "--kv-channels", "128",
+    "--swiglu",
+    "--num-layers",
+    "36",
+    "--hidden-size",
+    "2560",
+    "--ffn-hidden-size",
+    "9728",
+    "--num-attention-heads",
+    "32",
+    "--group-query-attention",
+    "--num-query-groups",
+    "8",
+    "--use-rotary-position-embeddings",
+    "--disable-bias-linear",
+    "--normalization",
+    "RMSNorm",
+    "--norm-epsilon",
+    "1e-6",
+    "--rotary-base",
+    "1000000",
+    "--vocab-size",
+    "151936",
+    "--kv-channels",
+    "128",
     "--qk-layernorm",
 ]
 PERF_AND_MISC = [
-    "--tensor-model-parallel-size", "2", "--sequence-parallel", "--pipeline-model-parallel-size", "1",
-    "--context-parallel-size", "1", "--expert-model-parallel-size", "1", "--expert-tensor-parallel-size", "1",
-    "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1",
-    "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--accumulate-allreduce-grads-in-fp32",
-    "--attention-softmax-in-fp32", "--attention-backend", "flash",
+    "--tensor-model-parallel-size",
+    "2",
+    "--sequence-parallel",
+    "--pipeline-model-parallel-size",
+    "1",
+    "--context-parallel-size",
+    "1",
+    "--expert-model-parallel-size",
+    "1",
+    "--expert-tensor-parallel-size",
+    "1",
+    "--recompute-granularity",
+    "full",
+    "--recompute-method",
+    "uniform",
+    "--recompute-num-layers",
+    "1",
+    "--attention-dropout",
+    "0.0",
+    "--hidden-dropout",
+    "0.0",
+    "--accumulate-allreduce-grads-in-fp32",
+    "--attention-softmax-in-fp32",
+    "--attention-backend",
+    "flash",
 ]
 # Qwen3-4B's config.json values for the same fields (written out here, independently of the code).
 QWEN3_4B_CONFIG = {
-    "model_type": "qwen3", "num_hidden_layers": 36, "hidden_size": 2560, "intermediate_size": 9728,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6,
-    "rope_theta": 1000000, "vocab_size": 151936, "hidden_act": "silu", "tie_word_embeddings": True,
+    "model_type": "qwen3",
+    "num_hidden_layers": 36,
+    "hidden_size": 2560,
+    "intermediate_size": 9728,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000,
+    "vocab_size": 151936,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
     "max_position_embeddings": 40960,
 }
 
 
 def test_a_slime_model_block_parses_with_megatrons_dests():
     a = parse_args(BASE + QWEN3_4B_MODEL_ARGS + PERF_AND_MISC)
-    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_query_groups, a.kv_channels) == (36, 2560, 9728, 8, 128)
+    assert (a.num_layers, a.hidden_size, a.ffn_hidden_size, a.num_query_groups, a.kv_channels) == (
+        36,
+        2560,
+        9728,
+        8,
+        128,
+    )
     assert a.swiglu and a.qk_layernorm and a.group_query_attention and a.add_bias_linear is False
     assert a.layernorm_epsilon == 1e-6 and a.rotary_base == 1000000 and a.normalization == "RMSNorm"
     assert a.tensor_model_parallel_size == 2 and a.sequence_parallel and a.attention_backend == "flash"
@@ -58,8 +113,13 @@ def test_unused_options_are_named_once_and_shape_options_are_not():
     note = unused_note(a)
     for used in ("--num-layers", "--swiglu", "--qk-layernorm", "--norm-epsilon"):
         assert used not in note.split()
-    for unused in ("--tensor-model-parallel-size", "--sequence-parallel", "--attention-backend",
-                   "--accumulate-allreduce-grads-in-fp32", "--use-rotary-position-embeddings"):
+    for unused in (
+        "--tensor-model-parallel-size",
+        "--sequence-parallel",
+        "--attention-backend",
+        "--accumulate-allreduce-grads-in-fp32",
+        "--use-rotary-position-embeddings",
+    ):
         assert note.split().count(unused) == 1
     assert unused_note(parse_args(BASE)) is None
 
@@ -67,26 +127,53 @@ def test_unused_options_are_named_once_and_shape_options_are_not():
 def test_model_shape_matches_and_mismatches_name_both_values():
     a = parse_args(BASE + QWEN3_4B_MODEL_ARGS)
     check_model_shape(a, QWEN3_4B_CONFIG, "/models/Qwen3-4B/config.json")
-    for option, value, key, have in [("--num-layers", "28", "num_hidden_layers", 36),
-                                     ("--hidden-size", "4096", "hidden_size", 2560),
-                                     ("--num-query-groups", "4", "num_key_value_heads", 8),
-                                     ("--kv-channels", "64", "head_dim", 128),
-                                     ("--rotary-base", "10000", "rope_theta", 1000000),
-                                     ("--norm-epsilon", "1e-05", "rms_norm_eps", 1e-06),
-                                     ("--vocab-size", "152064", "vocab_size", 151936)]:
+    for option, value, key, have in [
+        ("--num-layers", "28", "num_hidden_layers", 36),
+        ("--hidden-size", "4096", "hidden_size", 2560),
+        ("--num-query-groups", "4", "num_key_value_heads", 8),
+        ("--kv-channels", "64", "head_dim", 128),
+        ("--rotary-base", "10000", "rope_theta", 1000000),
+        ("--norm-epsilon", "1e-05", "rms_norm_eps", 1e-06),
+        ("--vocab-size", "152064", "vocab_size", 151936),
+    ]:
         wrong = parse_args(BASE + QWEN3_4B_MODEL_ARGS + [option, value])
-        with pytest.raises(SlimeError, match=rf"^{option} {value} does not match the model: "
-                                             rf"/models/Qwen3-4B/config.json has {key} = {have}"):
+        with pytest.raises(
+            SlimeError,
+            match=rf"^{option} {value} does not match the model: "
+            rf"/models/Qwen3-4B/config.json has {key} = {have}",
+        ):
             check_model_shape(wrong, QWEN3_4B_CONFIG, "/models/Qwen3-4B/config.json")
 
 
 def test_multimodal_and_moe_configs_are_judged_as_slime_does():
-    moe = {"model_type": "qwen3_moe", "num_hidden_layers": 48, "hidden_size": 2048, "intermediate_size": 6144,
-           "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8}
-    ok = parse_args(BASE + ["--num-layers", "48", "--ffn-hidden-size", "1", "--moe-ffn-hidden-size", "768",
-                            "--num-experts", "128", "--moe-router-topk", "8"])
+    moe = {
+        "model_type": "qwen3_moe",
+        "num_hidden_layers": 48,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+    }
+    ok = parse_args(
+        BASE
+        + [
+            "--num-layers",
+            "48",
+            "--ffn-hidden-size",
+            "1",
+            "--moe-ffn-hidden-size",
+            "768",
+            "--num-experts",
+            "128",
+            "--moe-router-topk",
+            "8",
+        ]
+    )
     check_model_shape(ok, moe, "m.json")  # the dense ffn size of a MoE model is not compared
-    with pytest.raises(SlimeError, match="--moe-router-topk 4 does not match the model: m.json has num_experts_per_tok = 8"):
+    with pytest.raises(
+        SlimeError, match="--moe-router-topk 4 does not match the model: m.json has num_experts_per_tok = 8"
+    ):
         check_model_shape(parse_args(BASE + ["--moe-router-topk", "4"]), moe, "m.json")
     vl = {"model_type": "qwen3_vl", "text_config": dict(QWEN3_4B_CONFIG), "vision_config": {"hidden_size": 1024}}
     check_model_shape(parse_args(BASE + QWEN3_4B_MODEL_ARGS), vl, "vl.json")
@@ -95,11 +182,20 @@ def test_multimodal_and_moe_configs_are_judged_as_slime_does():
 
 
 def test_model_shape_flags_against_the_config():
-    llama = {"model_type": "llama", "num_attention_heads": 32, "num_key_value_heads": 32, "hidden_act": "silu",
-             "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
+    llama = {
+        "model_type": "llama",
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-5,
+    }
     check_model_shape(parse_args(BASE + ["--swiglu", "--untie-embeddings-and-output-weights"]), llama, "c.json")
-    for flag, needed in [("--qk-layernorm", "query/key norms"), ("--group-query-attention", "num_key_value_heads <"),
-                         ("--normalization", "rms_norm_eps / layer_norm_eps")]:
+    for flag, needed in [
+        ("--qk-layernorm", "query/key norms"),
+        ("--group-query-attention", "num_key_value_heads <"),
+        ("--normalization", "rms_norm_eps / layer_norm_eps"),
+    ]:
         argv = [flag, "LayerNorm"] if flag == "--normalization" else [flag]
         with pytest.raises(SlimeError, match=flag):
             check_model_shape(parse_args(BASE + argv), llama, "c.json")
@@ -115,9 +211,22 @@ def test_model_shape_flags_against_the_config():
 
 def test_preflight_stops_a_wrong_model_block_before_launch(tiny_model_dir, task_dir):
     config = json.loads((tiny_model_dir / "config.json").read_text())
-    argv = BASE + ["--hf-checkpoint", str(tiny_model_dir), "--prompt-data", str(task_dir / "train.jsonl"),
-                   "--input-key", "prompt", "--label-key", "label", "--rm-type", "math",
-                   "--rollout-max-response-len", "8", "--num-layers", str(config["num_hidden_layers"] + 1)]
+    argv = BASE + [
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--prompt-data",
+        str(task_dir / "train.jsonl"),
+        "--input-key",
+        "prompt",
+        "--label-key",
+        "label",
+        "--rm-type",
+        "math",
+        "--rollout-max-response-len",
+        "8",
+        "--num-layers",
+        str(config["num_hidden_layers"] + 1),
+    ]
     from slime.preflight import preflight
 
     with pytest.raises(SlimeError, match=rf"--num-layers {config['num_hidden_layers'] + 1} does not match"):
@@ -125,8 +234,9 @@ def test_preflight_stops_a_wrong_model_block_before_launch(tiny_model_dir, task_
 
 
 def test_typos_still_get_did_you_mean_and_values_are_typed():
-    with pytest.raises(SlimeError, match="unknown argument --tensor-model-paralel-size; did you mean "
-                                         "--tensor-model-parallel-size"):
+    with pytest.raises(
+        SlimeError, match="unknown argument --tensor-model-paralel-size; did you mean --tensor-model-parallel-size"
+    ):
         parse_args(BASE + ["--tensor-model-paralel-size", "2"])
     with pytest.raises(SlimeError, match="--num-layers: invalid int value"):
         parse_args(BASE + ["--num-layers", "many"])
@@ -136,8 +246,17 @@ def test_typos_still_get_did_you_mean_and_values_are_typed():
 
 def test_megatron_options_in_a_yaml_config(tmp_path):
     cfg = tmp_path / "run.yaml"
-    cfg.write_text(yaml.safe_dump({"rollout_batch_size": 4, "num_rollout": 2, "num_layers": 2, "swiglu": True,
-                                   "tensor_model_parallel_size": 2}))
+    cfg.write_text(
+        yaml.safe_dump(
+            {
+                "rollout_batch_size": 4,
+                "num_rollout": 2,
+                "num_layers": 2,
+                "swiglu": True,
+                "tensor_model_parallel_size": 2,
+            }
+        )
+    )
     a = parse_args(["--config", str(cfg)])
     assert a.num_layers == 2 and a.swiglu and a.tensor_model_parallel_size == 2
     assert a.megatron_options_given == ["--num-layers", "--swiglu", "--tensor-model-parallel-size"]
@@ -148,8 +267,12 @@ def test_the_option_data_is_megatrons_parser():
     opts = megatron_options()
     assert len(opts) > 600
     assert opts["--norm-epsilon"]["dest"] == "layernorm_epsilon"
-    assert opts["--disable-bias-linear"] == {**opts["--disable-bias-linear"], "dest": "add_bias_linear",
-                                             "action": "_StoreFalseAction", "default": True}
+    assert opts["--disable-bias-linear"] == {
+        **opts["--disable-bias-linear"],
+        "dest": "add_bias_linear",
+        "action": "_StoreFalseAction",
+        "default": True,
+    }
     assert opts["--recompute-granularity"]["choices"] == ["full", "selective"]
 
 
@@ -159,8 +282,22 @@ def test_bf16_fp16_are_mixed_precision_training(tiny_model_dir, tmp_path, flag, 
     (seen at the output head) while the parameters stay fp32 master weights that the step updates."""
     from slime.backends.torch.actor import TrainActor
 
-    argv = ["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-            "--num-rollout", "1", "--micro-batch-size", "4", "--lr", "1e-2", "--run-dir", str(tmp_path)]
+    argv = [
+        "--hf-checkpoint",
+        str(tiny_model_dir),
+        "--rollout-batch-size",
+        "2",
+        "--n-samples-per-prompt",
+        "2",
+        "--num-rollout",
+        "1",
+        "--micro-batch-size",
+        "4",
+        "--lr",
+        "1e-2",
+        "--run-dir",
+        str(tmp_path),
+    ]
     args = parse_args(argv + ([flag] if flag else []))
     assert flag is None or flag in args.megatron_options_given and unused_note(args) is None  # mapped, not "unused"
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
@@ -168,8 +305,12 @@ def test_bf16_fp16_are_mixed_precision_training(tiny_model_dir, tmp_path, flag, 
     seen = []
     actor.model.lm_head.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
     before = actor.model.lm_head.weight.detach().clone()
-    data = {"tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11], [12, 13, 14, 15], [12, 13, 16, 17]],
-            "response_lengths": [2, 2, 2, 2], "loss_masks": [[1, 1]] * 4, "rewards": [1.0, -1.0, 0.5, -0.5]}
+    data = {
+        "tokens": [[5, 6, 7, 8, 9], [5, 6, 7, 10, 11], [12, 13, 14, 15], [12, 13, 16, 17]],
+        "response_lengths": [2, 2, 2, 2],
+        "loss_masks": [[1, 1]] * 4,
+        "rewards": [1.0, -1.0, 0.5, -0.5],
+    }
     metrics = actor.train(0, data)
     assert seen and set(seen) == {dtype}
     assert all(p.dtype == torch.float32 for p in actor.model.parameters())

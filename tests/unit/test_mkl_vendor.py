@@ -57,8 +57,9 @@ def test_the_preload_keeps_what_the_environment_preloads(monkeypatch):
     assert mkl_vendor.preload_env() == {}
 
 
-@pytest.mark.parametrize("check, why", [("print('mismatch 0.5')", "mismatch 0.5"),
-                                        ("import os; os.abort()", "exit -6")])
+@pytest.mark.parametrize(
+    "check, why", [("print('mismatch 0.5')", "mismatch 0.5"), ("import os; os.abort()", "exit -6")]
+)
 def test_a_shim_that_fails_its_check_is_not_used(monkeypatch, tmp_path, caplog, check, why):
     monkeypatch.setenv("SLIME_KERNEL_CACHE", str(tmp_path))
     monkeypatch.setattr(mkl_vendor, "not_applicable", lambda info=None: None)
@@ -85,7 +86,9 @@ _PROBE = textwrap.dedent("""
 
 def _probe(env: dict[str, str]) -> tuple[bool, float]:
     env = {**{k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}, **env, "PYTHONPATH": str(ROOT)}
-    out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=120, check=True
+    )
     flag, err = out.stdout.split()
     return flag == "True", float(err)
 

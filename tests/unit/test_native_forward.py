@@ -23,12 +23,21 @@ VOCAB = 97
 def make_model(kind: str, heads: int = 4, kv_heads: int = 2, hidden: int = 64, seed: int = 0):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
 
-    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden + 8, num_hidden_layers=2,
-                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=128,
-                  tie_word_embeddings=kind != "llama")
-    cfg = {"llama": lambda: LlamaConfig(**common, attention_bias=True),
-           "qwen2": lambda: Qwen2Config(**common),
-           "qwen3": lambda: Qwen3Config(**common, head_dim=2 * hidden // heads)}[kind]()
+    common = dict(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden + 8,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        max_position_embeddings=128,
+        tie_word_embeddings=kind != "llama",
+    )
+    cfg = {
+        "llama": lambda: LlamaConfig(**common, attention_bias=True),
+        "qwen2": lambda: Qwen2Config(**common),
+        "qwen3": lambda: Qwen3Config(**common, head_dim=2 * hidden // heads),
+    }[kind]()
     torch.manual_seed(seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -44,8 +53,10 @@ def forwards(model, dtype=torch.float32, use_kernels=True, widen=None):
     model = model.to(dtype)
     native_model = copy.deepcopy(model)
     column_major_linears(native_model)  # as the engine loads it: same values, other memory order
-    return (NativeForward(native_model, dtype, 128, use_kernels=use_kernels, widen=widen),
-            HFForward(model, pad_token_id=0))
+    return (
+        NativeForward(native_model, dtype, 128, use_kernels=use_kernels, widen=widen),
+        HFForward(model, pad_token_id=0),
+    )
 
 
 def script(fwd, cache: PrefixCache | None = None):
@@ -182,9 +193,17 @@ def test_unsupported_models_say_why():
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=50, n_embd=32, n_layer=1, n_head=2, n_positions=64))
     assert "model_type 'gpt2'" in native_unsupported(gpt2)
-    windowed = MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64,
-                                                num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                                                sliding_window=16))
+    windowed = MistralForCausalLM(
+        MistralConfig(
+            vocab_size=50,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            sliding_window=16,
+        )
+    )
     assert "sliding_window" in native_unsupported(windowed)
     assert native_unsupported(make_model("qwen2")) is None
 

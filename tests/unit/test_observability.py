@@ -129,8 +129,9 @@ def test_plot_two_stages_png(tmp_path):
     for i in range(5):
         recs.append({"rollout_id": i, "global_step": 4 + i, "stage": "rl", "rollout/raw_reward": 0.1 * i})
         if i % 2 == 0:
-            recs.append({"rollout_id": i, "global_step": 4 + i, "stage": "rl", "eval/gsm8k": 0.2 + 0.1 * i,
-                         "eval/math": None})
+            recs.append(
+                {"rollout_id": i, "global_step": 4 + i, "stage": "rl", "eval/gsm8k": 0.2 + 0.1 * i, "eval/math": None}
+            )
     _write(tmp_path / "metrics.jsonl", recs)
     out = plot_run(tmp_path, tmp_path / "plots" / "run.png")
     assert out == tmp_path / "plots" / "run.png"

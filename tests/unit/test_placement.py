@@ -19,18 +19,21 @@ BASE = ["--rollout-batch-size", "2", "--num-rollout", "1"]
 
 
 # ------------------------------------------------------------------------------------ slime's option rules
-@pytest.mark.parametrize("argv, train, rollout", [
-    ([], False, False),                                          # slime: both default to off
-    (["--offload"], True, True),                                 # --offload = both
-    (["--offload-train"], True, False),
-    (["--offload-rollout"], False, True),
-    (["--colocate"], True, True),                                # colocate turns both on ...
-    (["--colocate", "--no-offload-train"], False, True),         # ... unless told otherwise
-    (["--colocate", "--no-offload-rollout"], True, False),
-    (["--colocate", "--debug-rollout-only"], False, False),      # no trainer to take turns with
-    (["--offload", "--debug-rollout-only"], False, False),
-    (["--advantage-estimator", "ppo", "--hf-checkpoint", "/m"], True, False),  # slime: the critic forces it
-])
+@pytest.mark.parametrize(
+    "argv, train, rollout",
+    [
+        ([], False, False),  # slime: both default to off
+        (["--offload"], True, True),  # --offload = both
+        (["--offload-train"], True, False),
+        (["--offload-rollout"], False, True),
+        (["--colocate"], True, True),  # colocate turns both on ...
+        (["--colocate", "--no-offload-train"], False, True),  # ... unless told otherwise
+        (["--colocate", "--no-offload-rollout"], True, False),
+        (["--colocate", "--debug-rollout-only"], False, False),  # no trainer to take turns with
+        (["--offload", "--debug-rollout-only"], False, False),
+        (["--advantage-estimator", "ppo", "--hf-checkpoint", "/m"], True, False),  # slime: the critic forces it
+    ],
+)
 def test_offload_options_follow_slimes_rules(argv, train, rollout):
     a = parse_args(BASE + argv)
     assert (a.offload_train, a.offload_rollout) == (train, rollout)
@@ -42,11 +45,36 @@ def test_release_train_is_refused_as_slime_refuses_it_without_megatron():
 
 
 def test_colocated_engines_may_not_straddle_two_trainer_nodes():
-    with pytest.raises(SlimeError, match=r"--rollout-num-gpus-per-engine 2 does not divide --actor-num-gpus-per-node 3"):
-        parse_args(BASE + ["--colocate", "--actor-num-nodes", "2", "--actor-num-gpus-per-node", "3",
-                           "--rollout-num-gpus-per-engine", "2"])
-    a = parse_args(["--rollout-batch-size", "4", "--num-rollout", "1", "--colocate", "--actor-num-nodes", "2",
-                    "--actor-num-gpus-per-node", "2", "--rollout-num-gpus-per-engine", "2"])
+    with pytest.raises(
+        SlimeError, match=r"--rollout-num-gpus-per-engine 2 does not divide --actor-num-gpus-per-node 3"
+    ):
+        parse_args(
+            BASE
+            + [
+                "--colocate",
+                "--actor-num-nodes",
+                "2",
+                "--actor-num-gpus-per-node",
+                "3",
+                "--rollout-num-gpus-per-engine",
+                "2",
+            ]
+        )
+    a = parse_args(
+        [
+            "--rollout-batch-size",
+            "4",
+            "--num-rollout",
+            "1",
+            "--colocate",
+            "--actor-num-nodes",
+            "2",
+            "--actor-num-gpus-per-node",
+            "2",
+            "--rollout-num-gpus-per-engine",
+            "2",
+        ]
+    )
     assert (a.actor_world_size, a.rollout_num_gpus, a.num_engines) == (4, 4, 2)
 
 
@@ -72,23 +100,40 @@ def _plan(argv, nodes: dict[str, list[int]], bundle_node: list[str]):
     per = args.rollout_num_gpus_per_engine
     first = 0 if args.colocate else actors
     units = [("trainer", f"trainer rank {r}", [r]) for r in range(actors)]
-    units += [("engine", f"engine {e}", list(range(first + e * per, first + (e + 1) * per)))
-              for e in range(args.rollout_num_gpus // per)]
+    units += [
+        ("engine", f"engine {e}", list(range(first + e * per, first + (e + 1) * per)))
+        for e in range(args.rollout_num_gpus // per)
+    ]
     assert len(bundle_node) == num_bundles(args)
-    return _assign_cores(args, units, dict(enumerate(bundle_node)), {n: "10.0.0.1" for n in nodes},
-                         {n: tuple(c) for n, c in nodes.items()})
+    return _assign_cores(
+        args,
+        units,
+        dict(enumerate(bundle_node)),
+        dict.fromkeys(nodes, "10.0.0.1"),
+        {n: tuple(c) for n, c in nodes.items()},
+    )
 
 
 def test_disaggregated_processes_split_the_node_and_colocated_sides_share_it():
     four = {"a": [0, 1, 2, 3]}
-    p = _plan(["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"],
-              four, ["a"] * 4)
+    p = _plan(
+        ["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2", "--rollout-num-gpus-per-engine", "2"],
+        four,
+        ["a"] * 4,
+    )
     assert [(x.role, x.cores, x.threads) for x in p] == [
-        ("trainer rank 0", (0,), 1), ("trainer rank 1", (1,), 1), ("engine 0", (2, 3), 2)]
+        ("trainer rank 0", (0,), 1),
+        ("trainer rank 1", (1,), 1),
+        ("engine 0", (2, 3), 2),
+    ]
     # colocated: trainer ranks split the node among themselves, engines too (they take turns)
     p = _plan(["--colocate", "--actor-num-gpus-per-node", "2"], four, ["a"] * 2)
     assert [(x.role, x.cores) for x in p] == [
-        ("trainer rank 0", (0, 1)), ("trainer rank 1", (2, 3)), ("engine 0", (0, 1)), ("engine 1", (2, 3))]
+        ("trainer rank 0", (0, 1)),
+        ("trainer rank 1", (2, 3)),
+        ("engine 0", (0, 1)),
+        ("engine 1", (2, 3)),
+    ]
     p = _plan(["--colocate"], four, ["a"])
     assert [(x.cores, x.threads) for x in p] == [((0, 1, 2, 3), 4), ((0, 1, 2, 3), 4)]
     # the user's thread counts win over the share's size
@@ -99,17 +144,23 @@ def test_disaggregated_processes_split_the_node_and_colocated_sides_share_it():
 def test_processes_on_two_nodes_split_each_nodes_cores_and_overcrowded_nodes_are_not_pinned():
     p = _plan(["--rollout-num-gpus", "2"], {"a": [0, 1], "b": [0, 1, 2, 3]}, ["a", "b", "b"])
     assert [(x.role, x.node_id, x.cores) for x in p] == [
-        ("trainer rank 0", "a", (0, 1)), ("engine 0", "b", (0, 1)), ("engine 1", "b", (2, 3))]
+        ("trainer rank 0", "a", (0, 1)),
+        ("engine 0", "b", (0, 1)),
+        ("engine 1", "b", (2, 3)),
+    ]
     p = _plan(["--rollout-num-gpus", "2"], {"a": [0], "b": [0]}, ["a", "b", "b"])
     assert [(x.cores, x.threads) for x in p] == [((0,), 1), (None, 1), (None, 1)]
     assert "not pinned (shares cores 0" in p[1].describe()
     assert p[0].describe() == "trainer rank 0: node 10.0.0.1 (a), cores 0, 1 thread(s)"
 
 
-@pytest.mark.parametrize("argv, need", [
-    (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2"], 4),
-    (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "3", "--colocate"], 3),
-])
+@pytest.mark.parametrize(
+    "argv, need",
+    [
+        (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "2"], 4),
+        (["--actor-num-gpus-per-node", "2", "--rollout-num-gpus", "3", "--colocate"], 3),
+    ],
+)
 def test_more_processes_than_cores_stop_naming_what_was_asked_and_what_there_is(argv, need):
     args = parse_args(BASE + argv)
     assert num_bundles(args) == need
@@ -117,7 +168,9 @@ def test_more_processes_than_cores_stop_naming_what_was_asked_and_what_there_is(
     with pytest.raises(SlimeError) as e:
         check_fits(args, need - 1, f"this machine has {need - 1} core(s)")
     msg = str(e.value)
-    assert msg.startswith("cannot place this run: 2 trainer rank(s) (--actor-num-nodes 1 x --actor-num-gpus-per-node 2)")
+    assert msg.startswith(
+        "cannot place this run: 2 trainer rank(s) (--actor-num-nodes 1 x --actor-num-gpus-per-node 2)"
+    )
     assert f"{need} core(s) needed, but this machine has {need - 1} core(s)" in msg
     assert "--rollout-num-gpus" in msg
 
@@ -165,8 +218,23 @@ DATA = {
 def _actor(tiny_model_dir, run_dir, *extra):
     from slime.backends.torch.actor import TrainActor
 
-    args = parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt",
-                       "2", "--num-rollout", "3", "--lr", "1e-2", "--run-dir", str(run_dir), *extra])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "3",
+            "--lr",
+            "1e-2",
+            "--run-dir",
+            str(run_dir),
+            *extra,
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
     return actor

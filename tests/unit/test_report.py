@@ -22,8 +22,9 @@ from slime.utils.types import Sample
 
 
 def _args(run_dir: Path, groups: int = 2, stage: str | None = None) -> Namespace:
-    return Namespace(run_dir=str(run_dir), stage=stage, report_groups_per_rollout=groups, hf_checkpoint=None,
-                     reward_key=None)
+    return Namespace(
+        run_dir=str(run_dir), stage=stage, report_groups_per_rollout=groups, hf_checkpoint=None, reward_key=None
+    )
 
 
 def _sample(index: int, group: int, reward, status=Sample.Status.COMPLETED, multi_turn: bool = False) -> Sample:
@@ -33,8 +34,11 @@ def _sample(index: int, group: int, reward, status=Sample.Status.COMPLETED, mult
     if multi_turn:
         s.append_response_tokens(tokens=[7, 7, 7], trainable=False)  # a tool's output
         s.append_response_tokens(tokens=[12], log_probs=[-0.25], trainable=True)
-        s.metadata["turns"] = [{"role": "model", "start": 0, "end": 2}, {"role": "env", "start": 2, "end": 5},
-                               {"role": "model", "start": 5, "end": 6}]
+        s.metadata["turns"] = [
+            {"role": "model", "start": 0, "end": 2},
+            {"role": "env", "start": 2, "end": 5},
+            {"role": "model", "start": 5, "end": 6},
+        ]
     s.response = "x" * s.response_length
     s.reward = reward
     s.status = status
@@ -49,6 +53,7 @@ def _groups() -> list[list[Sample]]:
 
 # ---- the sample log -------------------------------------------------------------------------------
 
+
 def test_sample_record_holds_tokens_mask_logprobs_and_turns():
     s = _sample(5, 1, {"score": 0.5, "acc": True}, multi_turn=True)
     rec = sample_log.sample_record(Namespace(reward_key=None), s, train_index=9)
@@ -60,8 +65,9 @@ def test_sample_record_holds_tokens_mask_logprobs_and_turns():
     assert rec["turns"][1] == {"role": "env", "start": 2, "end": 5}
     assert rec["train_index"] == 9 and rec["status"] == "completed" and rec["weight_versions"] == ["3"]
     assert rec["response_tokens"] is None  # no tokenizer: the ids still tell
-    failed = sample_log.sample_record(Namespace(reward_key=None),
-                                      _sample(0, 0, None, Sample.Status.FAILED), train_index=0)
+    failed = sample_log.sample_record(
+        Namespace(reward_key=None), _sample(0, 0, None, Sample.Status.FAILED), train_index=0
+    )
     assert failed["status"] == "failed" and failed["reward"] is None and "boom" in failed["error"]
     json.dumps(rec, allow_nan=False)
 
@@ -97,14 +103,20 @@ def test_failed_samples_are_logged(tmp_path):
 
 
 def test_eval_log_has_the_first_groups_of_each_data_set(tmp_path):
-    results = {"arith": {"samples": [_sample(i, i // 2, 1.0) for i in range(6)]},
-               "other": {"samples": [_sample(i, i, 0.0) for i in range(3)]}}
+    results = {
+        "arith": {"samples": [_sample(i, i // 2, 1.0) for i in range(6)]},
+        "other": {"samples": [_sample(i, i, 0.0) for i in range(3)]},
+    }
     path = sample_log.write_eval_samples(_args(tmp_path, groups=2), results, rollout_id=-1)
     log = json.loads(path.read_text())
     assert log["evaluation"] and path.name == "eval_-00001.json"  # the eval before training
     assert [r["rollout_id"] for r in report.collect(tmp_path)["rollouts"]] == [-1]
-    assert [(g["dataset"], len(g["samples"])) for g in log["groups"]] == [("arith", 2), ("arith", 2),
-                                                                           ("other", 1), ("other", 1)]
+    assert [(g["dataset"], len(g["samples"])) for g in log["groups"]] == [
+        ("arith", 2),
+        ("arith", 2),
+        ("other", 1),
+        ("other", 1),
+    ]
     assert (log["num_groups"], log["num_samples"]) == (6, 9)
 
 
@@ -130,6 +142,7 @@ def test_option_is_parsed_and_checked():
 
 # ---- what the report reads ----------------------------------------------------------------------
 
+
 def _run_dir(tmp_path: Path, with_eval: bool = True) -> Path:
     run = tmp_path / "run"
     with MetricsLogger(run, stage="sft", console=False) as log:
@@ -138,9 +151,15 @@ def _run_dir(tmp_path: Path, with_eval: bool = True) -> Path:
         if with_eval:
             log.log(0, {"eval/arith": 0.25, "eval/arith/pass@4": 0.5, "eval/arith/response_len/mean": 7.0})
         for k in (1, 2, 3):
-            row = {"rollout/raw_reward": 0.1 * k, "train/grad_norm": float(k), "perf/rollout_time": 2.0,
-                   "perf/train_time": 3.0, "perf/update_weights_time": 0.5,
-                   "rollout/fully_async/staleness_mean": 0.5, "rollout/status/failed": float(k == 2)}
+            row = {
+                "rollout/raw_reward": 0.1 * k,
+                "train/grad_norm": float(k),
+                "perf/rollout_time": 2.0,
+                "perf/train_time": 3.0,
+                "perf/update_weights_time": 0.5,
+                "rollout/fully_async/staleness_mean": 0.5,
+                "rollout/status/failed": float(k == 2),
+            }
             if with_eval and k == 3:
                 row["eval/arith"] = 0.75
             log.log(k, row)
@@ -159,11 +178,26 @@ def test_metrics_lenient_reader_notes_a_torn_last_line_and_bad_lines(tmp_path):
 
 
 def test_panels_pick_the_issue_metrics():
-    keys = ["rollout/raw_reward", "eval/arith", "eval/arith/pass@4", "eval/math-pass@2", "eval/arith/response_len/mean",
-            "eval/arith/failed", "rollout/response_len/mean", "rollout/truncated_ratio", "train/pg_clipfrac",
-            "train/ppo_kl", "train/entropy_loss", "train/grad_norm", "train/train_rollout_logprob_abs_diff",
-            "perf/rollout_time", "perf/train_time", "perf/update_weights_time", "rollout/fully_async/staleness_max",
-            "passrate/pass@4"]
+    keys = [
+        "rollout/raw_reward",
+        "eval/arith",
+        "eval/arith/pass@4",
+        "eval/math-pass@2",
+        "eval/arith/response_len/mean",
+        "eval/arith/failed",
+        "rollout/response_len/mean",
+        "rollout/truncated_ratio",
+        "train/pg_clipfrac",
+        "train/ppo_kl",
+        "train/entropy_loss",
+        "train/grad_norm",
+        "train/train_rollout_logprob_abs_diff",
+        "perf/rollout_time",
+        "perf/train_time",
+        "perf/update_weights_time",
+        "rollout/fully_async/staleness_max",
+        "passrate/pass@4",
+    ]
     p = report.panel_keys(keys)
     assert p["reward"] == ["rollout/raw_reward", "passrate/pass@4"]
     assert p["eval"] == ["eval/arith", "eval/arith/pass@4", "eval/math-pass@2"]
@@ -178,8 +212,11 @@ def test_collect_series_stage_times_and_notes(tmp_path):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     data = report.collect(run)
     # x = the global step the metrics logger wrote, per point, with the rollout id and stage
-    expect = [[r["global_step"], r["rollout/raw_reward"], r["rollout_id"], r["stage"]]
-              for r in rows if "rollout/raw_reward" in r]
+    expect = [
+        [r["global_step"], r["rollout/raw_reward"], r["rollout_id"], r["stage"]]
+        for r in rows
+        if "rollout/raw_reward" in r
+    ]
     assert data["series"]["rollout/raw_reward"] == expect
     assert [p[0] for p in data["series"]["eval/arith"]] == [rows[1]["global_step"], rows[-1]["global_step"]]
     panels = {p["id"]: p["keys"] for p in data["panels"]}
@@ -223,7 +260,11 @@ def test_collect_merges_advantages_and_thins_many_logs(tmp_path):
     assert any("10 sample logs" in n for n in data["notes"])
     last = data["rollouts"][-1]
     assert last["has_advantages"] and [s.get("advantages") for s in last["groups"][0]["samples"]] == [
-        [0.5, 0.5], [0.5, 0.5], [-0.5, -0.5], [-0.5, -0.5]]
+        [0.5, 0.5],
+        [0.5, 0.5],
+        [-0.5, -0.5],
+        [-0.5, -0.5],
+    ]
     assert not data["rollouts"][0]["has_advantages"]
     small = report.collect(run, max_bytes=1)  # over the size budget: only the last is embedded
     assert [r["rollout_id"] for r in small["rollouts"]] == [9]
@@ -239,7 +280,7 @@ def test_render_is_self_contained_and_escapes_data(tmp_path):
     assert "http://" not in page.replace("http://www.w3.org/2000/svg", "") and "https://" not in page
     assert " src=" not in page and "<link" not in page  # nothing loaded from anywhere
     start = page.index('id="report-data" type="application/json">') + len('id="report-data" type="application/json">')
-    data = json.loads(page[start:page.index("</script>", start)])
+    data = json.loads(page[start : page.index("</script>", start)])
     assert data["rollouts"][0]["groups"][0]["samples"][0]["prompt"].startswith("</script>")
 
 

@@ -22,6 +22,7 @@ BASE = ["--rollout-batch-size", "2", "--num-rollout", "1"]
 
 # ------------------------------------------------------------------ parsing
 
+
 def test_defaults_are_slimes_and_megatrons():
     a = parse_args(BASE)
     assert (a.seed, a.rollout_seed, a.deterministic_mode) == (1234, 42, False)
@@ -30,11 +31,16 @@ def test_defaults_are_slimes_and_megatrons():
     assert a.sglang_enable_deterministic_inference is False
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--partial-rollout"], "--deterministic-mode cannot run with --partial-rollout"),
-    (["--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async"],
-     "--deterministic-mode cannot run with --rollout-function-path slime.rollout.fully_async_rollout"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--partial-rollout"], "--deterministic-mode cannot run with --partial-rollout"),
+        (
+            ["--rollout-function-path", "slime.rollout.fully_async_rollout.generate_rollout_fully_async"],
+            "--deterministic-mode cannot run with --rollout-function-path slime.rollout.fully_async_rollout",
+        ),
+    ],
+)
 def test_deterministic_mode_refuses_timing_dependent_features(argv, needle):
     with pytest.raises(SlimeError, match=needle):
         parse_args(BASE + ["--deterministic-mode", *argv])
@@ -47,19 +53,23 @@ def test_deterministic_mode_seeds_samples_and_asks_sglang_for_batch_invariance()
     assert "--enable-deterministic-inference" not in a.sglang_args  # the built-in engine has no such flag
     sg = parse_args(BASE + ["--deterministic-mode", "--rollout-backend", "sglang"])
     assert sg.sglang_args.count("--enable-deterministic-inference") == 1
-    sg = parse_args(BASE + ["--deterministic-mode", "--rollout-backend", "sglang",
-                            "--sglang-enable-deterministic-inference"])
+    sg = parse_args(
+        BASE + ["--deterministic-mode", "--rollout-backend", "sglang", "--sglang-enable-deterministic-inference"]
+    )
     assert sg.sglang_args.count("--enable-deterministic-inference") == 1
     # slime's own switch of per-sample seeds, without the rest of deterministic mode
     only = parse_args(BASE + ["--sglang-enable-deterministic-inference"])
     assert only.sglang_enable_deterministic_inference is True and only.deterministic_mode is False
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--profile-step-start", "3", "--profile-step-end", "3"], r"--profile-step-end \(3\) must be greater"),
-    (["--profile-step-start", "-1"], "--profile-step-start must be >= 0"),
-    (["--profile-target", "train_overall", "train_actor"], "train_overall traces the whole step"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--profile-step-start", "3", "--profile-step-end", "3"], r"--profile-step-end \(3\) must be greater"),
+        (["--profile-step-start", "-1"], "--profile-step-start must be >= 0"),
+        (["--profile-target", "train_overall", "train_actor"], "train_overall traces the whole step"),
+    ],
+)
 def test_profiler_options_are_checked(argv, needle):
     with pytest.raises(SlimeError, match=needle):
         parse_args(BASE + ["--use-pytorch-profiler", *argv])
@@ -68,13 +78,15 @@ def test_profiler_options_are_checked(argv, needle):
 def test_profile_target_takes_slimes_choices_and_the_trace_dir_defaults_to_the_run():
     with pytest.raises(SlimeError, match="--profile-target"):
         parse_args(BASE + ["--profile-target", "rollout"])
-    a = parse_args(BASE + ["--use-pytorch-profiler", "--profile-target", "train_actor", "train_log_probs",
-                           "--run-dir", "some/run"])
+    a = parse_args(
+        BASE + ["--use-pytorch-profiler", "--profile-target", "train_actor", "train_log_probs", "--run-dir", "some/run"]
+    )
     assert a.tensorboard_dir == os.path.abspath("some/run/tensorboard")
     assert parse_args(BASE + ["--use-pytorch-profiler", "--tensorboard-dir", "/x/tb"]).tensorboard_dir == "/x/tb"
 
 
 # ------------------------------------------------------------------ rollout requests
+
 
 class _RecordingEngine:
     """Stands in for `post` to the router: records each /generate payload and how many were in flight."""
@@ -89,8 +101,11 @@ class _RecordingEngine:
         self.max_inflight = max(self.max_inflight, self.inflight)
         await asyncio.sleep(0.01)
         self.inflight -= 1
-        one = {"text": "7", "output_ids": [9], "meta_info": {"finish_reason": {"type": "stop"},
-                                                              "output_token_logprobs": [[-0.5, 9]]}}
+        one = {
+            "text": "7",
+            "output_ids": [9],
+            "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.5, 9]]},
+        }
         return [one] * len(payload["input_ids"]) if isinstance(payload["input_ids"][0], list) else one
 
 
@@ -108,15 +123,27 @@ def _groups() -> list[list[Sample]]:
 def _generate(monkeypatch, tiny_model_dir, *argv):
     from slime.rollout import generation
 
-    args = parse_args(BASE + ["--hf-checkpoint", str(tiny_model_dir), "--n-samples-per-prompt", "3",
-                              "--custom-rm-path", "tests.e2e.hooks.digit_reward", *argv])
+    args = parse_args(
+        BASE
+        + [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--n-samples-per-prompt",
+            "3",
+            "--custom-rm-path",
+            "tests.e2e.hooks.digit_reward",
+            *argv,
+        ]
+    )
     engine = _RecordingEngine()
     monkeypatch.setattr(generation, "post", engine)
     generation.GenerateState.reset()
     try:
+
         async def both():
             params = generation.GenerateState(args).sampling_params
             return await asyncio.gather(*(generation.generate_and_rm_group(args, g, params) for g in _groups()))
+
         groups = asyncio.run(both())
     finally:
         generation.GenerateState.reset()
@@ -146,6 +173,7 @@ def test_without_it_a_group_is_one_unseeded_batch_request(monkeypatch, tiny_mode
 
 # ------------------------------------------------------------------ profiler
 
+
 def _profile_args(tmp_path, *argv):
     return parse_args(BASE + ["--use-pytorch-profiler", "--tensorboard-dir", str(tmp_path), *argv])
 
@@ -174,8 +202,12 @@ def test_train_overall_traces_the_window_once(tmp_path):
 
 
 def test_phase_targets_trace_their_phase_in_each_step_of_the_window(tmp_path):
-    prof = TrainProfiler(_profile_args(tmp_path, "--profile-step-start", "1", "--profile-step-end", "3",
-                                       "--profile-target", "train_actor"), rank=2)
+    prof = TrainProfiler(
+        _profile_args(
+            tmp_path, "--profile-step-start", "1", "--profile-step-end", "3", "--profile-target", "train_actor"
+        ),
+        rank=2,
+    )
     prof.on_init_end()
     for _ in range(4):
         with prof.phase("train_log_probs"):  # not a target: not traced
@@ -189,8 +221,10 @@ def test_phase_targets_trace_their_phase_in_each_step_of_the_window(tmp_path):
 
 
 def test_without_the_flag_nothing_is_traced(tmp_path):
-    prof = TrainProfiler(parse_args(BASE + ["--tensorboard-dir", str(tmp_path), "--profile-step-start", "0",
-                                            "--profile-step-end", "1"]), rank=0)
+    prof = TrainProfiler(
+        parse_args(BASE + ["--tensorboard-dir", str(tmp_path), "--profile-step-start", "0", "--profile-step-end", "1"]),
+        rank=0,
+    )
     prof.on_init_end()
     with prof.phase("train_actor"):
         _work(1)

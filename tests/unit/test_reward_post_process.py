@@ -20,7 +20,7 @@ def _samples() -> list[Sample]:
 
 
 def _groups(xs: list[float], g: int = 4) -> list[list[float]]:
-    return [xs[i:i + g] for i in range(0, len(xs), g)]
+    return [xs[i : i + g] for i in range(0, len(xs), g)]
 
 
 def _reference(estimator: str, std: bool, normalize: bool) -> list[float]:
@@ -42,14 +42,16 @@ def _reference(estimator: str, std: bool, normalize: bool) -> list[float]:
 @pytest.mark.parametrize("estimator", ["grpo", "gspo", "rloo", "reinforce_plus_plus_baseline", "reinforce_plus_plus"])
 @pytest.mark.parametrize("flags", [[], ["--disable-grpo-std-normalization"], ["--disable-rewards-normalization"]])
 def test_group_normalisation_follows_slimes_flags(estimator, flags):
-    args = make_args("--advantage-estimator", estimator, "--n-samples-per-prompt", "4", "--rollout-batch-size", "3",
-                     *flags)
+    args = make_args(
+        "--advantage-estimator", estimator, "--n-samples-per-prompt", "4", "--rollout-batch-size", "3", *flags
+    )
     assert args.grpo_std_normalization == ("--disable-grpo-std-normalization" not in flags)
     assert args.rewards_normalization == ("--disable-rewards-normalization" not in flags)
     raw, rewards = post_process_rewards(args, _samples())
     assert raw == REWARDS
-    assert rewards == pytest.approx(_reference(estimator, args.grpo_std_normalization, args.rewards_normalization),
-                                    abs=1e-6)
+    assert rewards == pytest.approx(
+        _reference(estimator, args.grpo_std_normalization, args.rewards_normalization), abs=1e-6
+    )
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "rloo"])
@@ -61,8 +63,10 @@ def test_a_group_with_extra_samples_is_normalised_on_its_own(estimator):
 
     rewards = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1.0, 0.0, 0.0, 0.0, 1.0]
     groups = [0] * 4 + [1] * 5 + [2] * 4
-    samples = [Sample(reward=r, status=Sample.Status.COMPLETED, response_length=3, index=i, group_index=gi)
-               for i, (r, gi) in enumerate(zip(rewards, groups))]
+    samples = [
+        Sample(reward=r, status=Sample.Status.COMPLETED, response_length=3, index=i, group_index=gi)
+        for i, (r, gi) in enumerate(zip(rewards, groups))
+    ]
     samples[2].status = Sample.Status.FAILED
     args = make_args("--advantage-estimator", estimator, "--n-samples-per-prompt", "4", "--rollout-batch-size", "3")
     assert prompt_group_sizes(samples, 4) == [4, 5, 4]

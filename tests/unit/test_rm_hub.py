@@ -122,7 +122,9 @@ def test_custom_rm_path(monkeypatch):
     mod.single, mod.batch = single, batch
     monkeypatch.setitem(sys.modules, "my_test_rm_module", mod)
     assert asyncio.run(async_rm(_args(custom_rm_path="my_test_rm_module.single"), Sample())) == 0.5
-    got = asyncio.run(batched_async_rm(_args(custom_rm_path="my_test_rm_module.batch"), [Sample(response="ab"), Sample()]))
+    got = asyncio.run(
+        batched_async_rm(_args(custom_rm_path="my_test_rm_module.batch"), [Sample(response="ab"), Sample()])
+    )
     assert got == [2.0, 0.0]
     with pytest.raises(SlimeError, match="--custom-rm-path"):
         asyncio.run(async_rm(_args(custom_rm_path="my_test_rm_module.missing"), Sample()))

@@ -18,31 +18,51 @@ def rm(rm_type, response, label=None, metadata=None, **kw):
     return asyncio.run(async_rm(args, Sample(response=response, label=label, metadata=metadata or {})))
 
 
-@pytest.mark.parametrize("response,label,reward", [
-    ("so \\boxed{65}", "65", 1), ("\\boxed{65.0}", "65", 1), ("\\boxed{64}", "65", 0),
-    ("\\boxed{64} no \\boxed{65}", "65", 1), ("\\boxed{\\frac{3}{4}}", "0.75", 1),
-    ("\\boxed{\\dfrac{1}{2}}", "0.5", 1), ("\\boxed{2/4}", "\\frac{1}{2}", 0),  # unreduced fractions differ
-    ("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}", 1), ("\\boxed{x+1}", "1+x", 1),
-    ("\\boxed{(1,2)}", "(1, 2)", 1), ("\\boxed{[1,2)}", "(1,2)", 0), ("\\boxed{1,000}", "1000", 1),
-    ("\\boxed{10\\%}", "10", 1), ("\\boxed{k=3}", "3", 1), ("\\boxed{\\text{(A)}}", "(A)", 1),
-    ("\\boxed{2\\pi}", "\\pi*2", 1), ("\\boxed{65}", "\\boxed{65}", 1),
-    ("\\boxed 5", "5", 0), ("\\fbox{5}", "5", 0), ("65", "65", 0),  # only \boxed{...} is an answer
-    ("\\boxed{5}", 5, 1), ("\\boxed{0}", 0, 0), ("\\boxed{5}", None, 0),  # a falsy label scores 0, as in slime
-    ("\\boxed{6} and \\boxed{6", "6", 0),  # an unclosed last box is no answer
-])
+@pytest.mark.parametrize(
+    "response,label,reward",
+    [
+        ("so \\boxed{65}", "65", 1),
+        ("\\boxed{65.0}", "65", 1),
+        ("\\boxed{64}", "65", 0),
+        ("\\boxed{64} no \\boxed{65}", "65", 1),
+        ("\\boxed{\\frac{3}{4}}", "0.75", 1),
+        ("\\boxed{\\dfrac{1}{2}}", "0.5", 1),
+        ("\\boxed{2/4}", "\\frac{1}{2}", 0),  # unreduced fractions differ
+        ("\\boxed{\\sqrt{2}/2}", "\\frac{\\sqrt{2}}{2}", 1),
+        ("\\boxed{x+1}", "1+x", 1),
+        ("\\boxed{(1,2)}", "(1, 2)", 1),
+        ("\\boxed{[1,2)}", "(1,2)", 0),
+        ("\\boxed{1,000}", "1000", 1),
+        ("\\boxed{10\\%}", "10", 1),
+        ("\\boxed{k=3}", "3", 1),
+        ("\\boxed{\\text{(A)}}", "(A)", 1),
+        ("\\boxed{2\\pi}", "\\pi*2", 1),
+        ("\\boxed{65}", "\\boxed{65}", 1),
+        ("\\boxed 5", "5", 0),
+        ("\\fbox{5}", "5", 0),
+        ("65", "65", 0),  # only \boxed{...} is an answer
+        ("\\boxed{5}", 5, 1),
+        ("\\boxed{0}", 0, 0),
+        ("\\boxed{5}", None, 0),  # a falsy label scores 0, as in slime
+        ("\\boxed{6} and \\boxed{6", "6", 0),  # an unclosed last box is no answer
+    ],
+)
 def test_math(response, label, reward):
     assert rm("math", response, label) == reward
 
 
-@pytest.mark.parametrize("response,label,reward", [
-    ("<think>\\boxed{1}</think> so \\boxed{2}", "2", 1),
-    ("<think>\\boxed{2}</think> no box after", "2", 0),  # only what follows </think> counts
-    ("\\boxed{2}", "2", 0),  # neither </think> nor ###Response: 0
-    ("prompt ###Response the answer is \\boxed{\\frac{1}{2}}", "0.5", 1),
-    ("a</think>b</think>\\boxed{3}", "\\boxed{3}", 1),
-    ("</think>\\boxed{3}", "", 0),
-    ("</think>\\boxed{3}", 3, 1),
-])
+@pytest.mark.parametrize(
+    "response,label,reward",
+    [
+        ("<think>\\boxed{1}</think> so \\boxed{2}", "2", 1),
+        ("<think>\\boxed{2}</think> no box after", "2", 0),  # only what follows </think> counts
+        ("\\boxed{2}", "2", 0),  # neither </think> nor ###Response: 0
+        ("prompt ###Response the answer is \\boxed{\\frac{1}{2}}", "0.5", 1),
+        ("a</think>b</think>\\boxed{3}", "\\boxed{3}", 1),
+        ("</think>\\boxed{3}", "", 0),
+        ("</think>\\boxed{3}", 3, 1),
+    ],
+)
 def test_deepscaler(response, label, reward):
     assert rm("deepscaler", response, label) == reward
 
@@ -64,11 +84,18 @@ def test_dapo():
         rm("dapo", "Answer: 1", "not a number")  # DAPO labels are integers: an error, not a silent 0
 
 
-@pytest.mark.parametrize("response,label,reward", [
-    ("The Eiffel Tower", "eiffel tower", 1.0), ("Paris, France", "Paris", 2 * 0.5 * 1 / 1.5),
-    ("yes", "no", 0), ("no", "no", 1.0), ("yes it is", "yes", 0),  # yes/no/noanswer exact
-    ("", "x", 0), ("a the an", "the", 0),
-])
+@pytest.mark.parametrize(
+    "response,label,reward",
+    [
+        ("The Eiffel Tower", "eiffel tower", 1.0),
+        ("Paris, France", "Paris", 2 * 0.5 * 1 / 1.5),
+        ("yes", "no", 0),
+        ("no", "no", 1.0),
+        ("yes it is", "yes", 0),  # yes/no/noanswer exact
+        ("", "x", 0),
+        ("a the an", "the", 0),
+    ],
+)
 def test_f1(response, label, reward):
     assert rm("f1", response, label) == pytest.approx(reward)
 
@@ -78,15 +105,19 @@ def test_boxed_prefix():
     assert rm("boxed_f1", "Paris without a box", "Paris") == 0  # "" when there is no box
 
 
-@pytest.mark.parametrize("response,label,metadata,reward", [
-    ("The answer is B", "B", {}, 1.0), ("The answer is C", "B", {}, 0.0),
-    ("<think>answer is A</think> Final answer: D", "D", {}, 1.0),
-    ("I pick (C).", 2, {}, 1.0),  # an index label
-    ("It is B", "blue", {"choices": ["red", "blue", "green"]}, 1.0),
-    ("it must be green", "green", {"choices": ["red", "blue", "green"]}, 1.0),  # option text
-    ("Answer: B", "x", {"correct_letter": "a", "choices": ["x", "y"]}, 0.0),
-    ("no letter here", "A", {}, 0.0),
-])
+@pytest.mark.parametrize(
+    "response,label,metadata,reward",
+    [
+        ("The answer is B", "B", {}, 1.0),
+        ("The answer is C", "B", {}, 0.0),
+        ("<think>answer is A</think> Final answer: D", "D", {}, 1.0),
+        ("I pick (C).", 2, {}, 1.0),  # an index label
+        ("It is B", "blue", {"choices": ["red", "blue", "green"]}, 1.0),
+        ("it must be green", "green", {"choices": ["red", "blue", "green"]}, 1.0),  # option text
+        ("Answer: B", "x", {"correct_letter": "a", "choices": ["x", "y"]}, 0.0),
+        ("no letter here", "A", {}, 0.0),
+    ],
+)
 def test_gpqa(response, label, metadata, reward):
     assert rm("gpqa", response, label, metadata) == reward
 
@@ -99,6 +130,7 @@ def test_math_verify():
 
 
 # ---------------------------------------------------------------------------- remote_rm
+
 
 class _RMHandler(BaseHTTPRequestHandler):
     mode = "ok"
@@ -119,9 +151,15 @@ class _RMHandler(BaseHTTPRequestHandler):
             self.send_response(503)
             self.end_headers()
             return
-        text = {"ok": json.dumps(1.0 if body["response"] == body["label"] else 0.0),
-                "dict": json.dumps({"score": 0.5, "extra": 1}), "garbage": "<html>oops</html>",
-                "nan": "NaN", "flaky": "1", "slow": "1", "bad_request": "no"}[mode]
+        text = {
+            "ok": json.dumps(1.0 if body["response"] == body["label"] else 0.0),
+            "dict": json.dumps({"score": 0.5, "extra": 1}),
+            "garbage": "<html>oops</html>",
+            "nan": "NaN",
+            "flaky": "1",
+            "slow": "1",
+            "bad_request": "no",
+        }[mode]
         try:
             self.send_response(400 if mode == "bad_request" else 200)
             self.end_headers()
@@ -181,7 +219,9 @@ def test_remote_rm_bad_request_not_retried(rm_server):
 
 # ---------------------------------------------------------------------------- code
 
-FAST = dict(sandbox_timeout=30, sandbox_cpu_time=2, sandbox_memory_mb=256)  # wall >> CPU: a loaded machine still hits the CPU limit first
+FAST = dict(
+    sandbox_timeout=30, sandbox_cpu_time=2, sandbox_memory_mb=256
+)  # wall >> CPU: a loaded machine still hits the CPU limit first
 
 
 def test_code_reward_test_code():
@@ -198,7 +238,9 @@ def test_code_reward_test_code():
 
 def test_code_reward_io_cases():
     cases = [{"input": "2 3\n", "output": "5"}, {"input": "10 -4", "output": "6\n"}]
-    assert rm("code", "```py\na, b = map(int, input().split())\nprint(a + b)\n```", None, {"tests": cases}, **FAST) == 1.0
+    assert (
+        rm("code", "```py\na, b = map(int, input().split())\nprint(a + b)\n```", None, {"tests": cases}, **FAST) == 1.0
+    )
     assert rm("code", "print(5)", None, {"tests": cases}, **FAST) == 0.0
     with pytest.raises(ValueError, match="no tests"):
         rm("code", "print(1)", None, {}, **FAST)

@@ -45,14 +45,17 @@ SLIME_OPTIONS = {
 
 # ------------------------------------------------------------------ parsing
 
+
 def test_options_have_slimes_dests_defaults_and_kinds():
     actions = {s: a for a in build_parser()._actions for s in a.option_strings}
     args = parse_args(BASE)
     for name, (dest, default, kind, type_) in SLIME_OPTIONS.items():
         a = actions[name]
         assert (a.dest, a.default, getattr(args, dest)) == (dest, default, default), name
-        assert type(a).__name__ == {"append": "_AppendAction", "store": "_StoreAction",
-                                    "store_true": "_StoreTrueAction"}[kind], name
+        assert (
+            type(a).__name__
+            == {"append": "_AppendAction", "store": "_StoreAction", "store_true": "_StoreTrueAction"}[kind]
+        ), name
         if kind != "store_true":
             assert a.type is type_ and a.nargs is None, name
     hooked = parse_args(BASE + ["--rollout-sample-hook-path", "a.b", "--rollout-sample-hook-path", "c.d"])
@@ -61,16 +64,33 @@ def test_options_have_slimes_dests_defaults_and_kinds():
 
 
 def test_built_options_are_no_longer_refused_or_named_unused():
-    args = parse_args(BASE + ["--rollout-max-context-len", "64", "--rollout-all-samples-process-path", "a.b",
-                              "--custom-rollout-log-function-path", "a.b", "--custom-eval-rollout-log-function-path",
-                              "a.b", "--log-multi-turn", "--log-passrate", "--log-reward-category", "k",
-                              "--log-correct-samples"])
+    args = parse_args(
+        BASE
+        + [
+            "--rollout-max-context-len",
+            "64",
+            "--rollout-all-samples-process-path",
+            "a.b",
+            "--custom-rollout-log-function-path",
+            "a.b",
+            "--custom-eval-rollout-log-function-path",
+            "a.b",
+            "--log-multi-turn",
+            "--log-passrate",
+            "--log-reward-category",
+            "k",
+            "--log-correct-samples",
+        ]
+    )
     assert startup_notes(args) == []
 
 
 def test_context_length_sets_slimes_prompt_limit():
     assert parse_args(BASE + ["--rollout-max-context-len", "64"]).rollout_max_prompt_len == 63
-    assert parse_args(BASE + ["--rollout-max-context-len", "64", "--rollout-max-prompt-len", "10"]).rollout_max_prompt_len == 10
+    assert (
+        parse_args(BASE + ["--rollout-max-context-len", "64", "--rollout-max-prompt-len", "10"]).rollout_max_prompt_len
+        == 10
+    )
     assert parse_args(BASE).rollout_max_prompt_len is None
     with pytest.raises(SlimeError, match="--rollout-max-prompt-len 64 must be < --rollout-max-context-len 64"):
         parse_args(BASE + ["--rollout-max-context-len", "64", "--rollout-max-prompt-len", "64"])
@@ -80,6 +100,7 @@ def test_context_length_sets_slimes_prompt_limit():
 
 # ------------------------------------------------------------------ a GenerateState without tokenizer or engine
 
+
 @pytest.fixture
 def state(monkeypatch):
     from slime.utils.misc import load_function
@@ -88,8 +109,9 @@ def state(monkeypatch):
         st = object.__new__(sglang_rollout.GenerateState)
         st.args, st.sampling_params = args, sglang_rollout.sampling_params_from_args(args, evaluation=False)
         st.concurrency, st._semaphores = 64, weakref.WeakKeyDictionary()
-        st.custom_generate = (load_function(args.custom_generate_function_path)
-                              if args.custom_generate_function_path else None)
+        st.custom_generate = (
+            load_function(args.custom_generate_function_path) if args.custom_generate_function_path else None
+        )
         st.custom_rm, st.eval_datasets, st.tokenizer, st.aborted = None, {}, None, False
         monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)
         return st
@@ -101,14 +123,18 @@ def state(monkeypatch):
 
 # ------------------------------------------------------------------ --rollout-max-context-len
 
+
 @pytest.fixture
 def engine_calls(monkeypatch):
     """The default generate's HTTP call answered like the engine: as many tokens as max_new_tokens allows."""
     calls = []
 
     def answer(n):
-        return {"text": "7" * n, "output_ids": [7] * n,
-                "meta_info": {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-0.5, 7]] * n}}
+        return {
+            "text": "7" * n,
+            "output_ids": [7] * n,
+            "meta_info": {"finish_reason": {"type": "length"}, "output_token_logprobs": [[-0.5, 7]] * n},
+        }
 
     async def fake_post(url, payload, *a, **kw):
         calls.append(payload)
@@ -123,12 +149,15 @@ def engine_calls(monkeypatch):
 
 
 def _fresh_group(prompt_len, n=2):
-    return [Sample(group_index=0, index=j, prompt="p", tokens=list(range(1, prompt_len + 1)), metadata={})
-            for j in range(n)]
+    return [
+        Sample(group_index=0, index=j, prompt="p", tokens=list(range(1, prompt_len + 1)), metadata={}) for j in range(n)
+    ]
 
 
-@pytest.mark.parametrize("context,max_response,prompt_len", [
-    (10, None, 4), (10, 3, 4), (10, 8, 4), (None, 8, 4), (None, None, 4), (12, None, 11)])
+@pytest.mark.parametrize(
+    "context,max_response,prompt_len",
+    [(10, None, 4), (10, 3, 4), (10, 8, 4), (None, 8, 4), (None, None, 4), (12, None, 11)],
+)
 def test_context_limit_bounds_max_new_tokens_of_a_fresh_group(state, engine_calls, context, max_response, prompt_len):
     opts = {"rm_type": "random", "n_samples_per_prompt": 2}
     if context:
@@ -137,8 +166,9 @@ def test_context_limit_bounds_max_new_tokens_of_a_fresh_group(state, engine_call
         opts["rollout_max_response_len"] = max_response
     args = make_args(**opts)
     state(args)
-    group = asyncio.run(sglang_rollout.generate_and_rm_group(args, _fresh_group(prompt_len),
-                                                             dict(state(args).sampling_params)))
+    group = asyncio.run(
+        sglang_rollout.generate_and_rm_group(args, _fresh_group(prompt_len), dict(state(args).sampling_params))
+    )
     limits = [x for x in (max_response, None if context is None else context - prompt_len) if x is not None]
     expected = min(limits) if limits else None
     assert [c["sampling_params"]["max_new_tokens"] for c in engine_calls] == [expected]
@@ -153,8 +183,13 @@ def test_no_room_left_is_truncated_without_a_request(state, engine_calls):
     state(args)
     group = asyncio.run(sglang_rollout.generate_and_rm_group(args, _fresh_group(6), dict(state(args).sampling_params)))
     assert engine_calls == []
-    assert all(s.status == Sample.Status.TRUNCATED and s.tokens == list(range(1, 7)) and s.response_length == 0
-               and s.loss_mask == [] for s in group)
+    assert all(
+        s.status == Sample.Status.TRUNCATED
+        and s.tokens == list(range(1, 7))
+        and s.response_length == 0
+        and s.loss_mask == []
+        for s in group
+    )
     data = samples_to_train_data(args, [group])  # still well-formed train data
     assert data["response_lengths"] == [0, 0] and data["loss_masks"] == [[], []]
 
@@ -163,8 +198,18 @@ def test_a_resumed_partial_sample_fits_prompt_plus_response_so_far(state, engine
     # prompt 4 + 3 tokens from an earlier rollout: budget 8 - 3 = 5, room 10 - 7 = 3
     args = make_args(rm_type="random", rollout_max_context_len=10, rollout_max_response_len=8)
     state(args)
-    s = Sample(group_index=0, index=0, prompt="p", tokens=[1, 2, 3, 4, 9, 9, 9], response="999", response_length=3,
-               loss_mask=[1, 1, 1], rollout_log_probs=[-1.0] * 3, status=Sample.Status.ABORTED, metadata={})
+    s = Sample(
+        group_index=0,
+        index=0,
+        prompt="p",
+        tokens=[1, 2, 3, 4, 9, 9, 9],
+        response="999",
+        response_length=3,
+        loss_mask=[1, 1, 1],
+        rollout_log_probs=[-1.0] * 3,
+        status=Sample.Status.ABORTED,
+        metadata={},
+    )
     out = asyncio.run(sglang_rollout.generate(args, s, dict(state(args).sampling_params)))
     assert engine_calls[0]["input_ids"] == [1, 2, 3, 4, 9, 9, 9]
     assert engine_calls[0]["sampling_params"]["max_new_tokens"] == 3
@@ -181,6 +226,7 @@ def test_evaluation_uses_the_rollout_context_by_default(state, engine_calls):
 
 # ------------------------------------------------------------------ custom log functions, through the RolloutManager
 
+
 def _manager(args):
     mgr = RolloutManager.__ray_actor_class__(args, placement=None)
     mgr.load_hooks()
@@ -188,9 +234,17 @@ def _manager(args):
 
 
 def _manager_args(**kw):
-    return make_args(**{"rm_type": "math", "rollout_batch_size": 2, "n_samples_per_prompt": 2,
-                        "data_source_path": H + "ListDataSource", "custom_generate_function_path": H + "custom_generate",
-                        "custom_rm_path": H + "custom_rm", **kw})
+    return make_args(
+        **{
+            "rm_type": "math",
+            "rollout_batch_size": 2,
+            "n_samples_per_prompt": 2,
+            "data_source_path": H + "ListDataSource",
+            "custom_generate_function_path": H + "custom_generate",
+            "custom_rm_path": H + "custom_rm",
+            **kw,
+        }
+    )
 
 
 def test_custom_rollout_log_returning_true_replaces_the_default_metrics(state):
@@ -198,7 +252,7 @@ def test_custom_rollout_log_returning_true_replaces_the_default_metrics(state):
     args = _manager_args(custom_rollout_log_function_path=H + "log_rollout")
     state(args)
     data, metrics = _manager(args).generate(4)
-    (rid, indices, extra, rollout_time), = hooks.CALLS["rollout_log"]
+    ((rid, indices, extra, rollout_time),) = hooks.CALLS["rollout_log"]
     assert rid == 4 and indices == [0, 1, 2, 3]  # slime's call: the flat list of samples
     assert extra["rollout/dynamic_filter/generated_groups"] == 2.0  # the rollout function's own metrics
     assert isinstance(rollout_time, float) and rollout_time > 0
@@ -216,8 +270,9 @@ def test_custom_rollout_log_returning_false_keeps_the_default_and_its_additions(
 
 def test_custom_eval_log(state):
     hooks.CALLS.pop("eval_log", None)
-    args = _manager_args(rollout_function_path=H + "rollout_function",
-                         custom_eval_rollout_log_function_path=H + "log_eval_rollout")
+    args = _manager_args(
+        rollout_function_path=H + "rollout_function", custom_eval_rollout_log_function_path=H + "log_eval_rollout"
+    )
     state(args)
     mgr = _manager(args)
     assert mgr.eval(3) == {"eval/set/failed": 0.0}
@@ -227,8 +282,7 @@ def test_custom_eval_log(state):
 
 
 def test_manager_metrics_carry_the_extra_statistics(state):
-    args = _manager_args(log_passrate=True, log_multi_turn=True, log_correct_samples=True,
-                         rollout_max_response_len=8)
+    args = _manager_args(log_passrate=True, log_multi_turn=True, log_correct_samples=True, rollout_max_response_len=8)
     state(args)
     _, metrics = _manager(args).generate(0)
     # custom_generate: 2 response tokens each; custom_rm: reward 5.0, so no sample is correct (== 1)
@@ -239,6 +293,7 @@ def test_manager_metrics_carry_the_extra_statistics(state):
 
 
 # ------------------------------------------------------------------ the statistics against references
+
 
 def _brute_pass_at_k(rewards, k):
     """Fraction of the k-subsets of one prompt's samples that hold a correct (reward == 1) one."""
@@ -255,9 +310,21 @@ def _groups(rewards=REWARDS, lengths=None, **sample_kw):
         g = []
         for j, r in enumerate(rs):
             n = lengths[gi][j] if lengths else 3
-            g.append(Sample(group_index=gi, index=gi * len(rs) + j, prompt="p", tokens=[1] * (2 + n), response="x" * n,
-                            response_length=n, loss_mask=[1] * n, reward=r, status=Sample.Status.COMPLETED,
-                            metadata={}, **sample_kw))
+            g.append(
+                Sample(
+                    group_index=gi,
+                    index=gi * len(rs) + j,
+                    prompt="p",
+                    tokens=[1] * (2 + n),
+                    response="x" * n,
+                    response_length=n,
+                    loss_mask=[1] * n,
+                    reward=r,
+                    status=Sample.Status.COMPLETED,
+                    metadata={},
+                    **sample_kw,
+                )
+            )
         groups.append(g)
     return groups
 
@@ -270,14 +337,18 @@ def test_passrate_matches_brute_force():
         want = sum(_brute_pass_at_k(rs, k) for rs in REWARDS) / len(REWARDS)
         assert m[f"passrate/pass@{k}"] == pytest.approx(want, abs=1e-12)
     assert "passrate/pass@3" not in m and "passrate/pass@8" not in m  # powers of two up to n, as slime's
-    assert not any(k.startswith("passrate/") for k in rollout_metrics(make_args(rm_type="math"), groups,
-                                                                       samples_to_train_data(args, groups)))
+    assert not any(
+        k.startswith("passrate/")
+        for k in rollout_metrics(make_args(rm_type="math"), groups, samples_to_train_data(args, groups))
+    )
 
 
 def test_passrate_with_one_sample_per_prompt_is_empty():
     args = make_args(rm_type="math", n_samples_per_prompt=1, log_passrate=True)
     groups = _groups([[1.0], [0.0]])
-    assert not any(k.startswith("passrate/") for k in rollout_metrics(args, groups, samples_to_train_data(args, groups)))
+    assert not any(
+        k.startswith("passrate/") for k in rollout_metrics(args, groups, samples_to_train_data(args, groups))
+    )
 
 
 def test_reward_categories_are_fractions_of_all_samples():
@@ -305,10 +376,16 @@ def test_multi_turn_statistics():
     raw, obs_free, rounds = [4, 6, 2, 8], [3, 3, 2, 7], [3, 1, 2, 5]
     p = "multi_turn/"
     assert m[p + "raw_response_length/response_length_mean"] == sum(raw) / 4
-    assert (m[p + "raw_response_length/response_length_max"], m[p + "raw_response_length/response_length_min"]) == (8, 2)
+    assert (m[p + "raw_response_length/response_length_max"], m[p + "raw_response_length/response_length_min"]) == (
+        8,
+        2,
+    )
     assert m[p + "raw_response_length/response_length_clip_ratio"] == 2 / 4  # 6 and 8 reach 6
     assert m[p + "wo_obs_response_length/response_length_mean"] == sum(obs_free) / 4
-    assert (m[p + "wo_obs_response_length/response_length_max"], m[p + "wo_obs_response_length/response_length_min"]) == (7, 2)
+    assert (
+        m[p + "wo_obs_response_length/response_length_max"],
+        m[p + "wo_obs_response_length/response_length_min"],
+    ) == (7, 2)
     assert m[p + "multi_turn_metric/round_number_mean"] == sum(rounds) / 4
     assert (m[p + "multi_turn_metric/round_number_max"], m[p + "multi_turn_metric/round_number_min"]) == (5, 1)
 

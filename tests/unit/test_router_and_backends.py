@@ -65,18 +65,54 @@ def test_update_weight_mode_has_slimes_meaning():
 
 
 def test_sglang_server_command_forwards_every_sglang_arg_verbatim():
-    a = parse_args(SGLANG + ["--hf-checkpoint", "/models/qwen", "--rollout-num-gpus", "4",
-                           "--rollout-num-gpus-per-engine", "2", "--sglang-mem-fraction-static", "0.7",
-                           "--sglang-enable-dp-attention", "--sglang-dtype=bfloat16", "--sglang-cuda-graph-bs", "1",
-                           "2", "4"])
+    a = parse_args(
+        SGLANG
+        + [
+            "--hf-checkpoint",
+            "/models/qwen",
+            "--rollout-num-gpus",
+            "4",
+            "--rollout-num-gpus-per-engine",
+            "2",
+            "--sglang-mem-fraction-static",
+            "0.7",
+            "--sglang-enable-dp-attention",
+            "--sglang-dtype=bfloat16",
+            "--sglang-cuda-graph-bs",
+            "1",
+            "2",
+            "4",
+        ]
+    )
     host, cmd = sglang_server_command(a, rank=1, base_gpu_id=2, port=31234)
     assert host == "127.0.0.1"
     assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
-    assert cmd[3:] == ["--model-path", "/models/qwen", "--host", "127.0.0.1", "--port", "31234",
-                       "--tp-size", "2", "--base-gpu-id", "2",
-                       "--mem-fraction-static", "0.7", "--enable-dp-attention", "--dtype=bfloat16",
-                       "--cuda-graph-bs", "1", "2", "4", "--random-seed", str(a.seed + 1),
-                       "--api-key", a.engine_api_key, "--admin-api-key", a.engine_admin_api_key]
+    assert cmd[3:] == [
+        "--model-path",
+        "/models/qwen",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31234",
+        "--tp-size",
+        "2",
+        "--base-gpu-id",
+        "2",
+        "--mem-fraction-static",
+        "0.7",
+        "--enable-dp-attention",
+        "--dtype=bfloat16",
+        "--cuda-graph-bs",
+        "1",
+        "2",
+        "4",
+        "--random-seed",
+        str(a.seed + 1),
+        "--api-key",
+        a.engine_api_key,
+        "--admin-api-key",
+        a.engine_admin_api_key,
+    ]
     assert len(a.engine_api_key) >= 40  # the run's own key (one per run), as both keys
 
 
@@ -88,24 +124,34 @@ def test_run_key_is_the_users_own_and_never_saved(tmp_path):
     assert (a.engine_api_key, a.engine_admin_api_key) == ("mine", None)
     assert "--api-key" not in launch_spec(a, 0).extra and key_env(a) == {"SLIME_API_KEY": "mine"}
     b = parse_args(BASE + ["--hf-checkpoint", "m", "--rollout-backend", "builtin"])
-    assert b.engine_api_key == b.engine_admin_api_key and b.engine_api_key != parse_args(
-        BASE + ["--hf-checkpoint", "m", "--rollout-backend", "builtin"]).engine_api_key
+    assert (
+        b.engine_api_key == b.engine_admin_api_key
+        and b.engine_api_key
+        != parse_args(BASE + ["--hf-checkpoint", "m", "--rollout-backend", "builtin"]).engine_api_key
+    )
     save_args(b, tmp_path / "args.json")
     assert b.engine_api_key not in (tmp_path / "args.json").read_text()
-    external = parse_args(BASE + ["--hf-checkpoint", "m", "--sglang-router-ip", "10.0.0.1", "--sglang-router-port", "1"])
+    external = parse_args(
+        BASE + ["--hf-checkpoint", "m", "--sglang-router-ip", "10.0.0.1", "--sglang-router-port", "1"]
+    )
     assert external.engine_api_key is None  # nothing to send to a user's server without a key
 
 
 def test_sglang_server_command_host_port_and_owned_args():
-    a = parse_args(SGLANG + ["--hf-checkpoint", "m", "--sglang-host", "0.0.0.0", "--sglang-port", "30000",
-                           "--sglang-random-seed", "7"])
+    a = parse_args(
+        SGLANG
+        + ["--hf-checkpoint", "m", "--sglang-host", "0.0.0.0", "--sglang-port", "30000", "--sglang-random-seed", "7"]
+    )
     host, cmd = sglang_server_command(a, rank=3, base_gpu_id=3, port=1)
     assert host == "0.0.0.0"
     assert cmd[cmd.index("--host") + 1] == "0.0.0.0" and cmd.count("--host") == 1
     assert cmd[cmd.index("--port") + 1] == "30003" and cmd.count("--port") == 1
     assert cmd[cmd.index("--random-seed") + 1] == "7" and cmd.count("--random-seed") == 1
-    for flag, names in [("--sglang-tp-size", "--rollout-num-gpus-per-engine"), ("--sglang-model-path", "--hf-checkpoint"),
-                        ("--sglang-base-gpu-id", "placement")]:
+    for flag, names in [
+        ("--sglang-tp-size", "--rollout-num-gpus-per-engine"),
+        ("--sglang-model-path", "--hf-checkpoint"),
+        ("--sglang-base-gpu-id", "placement"),
+    ]:
         b = parse_args(SGLANG + ["--hf-checkpoint", "m", flag, "2"])
         with pytest.raises(SlimeError, match=f"{flag}.*{names}"):
             sglang_server_command(b, rank=0, base_gpu_id=0, port=1)
@@ -137,8 +183,9 @@ def fake_sglang(monkeypatch):
 
 def test_sglang_args_validated_against_sglangs_own_parser(fake_sglang):
     validate_sglang_args(["--mem-fraction-static", "0.8", "--dtype", "bfloat16", "--enable-dp-attention"])
-    with pytest.raises(SlimeError, match="unknown engine argument --sglang-mem-fraction.*did you mean "
-                                         "--sglang-mem-fraction-static"):
+    with pytest.raises(
+        SlimeError, match="unknown engine argument --sglang-mem-fraction.*did you mean --sglang-mem-fraction-static"
+    ):
         validate_sglang_args(["--mem-fraction", "0.8"])
     with pytest.raises(SlimeError, match="invalid --sglang-\\* arguments.*--dtype"):
         validate_sglang_args(["--dtype", "int3"])
@@ -164,7 +211,7 @@ def test_router_command_lines_bind_loopback():
     assert cmd[1:3] == ["-m", "slime.ray.router"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1" and cmd[cmd.index("--prometheus-host") + 1] == "127.0.0.1"
     assert cmd[cmd.index("--policy") + 1] == "consistent_hashing"
-    assert cmd[cmd.index("--worker-urls") + 1:] == ["http://127.0.0.1:5"]
+    assert cmd[cmd.index("--worker-urls") + 1 :] == ["http://127.0.0.1:5"]
     with pytest.raises(SlimeError, match="--router-policy"):
         sglang_router_command("fastest", "127.0.0.1", 1, 2, [])
     d = dispatcher_command("127.0.0.1", 1000, [])
@@ -192,13 +239,17 @@ def test_default_generate_sends_the_session_routing_key(tiny_model_dir, monkeypa
     async def fake_post(url, payload, max_retries=60, retry_interval=1.0, headers=None):
         seen.append(headers)
         n = len(payload["input_ids"]) if isinstance(payload["input_ids"][0], list) else None
-        one = {"text": "x", "output_ids": [5], "meta_info": {"finish_reason": {"type": "stop"},
-                                                            "output_token_logprobs": [[-0.1, 5, None]]}}
+        one = {
+            "text": "x",
+            "output_ids": [5],
+            "meta_info": {"finish_reason": {"type": "stop"}, "output_token_logprobs": [[-0.1, 5, None]]},
+        }
         return [one] * n if n else one
 
     monkeypatch.setattr(generation, "post", fake_post)  # where the default generate posts
-    args = parse_args(BASE + ["--hf-checkpoint", str(tiny_model_dir), "--sglang-router-ip", "127.0.0.1",
-                              "--sglang-router-port", "1"])
+    args = parse_args(
+        BASE + ["--hf-checkpoint", str(tiny_model_dir), "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "1"]
+    )
     sglang_rollout.GenerateState.reset()
     try:
         params = sglang_rollout.sampling_params_from_args(args, evaluation=False)
@@ -216,8 +267,20 @@ def test_default_generate_sends_the_session_routing_key(tiny_model_dir, monkeypa
 def test_sglang_options_the_builtin_engine_cannot_use_are_named_not_forwarded():
     """SGLang's own options (data: sglang_server_args.json) parse with the built-in engine too: kept
     off its command line and named once at start-up; a name neither knows is an error."""
-    a = parse_args(BASE + ["--sglang-cuda-graph-bs", "1", "2", "4", "--sglang-enable-dp-attention",
-                           "--sglang-max-running-requests", "8", "--sglang-ep-size", "2"])
+    a = parse_args(
+        BASE
+        + [
+            "--sglang-cuda-graph-bs",
+            "1",
+            "2",
+            "4",
+            "--sglang-enable-dp-attention",
+            "--sglang-max-running-requests",
+            "8",
+            "--sglang-ep-size",
+            "2",
+        ]
+    )
     assert a.sglang_args == ["--max-running-requests", "8"]
     note = next(n for n in startup_notes(a) if n.startswith("SGLang options"))
     assert "--sglang-cuda-graph-bs 1 2 4" in note and "--sglang-enable-dp-attention" in note
@@ -225,8 +288,9 @@ def test_sglang_options_the_builtin_engine_cannot_use_are_named_not_forwarded():
     with_sglang = parse_args(SGLANG + ["--sglang-cuda-graph-bs", "1", "2", "--sglang-enable-dp-attention"])
     assert with_sglang.sglang_args == ["--cuda-graph-bs", "1", "2", "--enable-dp-attention"]
     assert not [n for n in startup_notes(with_sglang) if n.startswith("SGLang options")]
-    with pytest.raises(SlimeError, match="unknown engine argument --sglang-cuda-graph-bss.*did you mean "
-                                         "--sglang-cuda-graph-bs"):
+    with pytest.raises(
+        SlimeError, match="unknown engine argument --sglang-cuda-graph-bss.*did you mean --sglang-cuda-graph-bs"
+    ):
         parse_args(BASE + ["--sglang-cuda-graph-bss", "1"])
 
 
@@ -237,14 +301,21 @@ def test_agent_parser_options_are_not_named_unused_when_the_agent_adapter_reads_
     from slime.agent.generate import engine_parser_option
 
     parsers = ["--sglang-tool-call-parser", "qwen25", "--sglang-reasoning-parser=qwen3"]
-    agent = ["--custom-generate-function-path", "slime.agent.generate.generate",
-             "--agent-function-path", "examples.openai_agent.agent.run"]
+    agent = [
+        "--custom-generate-function-path",
+        "slime.agent.generate.generate",
+        "--agent-function-path",
+        "examples.openai_agent.agent.run",
+    ]
     a = parse_args(BASE + agent + parsers)
     assert not [n for n in startup_notes(a) if n.startswith("SGLang options")]
     assert engine_parser_option(a, "--tool-call-parser") == "qwen25"  # still reaches the adapter
     assert engine_parser_option(a, "--reasoning-parser") == "qwen3"
-    note = next(n for n in startup_notes(parse_args(BASE + agent + parsers + ["--sglang-ep-size", "2"]))
-                if n.startswith("SGLang options"))
+    note = next(
+        n
+        for n in startup_notes(parse_args(BASE + agent + parsers + ["--sglang-ep-size", "2"]))
+        if n.startswith("SGLang options")
+    )
     assert note.endswith("not used by the built-in engine: --sglang-ep-size 2")
     plain = next(n for n in startup_notes(parse_args(BASE + parsers)) if n.startswith("SGLang options"))
     assert "--sglang-tool-call-parser qwen25" in plain and "--sglang-reasoning-parser=qwen3" in plain
@@ -257,8 +328,10 @@ def test_router_options_are_checked_against_sglang_routers_parser():
     assert a.router_args == ["--balance-abs-threshold", "5", "--log-level", "debug"]
     assert a.router_policy == "cache_aware"  # slime-rl's own option is not passed through
     assert check_router_args(a.router_args) is None
-    with pytest.raises(SlimeError, match="unknown router argument --router-balance-abs-treshold .*did you mean "
-                                         "--router-balance-abs-threshold"):
+    with pytest.raises(
+        SlimeError,
+        match="unknown router argument --router-balance-abs-treshold .*did you mean --router-balance-abs-threshold",
+    ):
         check_router_args(parse_args(BASE + ["--router-balance-abs-treshold", "5"]).router_args)
     with pytest.raises(SlimeError, match="invalid --router-\\* arguments for sglang-router.*balance-abs-threshold"):
         check_router_args(["--balance-abs-threshold", "five"])
@@ -271,4 +344,6 @@ def test_router_options_without_sglang_router_are_named_not_dropped(monkeypatch)
 
     monkeypatch.setattr(router, "sglang_router_available", lambda: False)
     note = router.check_router_args(["--log-level", "debug"])
-    assert note == "sglang-router is not installed: --router-log-level debug not used (the built-in dispatcher takes none)"
+    assert (
+        note == "sglang-router is not installed: --router-log-level debug not used (the built-in dispatcher takes none)"
+    )

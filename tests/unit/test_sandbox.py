@@ -22,11 +22,10 @@ from pathlib import Path
 import pytest
 
 from slime.errors import SlimeError
-from slime.rollout.rm_hub import async_rm
-from slime.rollout.rm_hub import sandbox_isolation
-from slime.rollout.rm_hub.sandbox_isolation import python_paths
+from slime.rollout.rm_hub import async_rm, sandbox_isolation
 from slime.rollout.rm_hub.code import grade_code
 from slime.rollout.rm_hub.sandbox import SandboxLimits, SandboxUnavailable, check_sandbox, isolation, run_python
+from slime.rollout.rm_hub.sandbox_isolation import python_paths
 from slime.rollout.rm_hub.sandbox_seccomp import seccomp_program
 from slime.utils.types import Sample
 from tests.helpers import alive, descendants, make_args
@@ -34,8 +33,9 @@ from tests.helpers import alive, descendants, make_args
 REPO = Path(__file__).resolve().parents[2]
 FAST = dict(sandbox_timeout=10, sandbox_cpu_time=4, sandbox_memory_mb=512)
 
-needs_bwrap = pytest.mark.skipif(isolation() != "bwrap", reason="bubblewrap sandbox not available here "
-                                 "(scripts/setup.sh installs it)")
+needs_bwrap = pytest.mark.skipif(
+    isolation() != "bwrap", reason="bubblewrap sandbox not available here (scripts/setup.sh installs it)"
+)
 
 
 def _pids() -> set[int]:
@@ -81,45 +81,60 @@ GAMES = {
     "atexit hook that exits 0": "import atexit, os\natexit.register(lambda: os._exit(0))\n" + WRONG_ADD,
     "exception hook": "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\n" + WRONG_ADD,
     "kill itself": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
-    "object equal to everything": ("class Any:\n    def __eq__(self, other): return True\n    def __ne__(self, o): "
-                                   "return False\ndef add(a, b):\n    return Any()"),
-    "int subclass equal to everything": ("class I(int):\n    def __eq__(self, other): return True\n"
-                                         "def add(a, b):\n    return I(0)"),
-    "patched builtins": ("import builtins\nbuiltins.abs = lambda x: 0\n"
-                         "def add(a, b):\n    return a - b", "assert abs(add(1, 2) - 3) < 1e-9"),
-    "shadowed builtin used by the tests": ("def abs(x):\n    return 0\ndef add(a, b):\n    return a - b",
-                                           "assert abs(add(1, 2) - 3) < 1e-9"),
+    "object equal to everything": (
+        "class Any:\n    def __eq__(self, other): return True\n    def __ne__(self, o): "
+        "return False\ndef add(a, b):\n    return Any()"
+    ),
+    "int subclass equal to everything": (
+        "class I(int):\n    def __eq__(self, other): return True\ndef add(a, b):\n    return I(0)"
+    ),
+    "patched builtins": (
+        "import builtins\nbuiltins.abs = lambda x: 0\ndef add(a, b):\n    return a - b",
+        "assert abs(add(1, 2) - 3) < 1e-9",
+    ),
+    "shadowed builtin used by the tests": (
+        "def abs(x):\n    return 0\ndef add(a, b):\n    return a - b",
+        "assert abs(add(1, 2) - 3) < 1e-9",
+    ),
     "prints a fake success line": ("print('\\n@@slime-tests-passed ' + '0' * 32)\nimport os\nos._exit(0)"),
     "closes stdout": "import os\nos.close(1)\n" + WRONG_ADD,
     "redirects stdout": "import os\nos.dup2(os.open('/dev/null', os.O_WRONLY), 1)\n" + WRONG_ADD,
-    "rebinds the driver's helpers": ("import __main__\n__main__._equal = lambda a, b: True\n"
-                                     "__main__._is_plain = lambda x: False\n__main__._BLOCKED_EVENTS = frozenset()\n"
-                                     "class Any:\n    def __eq__(self, other): return True\n"
-                                     "def add(a, b):\n    return Any()"),
+    "rebinds the driver's helpers": (
+        "import __main__\n__main__._equal = lambda a, b: True\n"
+        "__main__._is_plain = lambda x: False\n__main__._BLOCKED_EVENTS = frozenset()\n"
+        "class Any:\n    def __eq__(self, other): return True\n"
+        "def add(a, b):\n    return Any()"
+    ),
     "reads the token from the driver's frame": (
         "import sys, os\nf = sys._getframe()\nwhile f is not None:\n"
         "    if 'token' in f.f_locals:\n        os.write(1, b'\\n@@slime-tests-passed ' + f.f_locals['token'] + b'\\n'); os._exit(0)\n"
-        "    f = f.f_back"),
+        "    f = f.f_back"
+    ),
     "finds the token through a traceback": (
         "import os\ntry:\n    1/0\nexcept Exception as e:\n    f = e.__traceback__.tb_frame\n"
         "    while f is not None:\n        tok = f.f_locals.get('token')\n"
-        "        if tok: os.write(1, b'\\n@@slime-tests-passed ' + tok + b'\\n'); os._exit(0)\n        f = f.f_back"),
+        "        if tok: os.write(1, b'\\n@@slime-tests-passed ' + tok + b'\\n'); os._exit(0)\n        f = f.f_back"
+    ),
     "scans the heap for the token": (
-        "import gc, os, re\nfor o in gc.get_objects():\n    pass\n"
-        "for o in gc.get_referrers(os):\n    pass"),
+        "import gc, os, re\nfor o in gc.get_objects():\n    pass\nfor o in gc.get_referrers(os):\n    pass"
+    ),
     "reads its own memory": "print(open('/proc/self/maps').read()[:10])",
     "ctypes": "import ctypes\nctypes.string_at(id(1), 8)",
     "starts a process": "import subprocess\nsubprocess.run(['true'])",
     "imports a module the driver did not": "import fractions, heapq\n" + WRONG_ADD,
     "inspect.stack() for the token": (
         "import inspect, os\nfor info in inspect.stack():\n    tok = info.frame.f_locals.get('token')\n"
-        "    if tok: os.write(1, b'\\n@@slime-tests-passed ' + tok + b'\\n'); os._exit(0)"),
+        "    if tok: os.write(1, b'\\n@@slime-tests-passed ' + tok + b'\\n'); os._exit(0)"
+    ),
     "code posing as the standard library": (
         "import os, sysconfig\nsrc = 'import sys\\ndef up():\\n    return sys._getframe(3)\\n'\n"
         "ns = {}\nexec(compile(src, sysconfig.get_paths()['stdlib'] + '/collections/x.py', 'exec'), ns)\n"
-        "f = ns['up']()\nos._exit(0)"),
-    "reads stdin for the token": ("import sys, os\nt = sys.stdin.buffer.read()\n"
-                                  "os.write(1, b'\\n@@slime-tests-passed ' + t + b'\\n'); os._exit(0)"),
+        "f = ns['up']()\nos._exit(0)"
+    ),
+    "reads stdin for the token": (
+        "import sys, os\nt = sys.stdin.buffer.read()\n"
+        "os.write(1, b'\\n@@slime-tests-passed ' + t + b'\\n'); os._exit(0)"
+    ),
 }
 
 
@@ -138,14 +153,17 @@ LEGIT = {
         "from collections import namedtuple, Counter, deque\nfrom dataclasses import dataclass\nimport enum, typing\n"
         "P = namedtuple('P', 'x y')\nT = typing.TypeVar('T')\nclass Color(enum.Enum):\n    RED = 1\n"
         "@dataclass\nclass Box:\n    v: int\n"
-        "def add(a, b):\n    return Box(P(a, b).x).v + Counter([b])[b] * b + Color.RED.value - 1"),
+        "def add(a, b):\n    return Box(P(a, b).x).v + Counter([b])[b] * b + Color.RED.value - 1"
+    ),
     "heapq, itertools, functools, re, fractions": (
         "import heapq, itertools, functools, re, fractions, math\n@functools.lru_cache(None)\n"
         "def add(a, b):\n    h = [a, b]; heapq.heapify(h)\n"
-        "    return int(sum(itertools.chain(h)) + fractions.Fraction(0) + len(re.findall('z', 'x')) + math.floor(0))"),
+        "    return int(sum(itertools.chain(h)) + fractions.Fraction(0) + len(re.findall('z', 'x')) + math.floor(0))"
+    ),
     "prints, catches its own exceptions, uses a class": (
         "class Adder:\n    def __call__(self, a, b):\n        try:\n            raise ValueError('x')\n"
-        "        except ValueError:\n            print('handled')\n        return a + b\nadd = Adder()"),
+        "        except ValueError:\n            print('handled')\n        return a + b\nadd = Adder()"
+    ),
 }
 
 
@@ -157,8 +175,10 @@ def test_ordinary_solutions_pass_under_the_driver(name):
 
 @needs_bwrap
 def test_tests_may_use_classes_and_helpers_of_the_solution():
-    program = "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        self.items.append(x)\n" \
-              "    def pop(self):\n        return self.items.pop()\n"
+    program = (
+        "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        self.items.append(x)\n"
+        "    def pop(self):\n        return self.items.pop()\n"
+    )
     tests = "s = Stack()\ns.push(1); s.push(2)\nassert s.pop() == 2\nassert s.items == [1]\nassert s.items != [2]"
     assert code_reward(program, tests) == (1.0, "passed")
 
@@ -178,8 +198,16 @@ def test_io_cases_judge_the_output_not_the_exit_status():
 def test_the_host_file_system_is_invisible_and_unwritable(tmp_path):
     secret = Path(tempfile.mkdtemp(prefix="escape-target-")) / "labels.jsonl"  # on the host's /tmp
     secret.write_text("the answers")
-    targets = [str(secret), str(REPO / "README.md"), str(REPO / "escape.txt"), "/usr/escape.txt", "/escape.txt",
-               "/etc/passwd", os.path.expanduser("~/escape.txt"), sys.prefix + "/escape.txt"]
+    targets = [
+        str(secret),
+        str(REPO / "README.md"),
+        str(REPO / "escape.txt"),
+        "/usr/escape.txt",
+        "/escape.txt",
+        "/etc/passwd",
+        os.path.expanduser("~/escape.txt"),
+        sys.prefix + "/escape.txt",
+    ]
     program = textwrap.dedent(f"""
         import os, subprocess
         for cmd in (["umount", "-l", "/tmp"], ["umount", "-l", "/sandbox"], ["mount", "-o", "remount,bind,rw", "/"],
@@ -208,8 +236,20 @@ def test_the_host_file_system_is_invisible_and_unwritable(tmp_path):
         if path != "/etc/passwd":
             assert not os.path.exists(path), path
     root = eval(r.stdout.split("ROOT", 1)[1])  # only the system, Python and its own scratch
-    assert set(root) <= {"usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "proc", "dev", "tmp", "sandbox",
-                         *[p for p in sys.base_prefix.split("/")[1:2]]}, root
+    assert set(root) <= {
+        "usr",
+        "bin",
+        "sbin",
+        "lib",
+        "lib32",
+        "lib64",
+        "libx32",
+        "proc",
+        "dev",
+        "tmp",
+        "sandbox",
+        *[p for p in sys.base_prefix.split("/")[1:2]],
+    }, root
     secret.unlink()
     secret.parent.rmdir()
 
@@ -231,8 +271,10 @@ def test_no_network_not_even_to_a_loopback_listener():
 
         t = threading.Thread(target=accept, daemon=True)
         t.start()
-        r = run_python(f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-                       f"    print('connected')\nexcept OSError as e:\n    print('refused', e)")
+        r = run_python(
+            f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
+            f"    print('connected')\nexcept OSError as e:\n    print('refused', e)"
+        )
         t.join(5)
     assert "connected" not in r.stdout and not accepted, r.stdout
 
@@ -263,8 +305,12 @@ def test_cannot_see_or_signal_host_processes():
 @needs_bwrap
 def test_fork_storm_hits_the_process_limit_and_leaves_nothing():
     before = len(_pids())
-    r = run_python("import os\nn = 0\nfor i in range(500):\n    if os.fork() == 0:\n        import time; time.sleep(30)\n"
-                   "    n += 1\nprint(n)", processes=16, timeout_s=10)
+    r = run_python(
+        "import os\nn = 0\nfor i in range(500):\n    if os.fork() == 0:\n        import time; time.sleep(30)\n"
+        "    n += 1\nprint(n)",
+        processes=16,
+        timeout_s=10,
+    )
     assert not r.ok and ("Resource temporarily unavailable" in r.stderr or "BlockingIOError" in r.stderr), r.reason
     time.sleep(0.5)
     assert len(_pids()) < before + 5  # the forked sleepers died with the sandbox
@@ -280,8 +326,7 @@ def test_output_flood_is_cut_while_it_streams():
 
 @needs_bwrap
 def test_disk_fill_stops_at_the_scratch_size():
-    r = run_python("f = open('/tmp/fill', 'wb')\nwhile True:\n    f.write(b'x' * (1 << 20))", scratch_mb=8,
-                   file_mb=100)
+    r = run_python("f = open('/tmp/fill', 'wb')\nwhile True:\n    f.write(b'x' * (1 << 20))", scratch_mb=8, file_mb=100)
     assert not r.ok and "No space left on device" in r.stderr, r.stderr[-300:]
     r = run_python("open('big', 'wb').write(b'x' * (20 << 20))", file_mb=4, scratch_mb=64)
     assert not r.ok and "File too large" in r.stderr
@@ -290,9 +335,11 @@ def test_disk_fill_stops_at_the_scratch_size():
 @needs_bwrap
 def test_seccomp_refuses_kernel_interfaces():
     assert seccomp_program() is not None
-    r = run_python("import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-                   "print(libc.syscall(272, 0), ctypes.get_errno() == errno.EPERM)\n"  # unshare(0)
-                   "print([l.split()[1] for l in open('/proc/self/status') if l.startswith(('Seccomp:', 'CapEff:', 'NoNewPrivs:'))])")
+    r = run_python(
+        "import ctypes, errno\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.syscall(272, 0), ctypes.get_errno() == errno.EPERM)\n"  # unshare(0)
+        "print([l.split()[1] for l in open('/proc/self/status') if l.startswith(('Seccomp:', 'CapEff:', 'NoNewPrivs:'))])"
+    )
     assert r.ok, r.stderr
     lines = r.stdout.split("\n")
     if os.uname().machine == "x86_64":
@@ -303,8 +350,10 @@ def test_seccomp_refuses_kernel_interfaces():
 @needs_bwrap
 def test_sleeper_dies_when_its_parent_is_killed(tmp_path):
     script = tmp_path / "parent.py"
-    script.write_text("from slime.rollout.rm_hub.sandbox import run_python\n"
-                      "run_python('import time; time.sleep(120)', timeout_s=120, cpu_s=120)\n")
+    script.write_text(
+        "from slime.rollout.rm_hub.sandbox import run_python\n"
+        "run_python('import time; time.sleep(120)', timeout_s=120, cpu_s=120)\n"
+    )
     parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         deadline = time.monotonic() + 30
@@ -333,8 +382,13 @@ def test_sleeper_dies_when_its_parent_is_killed(tmp_path):
 
 
 def test_limits_that_make_no_sense_stop_at_parsing():
-    for option in ("--sandbox-memory-mb", "--sandbox-processes", "--sandbox-scratch-mb", "--sandbox-timeout",
-                   "--sandbox-max-output-kb"):
+    for option in (
+        "--sandbox-memory-mb",
+        "--sandbox-processes",
+        "--sandbox-scratch-mb",
+        "--sandbox-timeout",
+        "--sandbox-max-output-kb",
+    ):
         for bad in ("0", "-5"):
             with pytest.raises(SlimeError, match=option):
                 make_args(rm_type="code", **{option[2:].replace("-", "_"): bad})

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from slime.engine.sampling import SamplingParams
 from slime.engine.request import Req
+from slime.engine.sampling import SamplingParams
 from slime.engine.scheduler import BURST_GAP_S, BURST_MAX_WAIT_S, Scheduler
 
 

@@ -115,8 +115,13 @@ def test_tokenize_messages_text_template_offsets_fallback(tok, monkeypatch):
 
 def test_generate_rollout_on_arithmetic_sft(tmp_path, tiny_dir):
     paths = write_arithmetic_dataset(tmp_path, num_train=10, num_eval=5)
-    args = make_args(prompt_data=str(paths["sft"]), input_key="messages", rollout_seed=1,
-                     hf_checkpoint=str(tiny_dir), rollout_batch_size=4)
+    args = make_args(
+        prompt_data=str(paths["sft"]),
+        input_key="messages",
+        rollout_seed=1,
+        hf_checkpoint=str(tiny_dir),
+        rollout_batch_size=4,
+    )
     ds = RolloutDataSource(args)
     groups = generate_rollout(args, 0, ds)
     assert len(groups) == 4 and all(len(g) == 1 for g in groups)
@@ -136,7 +141,12 @@ def test_generate_rollout_on_arithmetic_sft(tmp_path, tiny_dir):
 
 def test_generate_rollout_rejects_string_prompts(tmp_path, tiny_dir):
     paths = write_arithmetic_dataset(tmp_path, num_train=4, num_eval=2)
-    args = make_args(prompt_data=str(paths["train"]), input_key="prompt", label_key="label",
-                     hf_checkpoint=str(tiny_dir), rollout_batch_size=2)
+    args = make_args(
+        prompt_data=str(paths["train"]),
+        input_key="prompt",
+        label_key="label",
+        hf_checkpoint=str(tiny_dir),
+        rollout_batch_size=2,
+    )
     with pytest.raises(SlimeError, match="list of chat"):
         generate_rollout(args, 0, RolloutDataSource(args))

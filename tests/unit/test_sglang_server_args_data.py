@@ -59,8 +59,12 @@ ALIASES = {
     "--nccl-init-addr": "--dist-init-addr",
 }
 # Fields SGLang registers by hand, or not at all (no `Arg`/help in the annotation or no_cli=True).
-NOT_OPTIONS = {"--custom-sigquit-handler", "--stat-loggers", "--uses-mamba-radix-cache",
-               "---speculative-draft-quantization-explicitly-set"}
+NOT_OPTIONS = {
+    "--custom-sigquit-handler",
+    "--stat-loggers",
+    "--uses-mamba-radix-cache",
+    "---speculative-draft-quantization-explicitly-set",
+}
 
 
 @pytest.fixture(scope="module")
@@ -144,9 +148,25 @@ def test_data_rebuilds_a_parser_that_splits_an_sglang_command_line(data):
             parser.add_argument(*names, dest=name, action="count")
         else:
             parser.add_argument(*names, dest=name, nargs=entry["nargs"])
-    argv = ["--cuda-graph-bs", "1", "2", "4", "--enable-dp-attention", "--ep", "8", "--tp-size", "8",
-            "--mem-fraction-static", "0.7", "--no-dllm-fdfo", "--model-checksum", "--log-level", "info",
-            "--uvicorn-access-log-exclude-prefixes", "--enable-memory-saver"]
+    argv = [
+        "--cuda-graph-bs",
+        "1",
+        "2",
+        "4",
+        "--enable-dp-attention",
+        "--ep",
+        "8",
+        "--tp-size",
+        "8",
+        "--mem-fraction-static",
+        "0.7",
+        "--no-dllm-fdfo",
+        "--model-checksum",
+        "--log-level",
+        "info",
+        "--uvicorn-access-log-exclude-prefixes",
+        "--enable-memory-saver",
+    ]
     ns, rest = parser.parse_known_args(argv)
     got = vars(ns)
     assert rest == []
@@ -219,11 +239,24 @@ def test_extractor_follows_add_cli_args_rules(tmp_path):
     got = json.loads(out.read_text(encoding="utf-8"))
     shape = {k: (v["nargs"], v["flag"]) for k, v in got["options"].items()}
     assert shape == {
-        "--model-path": (ONE, False), "--tp-size": (ONE, False), "--enable-x": (0, True),
-        "--maybe-y": (0, True), "--sizes": ("+", False), "--star": ("*", False), "--json-list": (ONE, False),
-        "--mode": (ONE, False), "--both": ("*", False), "--short-backend": (ONE, False), "--opt": (0, True),
-        "--paths": ("*", False), "--maybe": ("?", False), "--by-hand": (ONE, False), "--config": (ONE, False),
-        "--gone": (0, True), "--old-sizes": ("+", False), "--legacy": (0, True),
+        "--model-path": (ONE, False),
+        "--tp-size": (ONE, False),
+        "--enable-x": (0, True),
+        "--maybe-y": (0, True),
+        "--sizes": ("+", False),
+        "--star": ("*", False),
+        "--json-list": (ONE, False),
+        "--mode": (ONE, False),
+        "--both": ("*", False),
+        "--short-backend": (ONE, False),
+        "--opt": (0, True),
+        "--paths": ("*", False),
+        "--maybe": ("?", False),
+        "--by-hand": (ONE, False),
+        "--config": (ONE, False),
+        "--gone": (0, True),
+        "--old-sizes": ("+", False),
+        "--legacy": (0, True),
     }
     assert got["aliases"] == {"--model": "--model-path", "--no-opt": "--opt"}
     assert got["options"]["--short-backend"]["dest"] == "renamed_backend"

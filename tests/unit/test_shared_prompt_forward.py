@@ -68,7 +68,7 @@ def test_logits_and_gradients_equal_one_forward_per_sample(tiny_model_dir):
     for i in indices:
         ids = torch.tensor([data["tokens"][i]])
         r = data["response_lengths"][i]
-        rows.append(model(input_ids=ids).logits[0, ids.shape[1] - r - 1: ids.shape[1] - 1])
+        rows.append(model(input_ids=ids).logits[0, ids.shape[1] - r - 1 : ids.shape[1] - 1])
     model.zero_grad()
     reference = torch.cat(rows)
     (reference * weights).sum().backward()
@@ -96,10 +96,31 @@ def test_not_shared_while_gradient_checkpointing(tiny_model_dir):
 
 
 def _actor(model_dir, run_dir, share: bool) -> TrainActor:
-    args = parse_args(["--hf-checkpoint", str(model_dir), "--run-dir", str(run_dir), "--rollout-batch-size", "5",
-                       "--n-samples-per-prompt", "2", "--num-rollout", "2", "--lr", "1e-3", "--micro-batch-size", "5",
-                       "--global-batch-size", "10", "--adam-eps", "1e-2", "--entropy-coef", "0.01",
-                       "--share-prompt-forward" if share else "--no-share-prompt-forward"])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--run-dir",
+            str(run_dir),
+            "--rollout-batch-size",
+            "5",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "2",
+            "--lr",
+            "1e-3",
+            "--micro-batch-size",
+            "5",
+            "--global-batch-size",
+            "10",
+            "--adam-eps",
+            "1e-2",
+            "--entropy-coef",
+            "0.01",
+            "--share-prompt-forward" if share else "--no-share-prompt-forward",
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
     return actor
@@ -114,8 +135,9 @@ def test_a_train_actor_takes_the_same_steps_either_way(tiny_model_dir, tmp_path)
         for key in keys:
             assert m_on[key] == pytest.approx(m_off[key], rel=1e-4, abs=1e-6), (rollout_id, key)
     a, b = on.full_state_dict(), off.full_state_dict()
-    assert any(not torch.equal(a[k], v) for k, v in _actor(tiny_model_dir, tmp_path / "fresh", True)
-               .full_state_dict().items())  # the steps changed the weights
+    assert any(
+        not torch.equal(a[k], v) for k, v in _actor(tiny_model_dir, tmp_path / "fresh", True).full_state_dict().items()
+    )  # the steps changed the weights
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6, msg=k)
 
@@ -128,6 +150,9 @@ def test_one_token_responses_need_no_second_forward(tiny_model_dir):
     mb = build_micro_batch(data, range(3), packed=False, share_prompts=True)
     assert mb.prompt_of.tolist() == [0, 0, 1]
     with torch.no_grad():
-        torch.testing.assert_close(mb.response_logits(model),
-                                   build_micro_batch(data, range(3), packed=False).response_logits(model),
-                                   rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            mb.response_logits(model),
+            build_micro_batch(data, range(3), packed=False).response_logits(model),
+            rtol=1e-5,
+            atol=1e-5,
+        )

@@ -33,10 +33,28 @@ def _data(seed: int) -> dict:
 
 
 def _actor(model_dir, run_dir, extra, reuse: bool) -> TrainActor:
-    args = parse_args(["--hf-checkpoint", str(model_dir), "--run-dir", str(run_dir), "--rollout-batch-size", "4",
-                       "--n-samples-per-prompt", "2", "--num-rollout", "2", "--lr", "1e-3", "--micro-batch-size", "2",
-                       # a smooth Adam update (see test_train_actor): equal weights mean equal gradients
-                       "--adam-eps", "1e-2", *extra])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(model_dir),
+            "--run-dir",
+            str(run_dir),
+            "--rollout-batch-size",
+            "4",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "2",
+            "--lr",
+            "1e-3",
+            "--micro-batch-size",
+            "2",
+            # a smooth Adam update (see test_train_actor): equal weights mean equal gradients
+            "--adam-eps",
+            "1e-2",
+            *extra,
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
     actor.reuse_training_forward = reuse
@@ -56,8 +74,13 @@ def _actor(model_dir, run_dir, extra, reuse: bool) -> TrainActor:
 ONE_STEP = ["--global-batch-size", str(N)]
 CASES = {
     "default": [],
-    "kl_loss_unbiased_per_token": ["--use-kl-loss", "--kl-loss-coef", "0.1", "--use-unbiased-kl",
-                                   "--calculate-per-token-loss"],
+    "kl_loss_unbiased_per_token": [
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.1",
+        "--use-unbiased-kl",
+        "--calculate-per-token-loss",
+    ],
     "gspo_entropy_whiten": ["--advantage-estimator", "gspo", "--entropy-coef", "0.01", "--normalize-advantages"],
     "cispo": ["--advantage-estimator", "cispo", "--eps-clip", "1.0", "--eps-clip-high", "4.0"],
     "ppo_critic": ["--advantage-estimator", "ppo"],
@@ -70,7 +93,10 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_one_step_reuses_the_training_forward_with_the_same_numbers(tiny_model_dir, tmp_path, case):
     extra = [*ONE_STEP, *CASES[case]]
-    on, off = _actor(tiny_model_dir, tmp_path / "on", extra, True), _actor(tiny_model_dir, tmp_path / "off", extra, False)
+    on, off = (
+        _actor(tiny_model_dir, tmp_path / "on", extra, True),
+        _actor(tiny_model_dir, tmp_path / "off", extra, False),
+    )
     for rollout_id in range(2):
         m_on, m_off = on.train(rollout_id, _data(rollout_id)), off.train(rollout_id, _data(rollout_id))
         keys = sorted(k for k in m_off if not k.startswith("perf/"))
@@ -95,8 +121,9 @@ def test_the_logprob_diff_is_the_training_forwards(tiny_model_dir, tmp_path):
     data = _data(0)
     with torch.no_grad():
         total, count = 0.0, 0
-        for toks, r, mask, rlp in zip(data["tokens"], data["response_lengths"], data["loss_masks"],
-                                      data["rollout_log_probs"]):
+        for toks, r, mask, rlp in zip(
+            data["tokens"], data["response_lengths"], data["loss_masks"], data["rollout_log_probs"]
+        ):
             logp = torch.log_softmax(actor.model(torch.tensor([toks])).logits[0].double(), -1)
             for j in range(r):
                 if mask[j]:
@@ -108,14 +135,18 @@ def test_the_logprob_diff_is_the_training_forwards(tiny_model_dir, tmp_path):
     assert metrics["train/train_rollout_logprob_abs_diff"] == pytest.approx(total / count, rel=1e-5)
 
 
-@pytest.mark.parametrize("extra", [
-    ["--global-batch-size", str(N // 2)],  # two steps: the second is off-policy, old log-probs needed
-    [*ONE_STEP, "--use-opsm"],
-    [*ONE_STEP, "--keep-old-actor"],
-    [*ONE_STEP, "--get-mismatch-metrics"],
-    [*ONE_STEP, "--use-rollout-entropy"],
-    [*ONE_STEP, "--advantage-estimator", "reinforce_plus_plus", "--kl-coef", "0.1"],
-], ids=["two_steps", "opsm", "keep_old_actor", "mismatch_metrics", "rollout_entropy", "kl_in_reward"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--global-batch-size", str(N // 2)],  # two steps: the second is off-policy, old log-probs needed
+        [*ONE_STEP, "--use-opsm"],
+        [*ONE_STEP, "--keep-old-actor"],
+        [*ONE_STEP, "--get-mismatch-metrics"],
+        [*ONE_STEP, "--use-rollout-entropy"],
+        [*ONE_STEP, "--advantage-estimator", "reinforce_plus_plus", "--kl-coef", "0.1"],
+    ],
+    ids=["two_steps", "opsm", "keep_old_actor", "mismatch_metrics", "rollout_entropy", "kl_in_reward"],
+)
 def test_options_that_need_the_old_log_probs_keep_one_batched_pass(tiny_model_dir, tmp_path, extra):
     actor = _actor(tiny_model_dir, tmp_path, extra, True)
     actor.train(0, _data(0))
@@ -131,6 +162,7 @@ def test_dropout_keeps_the_separate_pass(tiny_model_dir, tmp_path):
 
 
 # ---- the lean step's pieces (issue 16, item 2), each against the plain way computed here ----------
+
 
 def _columns(n: int = 6, seed: int = 0) -> dict:
     rng = random.Random(seed)
@@ -178,7 +210,7 @@ def test_padded_micro_batch_layout_matches_a_row_by_row_build():
         rows += [row] * r
         cols += range(p - 1, p + r - 1)
     assert mb.rows.tolist() == rows and mb.cols.tolist() == cols
-    assert mb.targets.tolist() == [t for i in idx for t in data["tokens"][i][-data["response_lengths"][i]:]]
+    assert mb.targets.tolist() == [t for i in idx for t in data["tokens"][i][-data["response_lengths"][i] :]]
 
 
 def test_a_loss_mask_of_the_wrong_length_is_refused_naming_the_sample():

@@ -45,8 +45,10 @@ def test_every_slime_option_is_defined_here_or_sorted_exactly_once():
     tables = (NOT_USED, NOT_BUILT, NOT_SUPPORTED)
     for name in slime_options():
         homes = int(name in own) + int(name in megatron) + sum(name in t for t in tables)
-        assert homes == 1, (f"{name}: defined by slime-rl {name in own}, Megatron's {name in megatron}, "
-                            f"in {sum(name in t for t in tables)} table(s)")
+        assert homes == 1, (
+            f"{name}: defined by slime-rl {name in own}, Megatron's {name in megatron}, "
+            f"in {sum(name in t for t in tables)} table(s)"
+        )
     stale = [n for t in tables for n in t if n not in slime_options()]
     assert not stale, f"table entries that are not slime options: {stale}"
 
@@ -69,14 +71,26 @@ def test_slime_rl_own_definitions_keep_slimes_dest():
     """Same name, same dest: a hook reading args.<dest> finds what slime's would."""
     p = build_parser()
     dests = {s: a.dest for a in p._actions for s in a.option_strings}
-    wrong = {n: (dests[n], spec["dest"]) for n, spec in slime_options().items()
-             if n in dests and dests[n] != spec["dest"]}
+    wrong = {
+        n: (dests[n], spec["dest"]) for n, spec in slime_options().items() if n in dests and dests[n] != spec["dest"]
+    }
     assert not wrong, wrong
 
 
 def test_not_used_options_parse_and_are_named_once_at_start_up():
-    args = parse_args(BASE + ["--allgather-cp", "--megatron-deepgemm-forward-layers", "1", "2",
-                              "--memory-snapshot-dir", "/x", "--tensor-model-parallel-size", "2"])
+    args = parse_args(
+        BASE
+        + [
+            "--allgather-cp",
+            "--megatron-deepgemm-forward-layers",
+            "1",
+            "2",
+            "--memory-snapshot-dir",
+            "/x",
+            "--tensor-model-parallel-size",
+            "2",
+        ]
+    )
     assert args.megatron_deepgemm_forward_layers == [1, 2] and args.allgather_cp is True
     notes = startup_notes(args)
     assert len(notes) == 2  # slime's and Megatron-LM's, one line each
@@ -87,11 +101,14 @@ def test_not_used_options_parse_and_are_named_once_at_start_up():
     assert startup_notes(parse_args(BASE)) == []
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--update-weights-interval", "0"], "--update-weights-interval must be >= 1, got 0"),
-    (["--sglang-config", "x.yaml"], "--sglang-config: SGLang server groups"),
-    (["--multimodal-keys", '{"image": "images"}'], "multimodal prompts are not supported yet"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (["--update-weights-interval", "0"], "--update-weights-interval must be >= 1, got 0"),
+        (["--sglang-config", "x.yaml"], "--sglang-config: SGLang server groups"),
+        (["--multimodal-keys", '{"image": "images"}'], "multimodal prompts are not supported yet"),
+    ],
+)
 def test_options_not_built_or_not_supported_stop_at_parsing(argv, needle):
     with pytest.raises(SlimeError) as e:
         parse_args(BASE + argv)
@@ -127,14 +144,19 @@ def test_extraction_script_reproduces_the_shipped_data(tmp_path):
     if not mirror.exists():
         pytest.skip("no local mirror of THUDM/slime")
     try:
-        tar = subprocess.run(["git", "-C", str(mirror), "archive", commit, "slime"], check=True,
-                             capture_output=True).stdout
+        tar = subprocess.run(
+            ["git", "-C", str(mirror), "archive", commit, "slime"], check=True, capture_output=True
+        ).stdout
     except subprocess.CalledProcessError:
         pytest.skip(f"the mirror does not hold commit {commit}")
     subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=tar, check=True)
     out = tmp_path / "out.json"
-    subprocess.run([sys.executable, str(ROOT / "scripts/extract_slime_args.py"), str(tmp_path), commit, str(out)],
-                   check=True, capture_output=True, cwd=tmp_path)
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts/extract_slime_args.py"), str(tmp_path), commit, str(out)],
+        check=True,
+        capture_output=True,
+        cwd=tmp_path,
+    )
     assert json.loads(out.read_text()) == slime_data()
 
 
@@ -175,7 +197,10 @@ def test_own_definitions_take_slimes_and_megatrons_defaults():
 
 
 def test_single_eval_prompt_data_path_keeps_slimes_legacy_meaning():
-    assert parse_args(BASE + ["--eval-prompt-data", "/data/aime.jsonl"]).eval_prompt_data == ["aime", "/data/aime.jsonl"]
+    assert parse_args(BASE + ["--eval-prompt-data", "/data/aime.jsonl"]).eval_prompt_data == [
+        "aime",
+        "/data/aime.jsonl",
+    ]
     assert parse_args(BASE + ["--eval-prompt-data", "m", "m.jsonl"]).eval_prompt_data == ["m", "m.jsonl"]
     with pytest.raises(SlimeError, match="pairs"):
         parse_args(BASE + ["--eval-prompt-data", "a", "a.jsonl", "b"])

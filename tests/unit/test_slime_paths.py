@@ -35,14 +35,36 @@ def test_processing_utils_on_a_text_only_model(tiny_model_dir):
 
 # slime's Sample, field by field, in slime's order, with slime's defaults
 SLIME_SAMPLE_DEFAULTS = [
-    ("group_index", None), ("index", None), ("rollout_id", None), ("prompt", ""), ("tokens", []),
-    ("multimodal_inputs", None), ("multimodal_train_inputs", None), ("multimodal_train_input_id", None),
-    ("apply_chat_template_kwargs", {}), ("response", ""), ("response_length", 0), ("label", None),
-    ("reward", None), ("loss_mask", None), ("weight_versions", []), ("rollout_log_probs", None),
-    ("rollout_top_p_token_ids", None), ("rollout_top_p_token_offsets", None), ("rollout_routed_experts", None),
-    ("remove_sample", False), ("teacher_log_probs", None), ("status", "pending"), ("metadata", {}),
-    ("generate_function_path", None), ("custom_rm_path", None), ("train_metadata", None), ("session_id", None),
-    ("non_generation_time", 0.0), ("spec_info", None), ("prefix_cache_info", None),
+    ("group_index", None),
+    ("index", None),
+    ("rollout_id", None),
+    ("prompt", ""),
+    ("tokens", []),
+    ("multimodal_inputs", None),
+    ("multimodal_train_inputs", None),
+    ("multimodal_train_input_id", None),
+    ("apply_chat_template_kwargs", {}),
+    ("response", ""),
+    ("response_length", 0),
+    ("label", None),
+    ("reward", None),
+    ("loss_mask", None),
+    ("weight_versions", []),
+    ("rollout_log_probs", None),
+    ("rollout_top_p_token_ids", None),
+    ("rollout_top_p_token_offsets", None),
+    ("rollout_routed_experts", None),
+    ("remove_sample", False),
+    ("teacher_log_probs", None),
+    ("status", "pending"),
+    ("metadata", {}),
+    ("generate_function_path", None),
+    ("custom_rm_path", None),
+    ("train_metadata", None),
+    ("session_id", None),
+    ("non_generation_time", 0.0),
+    ("spec_info", None),
+    ("prefix_cache_info", None),
 ]
 
 
@@ -78,8 +100,12 @@ def test_sample_append_response_tokens_model_then_tool_turns():
     meta = {"finish_reason": {"type": "length"}, "weight_version": "4", "cached_tokens": 1, "prompt_tokens": 2}
     s.append_response_tokens(None, tokens=[1, 2], log_probs=[-0.5, -0.25], meta_info=meta, text="ab")
     s.append_response_tokens(tokens=[3], trainable=False, text="<tool>")  # no meta: status stays
-    s.append_response_tokens(None, tokens=[4], log_probs=[-1.0],
-                             meta_info={"finish_reason": {"type": "stop"}, "cached_tokens": 3, "prompt_tokens": 5})
+    s.append_response_tokens(
+        None,
+        tokens=[4],
+        log_probs=[-1.0],
+        meta_info={"finish_reason": {"type": "stop"}, "cached_tokens": 3, "prompt_tokens": 5},
+    )
     assert s.tokens == [7, 8, 1, 2, 3, 4] and s.response == "ab<tool>" and s.response_length == 4
     assert s.loss_mask == [1, 1, 0, 1] and s.rollout_log_probs == [-0.5, -0.25, 0.0, -1.0]
     assert s.status is Sample.Status.COMPLETED and s.weight_versions == ["4"]
@@ -89,8 +115,13 @@ def test_sample_append_response_tokens_model_then_tool_turns():
     s.append_response_tokens(None, tokens=[5], log_probs=[-0.1], meta_info={"finish_reason": {"type": "abort"}})
     assert s.status is Sample.Status.ABORTED
     # update_terminal_info=False: tokens appended, status and counters untouched
-    s.append_response_tokens(None, tokens=[6], log_probs=[-0.1], meta_info={"finish_reason": {"type": "stop"},
-                             "weight_version": "9"}, update_terminal_info=False)
+    s.append_response_tokens(
+        None,
+        tokens=[6],
+        log_probs=[-0.1],
+        meta_info={"finish_reason": {"type": "stop"}, "weight_version": "9"},
+        update_terminal_info=False,
+    )
     assert s.status is Sample.Status.ABORTED and s.weight_versions == ["4"]
     assert Sample(response_length=3).effective_response_length == 3  # no mask: the whole response
 
@@ -119,39 +150,56 @@ def test_sample_top_p_replay_and_routed_experts():
 
     s = Sample(tokens=[9, 9])
     # response token 0 kept ids {5, 6}, token 1 kept {7}
-    s.append_response_tokens(None, tokens=[1, 2], log_probs=[0.0, 0.0],
-                             meta_info={"top_p_token_ids": _b64([5, 6, 7]), "top_p_token_offsets": [0, 2, 3]})
+    s.append_response_tokens(
+        None,
+        tokens=[1, 2],
+        log_probs=[0.0, 0.0],
+        meta_info={"top_p_token_ids": _b64([5, 6, 7]), "top_p_token_offsets": [0, 2, 3]},
+    )
     s.append_response_tokens(tokens=[3], trainable=False)  # a tool token: an empty span
-    s.append_response_tokens(None, tokens=[4], log_probs=[0.0],
-                             meta_info={"top_p_kept_token_ids": [8, 9], "top_p_kept_token_offsets": [0, 2]})
+    s.append_response_tokens(
+        None,
+        tokens=[4],
+        log_probs=[0.0],
+        meta_info={"top_p_kept_token_ids": [8, 9], "top_p_kept_token_offsets": [0, 2]},
+    )
     ids, offsets = s.rollout_top_p_token_ids.tolist(), s.rollout_top_p_token_offsets.tolist()
-    spans = [ids[offsets[i]:offsets[i + 1]] for i in range(s.response_length)]
+    spans = [ids[offsets[i] : offsets[i + 1]] for i in range(s.response_length)]
     assert spans == [[5, 6], [7], [], [8, 9]]
     with pytest.raises(ValueError, match="offsets"):
-        Sample().append_response_tokens(None, tokens=[1], log_probs=[0.0],
-                                        meta_info={"top_p_token_ids": [1], "top_p_token_offsets": [0, 1, 1]})
+        Sample().append_response_tokens(
+            None, tokens=[1], log_probs=[0.0], meta_info={"top_p_token_ids": [1], "top_p_token_offsets": [0, 1, 1]}
+        )
 
     args = SimpleNamespace(num_layers=2, moe_router_topk=1)
     r = Sample(tokens=[1, 2])  # experts for each token's input position: len(tokens) - 1 rows
     r.append_response_tokens(args, tokens=[3], log_probs=[0.0], meta_info={"routed_experts": _b64([10, 11, 20, 21])})
     assert r.rollout_routed_experts.tolist() == [[[10], [11]], [[20], [21]]]
-    r.append_response_tokens(args, tokens=[4], log_probs=[0.0],
-                             meta_info={"routed_experts": [30, 31], "routed_experts_start_len": 2})
+    r.append_response_tokens(
+        args, tokens=[4], log_probs=[0.0], meta_info={"routed_experts": [30, 31], "routed_experts_start_len": 2}
+    )
     assert r.rollout_routed_experts.shape == torch.Size([3, 2, 1])
     assert r.rollout_routed_experts[2].flatten().tolist() == [30, 31]
     with pytest.raises(ValueError, match="element count"):
-        Sample(tokens=[1, 2]).append_response_tokens(args, tokens=[3], log_probs=[0.0],
-                                                     meta_info={"routed_experts": [1, 2, 3]})
+        Sample(tokens=[1, 2]).append_response_tokens(
+            args, tokens=[3], log_probs=[0.0], meta_info={"routed_experts": [1, 2, 3]}
+        )
 
 
 def test_sample_spec_info_counts_only_with_speculative_decoding():
     from slime.utils.types import Sample
 
-    meta = {"finish_reason": {"type": "stop"}, "spec_accept_token_num": 6, "spec_draft_token_num": 8,
-            "spec_verify_ct": 2, "completion_tokens": 5}
+    meta = {
+        "finish_reason": {"type": "stop"},
+        "spec_accept_token_num": 6,
+        "spec_draft_token_num": 8,
+        "spec_verify_ct": 2,
+        "completion_tokens": 5,
+    }
     s = Sample()
-    s.append_response_tokens(SimpleNamespace(sglang_speculative_algorithm="EAGLE"), tokens=[1], log_probs=[0.0],
-                             meta_info=meta)
+    s.append_response_tokens(
+        SimpleNamespace(sglang_speculative_algorithm="EAGLE"), tokens=[1], log_probs=[0.0], meta_info=meta
+    )
     assert s.spec_info.spec_accept_rate == 6 / 8 and s.spec_info.spec_accept_length == 5 / 2
     plain = Sample()
     plain.append_response_tokens(SimpleNamespace(), tokens=[1], log_probs=[0.0], meta_info=meta)
@@ -161,21 +209,53 @@ def test_sample_spec_info_counts_only_with_speculative_decoding():
 def test_sample_dict_round_trip_and_old_saved_state():
     from slime.utils.types import Sample
 
-    s = Sample(group_index=1, index=3, rollout_id=7, prompt=[{"role": "user", "content": "hi"}], tokens=[1, 2, 3],
-               response="x", response_length=1, label="5", reward={"score": 1.0}, loss_mask=[1],
-               rollout_log_probs=[-0.5], teacher_log_probs=[-0.4], status=Sample.Status.TRUNCATED,
-               metadata={"k": 1}, custom_rm_path="a.b", generate_function_path="c.d", session_id="s",
-               weight_versions=["2"], remove_sample=True, non_generation_time=1.5,
-               spec_info=Sample.SpecInfo(1, 2, 3, 4), prefix_cache_info=Sample.PrefixCacheInfo(5, 6))
+    s = Sample(
+        group_index=1,
+        index=3,
+        rollout_id=7,
+        prompt=[{"role": "user", "content": "hi"}],
+        tokens=[1, 2, 3],
+        response="x",
+        response_length=1,
+        label="5",
+        reward={"score": 1.0},
+        loss_mask=[1],
+        rollout_log_probs=[-0.5],
+        teacher_log_probs=[-0.4],
+        status=Sample.Status.TRUNCATED,
+        metadata={"k": 1},
+        custom_rm_path="a.b",
+        generate_function_path="c.d",
+        session_id="s",
+        weight_versions=["2"],
+        remove_sample=True,
+        non_generation_time=1.5,
+        spec_info=Sample.SpecInfo(1, 2, 3, 4),
+        prefix_cache_info=Sample.PrefixCacheInfo(5, 6),
+    )
     d = json.loads(json.dumps(s.to_dict()))  # what the Data Buffer writes and reads back
     assert d["status"] == "truncated" and d["spec_info"]["spec_verify_ct"] == 3
     assert d["prefix_cache_info"] == {"cached_tokens": 5, "total_prompt_tokens": 6}
     assert Sample.from_dict(d) == s
     # state saved before the new fields existed (this project's earlier Sample.to_dict)
-    old = {"group_index": 0, "index": 1, "prompt": "p", "tokens": [4, 5], "response": "r", "response_length": 1,
-           "label": "1", "reward": 1.0, "loss_mask": [1], "rollout_log_probs": [-0.1], "status": "aborted",
-           "metadata": {}, "train_metadata": None, "session_id": None, "weight_versions": ["0"],
-           "remove_sample": False}
+    old = {
+        "group_index": 0,
+        "index": 1,
+        "prompt": "p",
+        "tokens": [4, 5],
+        "response": "r",
+        "response_length": 1,
+        "label": "1",
+        "reward": 1.0,
+        "loss_mask": [1],
+        "rollout_log_probs": [-0.1],
+        "status": "aborted",
+        "metadata": {},
+        "train_metadata": None,
+        "session_id": None,
+        "weight_versions": ["0"],
+        "remove_sample": False,
+    }
     loaded = Sample.from_dict(old)
     assert loaded.status is Sample.Status.ABORTED and loaded.tokens == [4, 5] and loaded.rollout_id is None
     assert loaded.spec_info == Sample.SpecInfo() and loaded.apply_chat_template_kwargs == {}
@@ -202,29 +282,52 @@ def test_sample_reward_value_and_other_types():
 
 NL = "{{ '\\n' }}"  # a newline the whitespace control of `{%-` cannot strip
 # A template that gives a lone non-system message a default system prompt (as Qwen2.5's does)
-QWEN_LIKE = ("{%- if messages[0]['role'] != 'system' -%}<|system|>You are a helpful assistant.<|end|>" + NL +
-             "{%- endif -%}{%- for m in messages -%}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>" + NL +
-             "{%- endfor -%}{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}")
+QWEN_LIKE = (
+    "{%- if messages[0]['role'] != 'system' -%}<|system|>You are a helpful assistant.<|end|>"
+    + NL
+    + "{%- endif -%}{%- for m in messages -%}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>"
+    + NL
+    + "{%- endfor -%}{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
 # One that puts consecutive tool answers into one user turn (as Qwen3's does)
-QWEN3_LIKE = ("{%- for m in messages -%}{%- if m['role'] == 'tool' -%}"
-              "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}<|user|>{%- endif -%}"
-              "<tool_response>{{ m['content'] }}</tool_response>"
-              "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}<|end|>" + NL + "{%- endif -%}"
-              "{%- else -%}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>" + NL + "{%- endif -%}{%- endfor -%}"
-              "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}")
+QWEN3_LIKE = (
+    "{%- for m in messages -%}{%- if m['role'] == 'tool' -%}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' -%}<|user|>{%- endif -%}"
+    "<tool_response>{{ m['content'] }}</tool_response>"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' -%}<|end|>" + NL + "{%- endif -%}"
+    "{%- else -%}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>" + NL + "{%- endif -%}{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
 # Qwen3.5's markers, with the assistant's thought opened by the template
-QWEN35_LIKE = ("{%- for m in messages -%}<|im_start|>{{ m['role'] }}" + NL +
-               "{%- if m['role'] == 'assistant' -%}<think>" + NL + "{%- endif -%}{{ m['content'] }}<|im_end|>" + NL +
-               "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant" + NL + "{%- endif -%}")
+QWEN35_LIKE = (
+    "{%- for m in messages -%}<|im_start|>{{ m['role'] }}"
+    + NL
+    + "{%- if m['role'] == 'assistant' -%}<think>"
+    + NL
+    + "{%- endif -%}{{ m['content'] }}<|im_end|>"
+    + NL
+    + "{%- endfor -%}{%- if add_generation_prompt -%}<|im_start|>assistant"
+    + NL
+    + "{%- endif -%}"
+)
 
-CHAT = [{"role": "system", "content": "Add the numbers."}, {"role": "user", "content": "12+30"},
-        {"role": "assistant", "content": "The answer is 42"}, {"role": "user", "content": "and 5+5?"},
-        {"role": "assistant", "content": "10", "step_loss_mask": 0}, {"role": "user", "content": "thanks"},
-        {"role": "assistant", "content": "You are welcome."}]
+CHAT = [
+    {"role": "system", "content": "Add the numbers."},
+    {"role": "user", "content": "12+30"},
+    {"role": "assistant", "content": "The answer is 42"},
+    {"role": "user", "content": "and 5+5?"},
+    {"role": "assistant", "content": "10", "step_loss_mask": 0},
+    {"role": "user", "content": "thanks"},
+    {"role": "assistant", "content": "You are welcome."},
+]
 NO_SYSTEM = CHAT[1:]
-TOOLS = [{"role": "user", "content": "what is 2+2"}, {"role": "assistant", "content": "call calc"},
-         {"role": "tool", "content": "4"}, {"role": "tool", "content": "ok"},
-         {"role": "assistant", "content": "The answer is 4"}]
+TOOLS = [
+    {"role": "user", "content": "what is 2+2"},
+    {"role": "assistant", "content": "call calc"},
+    {"role": "tool", "content": "4"},
+    {"role": "tool", "content": "ok"},
+    {"role": "assistant", "content": "The answer is 4"},
+]
 
 
 def _tokenizer(template=None, specials=()):
@@ -242,6 +345,7 @@ def _prefix_reference(tok, messages, header_tail=""):
     """Tokens of the whole rendered conversation, and a mask that is 1 from the end of the
     generation prompt before each trained assistant message (plus `header_tail`, text the template
     opens the message with) to the end of that message's rendering."""
+
     def enc(text):
         return tok(text, add_special_tokens=False)["input_ids"]
 
@@ -253,29 +357,40 @@ def _prefix_reference(tok, messages, header_tail=""):
         start = enc(tok.apply_chat_template(messages[:k], tokenize=False, add_generation_prompt=True) + header_tail)
         end = enc(tok.apply_chat_template(messages[: k + 1], tokenize=False))
         assert full[: len(start)] == start and full[: len(end)] == end  # the reference itself is sound
-        mask[len(start):len(end)] = [1] * (len(end) - len(start))
+        mask[len(start) : len(end)] = [1] * (len(end) - len(start))
     return full, mask
 
 
-@pytest.mark.parametrize("template,kind,messages,system_len", [
-    (None, "qwen", CHAT, 0), (None, "qwen", NO_SYSTEM, 0), (None, "qwen3", CHAT, 0),
-    (QWEN_LIKE, "qwen", CHAT, None), (QWEN_LIKE, "qwen", NO_SYSTEM, None),  # qwen3 assumes no default system prompt
-    (QWEN3_LIKE, "qwen3", TOOLS, 0), (QWEN3_LIKE, "qwen3", CHAT, 0),
-])
+@pytest.mark.parametrize(
+    "template,kind,messages,system_len",
+    [
+        (None, "qwen", CHAT, 0),
+        (None, "qwen", NO_SYSTEM, 0),
+        (None, "qwen3", CHAT, 0),
+        (QWEN_LIKE, "qwen", CHAT, None),
+        (QWEN_LIKE, "qwen", NO_SYSTEM, None),  # qwen3 assumes no default system prompt
+        (QWEN3_LIKE, "qwen3", TOOLS, 0),
+        (QWEN3_LIKE, "qwen3", CHAT, 0),
+    ],
+)
 def test_loss_mask_is_one_exactly_on_assistant_tokens(template, kind, messages, system_len):
     from slime.utils.mask_utils import MultiTurnLossMaskGenerator
 
     tok = _tokenizer(template)
     gen = MultiTurnLossMaskGenerator(tok, tokenizer_type=kind)
     if system_len is None:  # the default system prompt's tokens, measured independently
-        system_len = len(tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True,
-                                                 return_dict=False)) - len(tok("<|user|>x<|end|>\n")["input_ids"])
+        system_len = len(
+            tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=True, return_dict=False)
+        ) - len(tok("<|user|>x<|end|>\n")["input_ids"])
         assert system_len > 0
     assert gen.system_message_length == system_len and gen.gen_token_length == 1  # `<|assistant|>`
     ids, mask = gen.get_loss_mask(messages)
     assert (ids, mask) == _prefix_reference(tok, messages)
-    trained = [m["content"] + "<|end|>\n" * (template is not None) + "<|end|>" * (template is None)
-               for m in messages if m["role"] == "assistant" and m.get("step_loss_mask", 1) == 1]
+    trained = [
+        m["content"] + "<|end|>\n" * (template is not None) + "<|end|>" * (template is None)
+        for m in messages
+        if m["role"] == "assistant" and m.get("step_loss_mask", 1) == 1
+    ]
     assert gen.get_text_from_loss_mask(ids, mask) == trained
     assert gen.get_response_lengths([mask]) == [len(mask) - mask.index(1)]
 
@@ -321,6 +436,7 @@ def test_loss_mask_helpers():
 
 
 # ============================================================== 3. slime.utils.misc / async_utils
+
 
 def test_singleton_meta():
     from slime.utils.misc import SingletonMeta
@@ -369,6 +485,7 @@ def test_async_loop_thread():
 
 # ============================================================== 4. slime.rollout.rm_hub
 
+
 def test_math_dapo_compute_score():
     from slime.rollout.rm_hub import compute_score_dapo
     from slime.rollout.rm_hub.math_dapo_utils import compute_score
@@ -386,7 +503,10 @@ def test_math_dapo_compute_score():
     far = "\\boxed{7}" + "y" * 150
     assert compute_score(far, "7", strict_box_verify=True)["pred"] is None
     assert compute_score(far, "7", strict_box_verify=True, pause_tokens_index=[0, 0, 0, 100]) == {
-        "score": 1.0, "acc": True, "pred": "7"}  # read from the last pause token - 100
+        "score": 1.0,
+        "acc": True,
+        "pred": "7",
+    }  # read from the last pause token - 100
 
 
 def test_math_dapo_utils_helpers():
@@ -455,6 +575,7 @@ def test_rm_type_random_and_per_sample_custom_rm():
 
 # ============================================================== 5. slime.rollout.filter_hub
 
+
 def test_dynamic_filter_types():
     from slime.rollout.filter_hub.base_types import (
         DynamicFilterOutput,
@@ -469,8 +590,13 @@ def test_dynamic_filter_types():
     kept = DynamicFilterOutput(keep=True, reason="r")
     assert call_dynamic_filter(lambda a, s: kept, "args", []) is kept
     fallback = DynamicFilterOutput(keep=False, keep_when_insufficient=True)
-    for out, remaining, target, drop in [(kept, 1, 4, False), (DynamicFilterOutput(keep=False), 1, 4, True),
-                                         (fallback, 5, 4, True), (fallback, 4, 4, False), (fallback, 3, 4, False)]:
+    for out, remaining, target, drop in [
+        (kept, 1, 4, False),
+        (DynamicFilterOutput(keep=False), 1, 4, True),
+        (fallback, 5, 4, True),
+        (fallback, 4, 4, False),
+        (fallback, 3, 4, False),
+    ]:
         assert should_drop_dynamic_filter_output(out, remaining_batch_size=remaining, target_data_size=target) is drop
     g = MetricGatherer()
     for reason in ["zero_std_1.0", None, "zero_std_1.0", "x"]:
@@ -518,8 +644,16 @@ async def _gen_own(args, sample, sampling_params):
 
 async def _gen_two(args, sample, sampling_params):
     first = await _gen(args, sample, sampling_params)
-    second = Sample(index=sample.index, prompt=sample.prompt, tokens=[9, 2], response="second", response_length=1,
-                    loss_mask=[1], status=Sample.Status.COMPLETED, reward=0.5)
+    second = Sample(
+        index=sample.index,
+        prompt=sample.prompt,
+        tokens=[9, 2],
+        response="second",
+        response_length=1,
+        loss_mask=[1],
+        status=Sample.Status.COMPLETED,
+        reward=0.5,
+    )
     return [first, second]
 
 
@@ -550,32 +684,42 @@ class _Source:
         self.returned += groups
 
 
-@pytest.mark.parametrize("filter_name,over_sampling,kept_from,drops,fetched", [
-    # no fallback: every flat group is dropped and replaced until two mixed ones come
-    ("check_reward_nonzero_std", 4, {4, 5, 6, 7}, {"zero_std_1.0": 4}, 8),
-    # fallback, over-sampling 4 for 2: flat groups are dropped while 2 others could still fill the
-    # batch, then kept; no second round is fetched
-    ("check_reward_nonzero_std_with_fallback", 4, {0, 1, 2, 3}, {"zero_std_1.0": 2}, 4),
-    # fallback without over-sampling: nothing to spare, every group is kept
-    ("check_reward_nonzero_std_with_fallback", 2, {0, 1}, {}, 2),
-])
+@pytest.mark.parametrize(
+    "filter_name,over_sampling,kept_from,drops,fetched",
+    [
+        # no fallback: every flat group is dropped and replaced until two mixed ones come
+        ("check_reward_nonzero_std", 4, {4, 5, 6, 7}, {"zero_std_1.0": 4}, 8),
+        # fallback, over-sampling 4 for 2: flat groups are dropped while 2 others could still fill the
+        # batch, then kept; no second round is fetched
+        ("check_reward_nonzero_std_with_fallback", 4, {0, 1, 2, 3}, {"zero_std_1.0": 2}, 4),
+        # fallback without over-sampling: nothing to spare, every group is kept
+        ("check_reward_nonzero_std_with_fallback", 2, {0, 1}, {}, 2),
+    ],
+)
 def test_rollout_honours_keep_when_insufficient(state, filter_name, over_sampling, kept_from, drops, fetched):
     from slime.rollout import sglang_rollout
 
-    args = make_args(custom_generate_function_path=HERE + "_gen", custom_rm_path=HERE + "_rm_by_index",
-                     dynamic_sampling_filter_path="slime.rollout.filter_hub.dynamic_sampling_filters." + filter_name,
-                     over_sampling_batch_size=over_sampling)
+    args = make_args(
+        custom_generate_function_path=HERE + "_gen",
+        custom_rm_path=HERE + "_rm_by_index",
+        dynamic_sampling_filter_path="slime.rollout.filter_hub.dynamic_sampling_filters." + filter_name,
+        over_sampling_batch_size=over_sampling,
+    )
     args.test_rewards = [1.0] * 8 + [0.0, 1.0] * 4  # groups 0-3 flat, groups 4-7 mixed
     state(args)
     source = _Source()
     out = asyncio.run(sglang_rollout.generate_rollout_async(args, 0, source))
     kept = [g[0].group_index for g in out.samples]  # groups finishing together are examined in any order
     assert len(kept) == 2 and set(kept) <= kept_from and source.next == fetched
-    assert {k.removeprefix("rollout/dynamic_filter/drop_"): v for k, v in out.metrics.items()
-            if k.startswith("rollout/dynamic_filter/drop_")} == drops
+    assert {
+        k.removeprefix("rollout/dynamic_filter/drop_"): v
+        for k, v in out.metrics.items()
+        if k.startswith("rollout/dynamic_filter/drop_")
+    } == drops
 
 
 # ============================================================== 6. slime.rollout.base_types
+
 
 def test_call_rollout_fn():
     from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput, call_rollout_fn
@@ -594,6 +738,7 @@ def test_call_rollout_fn():
 
 
 # ============================================================== 7. slime.rollout.sglang_rollout
+
 
 def test_generate_and_rm_per_sample(state):
     from slime.rollout.sglang_rollout import generate_and_rm
@@ -637,8 +782,11 @@ def test_submit_generate_tasks_then_abort(state, monkeypatch, partial):
         return None
 
     monkeypatch.setattr(sglang_rollout, "abort_engines", no_engines)
-    args = make_args(custom_generate_function_path=HERE + "_gen_until_abort", custom_rm_path=HERE + "_batch_rm",
-                     partial_rollout=partial)
+    args = make_args(
+        custom_generate_function_path=HERE + "_gen_until_abort",
+        custom_rm_path=HERE + "_batch_rm",
+        partial_rollout=partial,
+    )
     st = state(args)
 
     async def main():
@@ -665,8 +813,12 @@ def test_eval_rollout_and_get_model_url(state):
     from slime.rollout.base_types import RolloutFnEvalOutput
     from slime.rollout.sglang_rollout import eval_rollout, get_model_url
 
-    args = make_args(custom_generate_function_path=HERE + "_gen", custom_rm_path=HERE + "_dict_rm",
-                     n_samples_per_eval_prompt=2, eval_reward_key="acc")  # eval reads it, not --reward-key
+    args = make_args(
+        custom_generate_function_path=HERE + "_gen",
+        custom_rm_path=HERE + "_dict_rm",
+        n_samples_per_eval_prompt=2,
+        eval_reward_key="acc",
+    )  # eval reads it, not --reward-key
     st = state(args)
     st.eval_datasets = {"set": [Sample(prompt="p", tokens=[9], label="1"), Sample(prompt="q", tokens=[9], label="2")]}
     output, aborted = asyncio.run(eval_rollout(args, 0))
@@ -688,6 +840,7 @@ async def _dict_rm(args, sample):
 
 # ============================================================== 8. slime.utils.http_utils
 
+
 def test_http_post_and_get_with_slimes_positional_arguments():
     from aiohttp import web
 
@@ -706,9 +859,12 @@ def test_http_post_and_get_with_slimes_positional_arguments():
         await site.start()
         url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/echo"
         try:
-            return (await post(url, {"a": 1}, 3, {"X-Key": "k"}),  # slime's order: url, payload, max_retries, headers
-                    await post(url, {"a": 2}, max_retries=2, headers={"X-Key": "kw"}, retry_interval=0.1),
-                    await post(url), await get(url))
+            return (
+                await post(url, {"a": 1}, 3, {"X-Key": "k"}),  # slime's order: url, payload, max_retries, headers
+                await post(url, {"a": 2}, max_retries=2, headers={"X-Key": "kw"}, retry_interval=0.1),
+                await post(url),
+                await get(url),
+            )
         finally:
             await close_sessions()
             await runner.cleanup()
@@ -723,16 +879,20 @@ def test_sample_hooks_module_applies_hooks_in_order_keeping_the_shape():
     a Sample replaces it, nested lists keep their shape, a bad return raises (slime's contract)."""
     from slime.rollout import sample_hooks
 
-    args = full_args("--rollout-sample-hook-path", HERE + "_hook_tag", "--rollout-sample-hook-path",
-                     HERE + "_hook_replace_odd")
+    args = full_args(
+        "--rollout-sample-hook-path", HERE + "_hook_tag", "--rollout-sample-hook-path", HERE + "_hook_replace_odd"
+    )
     sample_hooks.set_current_rollout_id(7)
     groups = [[Sample(index=0), Sample(index=1)], [Sample(index=2)]]
     out = asyncio.run(sample_hooks.apply_rollout_sample_hooks(args, groups, evaluation=True))
     assert [[s.index for s in g] for g in out] == [[0, 101], [2]]
     assert [s.metadata["tag"] for g in out for s in g] == [(7, True), (7, True), (7, True)]
     with pytest.raises(TypeError, match="returned int"):
-        asyncio.run(sample_hooks.apply_rollout_sample_hooks(full_args("--rollout-sample-hook-path", HERE + "_hook_bad"),
-                                                            Sample(index=0)))
+        asyncio.run(
+            sample_hooks.apply_rollout_sample_hooks(
+                full_args("--rollout-sample-hook-path", HERE + "_hook_bad"), Sample(index=0)
+            )
+        )
     sample_hooks.set_current_rollout_id(None)
 
 

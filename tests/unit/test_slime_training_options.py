@@ -31,10 +31,23 @@ pytestmark = pytest.mark.filterwarnings("ignore:Seems like:UserWarning")  # opti
 
 
 def _actor(tiny_model_dir, tmp_path, *extra, num_rollout=4):
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--num-rollout", str(num_rollout), "--lr", "1e-2", "--run-dir", str(tmp_path), *extra,
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            str(num_rollout),
+            "--lr",
+            "1e-2",
+            "--run-dir",
+            str(tmp_path),
+            *extra,
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
     return actor
@@ -71,6 +84,7 @@ def _response_logits(model, data, i):
 
 # ------------------------------------------------------------------ parsing: slime's dest and default
 
+
 def _action(option):
     return next(a for a in build_parser()._actions if option in a.option_strings)
 
@@ -96,34 +110,64 @@ def test_dests_and_defaults_are_slimes():
     args = parse_args(BASE)
     assert args.compute_advantages_and_returns is True and args.train_env_vars == {}
     assert args.no_save_optim is False and args.reset_optimizer_states is False
-    assert parse_args(BASE + ["--disable-compute-advantages-and-returns", "--loss-type", "sft_loss"]
-                      ).compute_advantages_and_returns is False
-    args = parse_args(BASE + ["--freeze-params-name-list", "embed", r"layers\.0\.", "--train-env-vars",
-                              '{"MY_VAR": "x", "N": 4}'])
+    assert (
+        parse_args(
+            BASE + ["--disable-compute-advantages-and-returns", "--loss-type", "sft_loss"]
+        ).compute_advantages_and_returns
+        is False
+    )
+    args = parse_args(
+        BASE + ["--freeze-params-name-list", "embed", r"layers\.0\.", "--train-env-vars", '{"MY_VAR": "x", "N": 4}']
+    )
     assert args.freeze_params_name_list == ["embed", r"layers\.0\."]
     assert args.train_env_vars == {"MY_VAR": "x", "N": "4"}  # Ray's env_vars take strings
 
 
-@pytest.mark.parametrize("extra,names", [
-    (["--only-train-params-name-list", "a", "--freeze-params-name-list", "b"],
-     ["--only-train-params-name-list", "--freeze-params-name-list"]),
-    (["--freeze-params-name-list", "layers.(0"], ["--freeze-params-name-list", "'layers.(0'", "regular expression"]),
-    (["--train-env-vars", "{oops"], ["--train-env-vars", "expected JSON"]),
-    (["--train-env-vars", '["A"]'], ["--train-env-vars", "JSON object"]),
-    (["--train-env-vars", '{"A": {"b": 1}}'], ["--train-env-vars", "A must be a string"]),
-    (["--custom-tis-function-path", "m.f"], ["--custom-tis-function-path", "--use-tis"]),
-    (["--custom-pg-loss-reducer-function-path", "m.f", "--loss-type", "sft_loss"],
-     ["--custom-pg-loss-reducer-function-path", "--loss-type sft_loss"]),
-    (["--advantage-estimator", "cispo", "--eps-clip-c", "3"], ["--eps-clip-c", "--advantage-estimator cispo"]),
-    (["--disable-compute-advantages-and-returns", "--advantage-estimator", "ppo"],
-     ["--advantage-estimator ppo", "--disable-compute-advantages-and-returns"]),
-    (["--disable-compute-advantages-and-returns"],
-     ["--loss-type policy_loss", "--disable-compute-advantages-and-returns", "--rollout-data-postprocess-path"]),
-    (["--disable-compute-advantages-and-returns", "--loss-type", "sft_loss", "--use-rollout-entropy"],
-     ["--use-rollout-entropy"]),
-    (["--disable-compute-advantages-and-returns", "--loss-type", "custom_loss", "--custom-loss-function-path", "m.f",
-      "--use-kl-loss"], ["--use-kl-loss", "--disable-compute-advantages-and-returns"]),
-])
+@pytest.mark.parametrize(
+    "extra,names",
+    [
+        (
+            ["--only-train-params-name-list", "a", "--freeze-params-name-list", "b"],
+            ["--only-train-params-name-list", "--freeze-params-name-list"],
+        ),
+        (
+            ["--freeze-params-name-list", "layers.(0"],
+            ["--freeze-params-name-list", "'layers.(0'", "regular expression"],
+        ),
+        (["--train-env-vars", "{oops"], ["--train-env-vars", "expected JSON"]),
+        (["--train-env-vars", '["A"]'], ["--train-env-vars", "JSON object"]),
+        (["--train-env-vars", '{"A": {"b": 1}}'], ["--train-env-vars", "A must be a string"]),
+        (["--custom-tis-function-path", "m.f"], ["--custom-tis-function-path", "--use-tis"]),
+        (
+            ["--custom-pg-loss-reducer-function-path", "m.f", "--loss-type", "sft_loss"],
+            ["--custom-pg-loss-reducer-function-path", "--loss-type sft_loss"],
+        ),
+        (["--advantage-estimator", "cispo", "--eps-clip-c", "3"], ["--eps-clip-c", "--advantage-estimator cispo"]),
+        (
+            ["--disable-compute-advantages-and-returns", "--advantage-estimator", "ppo"],
+            ["--advantage-estimator ppo", "--disable-compute-advantages-and-returns"],
+        ),
+        (
+            ["--disable-compute-advantages-and-returns"],
+            ["--loss-type policy_loss", "--disable-compute-advantages-and-returns", "--rollout-data-postprocess-path"],
+        ),
+        (
+            ["--disable-compute-advantages-and-returns", "--loss-type", "sft_loss", "--use-rollout-entropy"],
+            ["--use-rollout-entropy"],
+        ),
+        (
+            [
+                "--disable-compute-advantages-and-returns",
+                "--loss-type",
+                "custom_loss",
+                "--custom-loss-function-path",
+                "m.f",
+                "--use-kl-loss",
+            ],
+            ["--use-kl-loss", "--disable-compute-advantages-and-returns"],
+        ),
+    ],
+)
 def test_bad_combinations_stop_at_parsing_naming_the_options(extra, names):
     with pytest.raises(SlimeError) as e:
         parse_args(BASE + extra)
@@ -142,6 +186,7 @@ def test_cispo_with_active_lower_bound_warns_as_slime(caplog):
 
 
 # ------------------------------------------------------------------ CISPO: the formula
+
 
 @pytest.mark.parametrize("eps_clip,eps_clip_high", [(0.2, 0.28), (1.0, 4.0)])
 def test_cispo_loss_against_a_plain_loop(eps_clip, eps_clip_high):
@@ -177,6 +222,7 @@ def test_sample_denominators_replace_the_mask_totals():
 
 # ------------------------------------------------------------------ CISPO on a tiny-model train step
 
+
 def _off_policy(actor, data, shift):
     """Rollout log-probs = the trainer's minus ``shift`` per token: ratios exp(shift) on the first step."""
     d = _copy(data)
@@ -193,8 +239,18 @@ def test_cispo_train_step_gradient_matches_the_formula(tiny_model_dir, tmp_path,
     """Old policy = engine log-probs (--use-rollout-logprobs), ratios far from 1: the policy gradient of
     one step equals that of (1/N) sum_i mean_t -sg(clip(ratio)) * A_i * log p_t, built here token by token."""
     no_clip = ["--clip-grad", "1e9"]  # the reference below is the raw gradient
-    actor = _actor(tiny_model_dir, tmp_path, "--advantage-estimator", "cispo", "--use-rollout-logprobs",
-                   "--micro-batch-size", "2", "--global-batch-size", "4", *no_clip)
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--advantage-estimator",
+        "cispo",
+        "--use-rollout-logprobs",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        *no_clip,
+    )
     data = _off_policy(actor, DATA, SHIFT)
     ref_model = actor.model
     grads = _capture_grads(actor)
@@ -226,8 +282,16 @@ def test_cispo_train_step_gradient_matches_the_formula(tiny_model_dir, tmp_path,
         assert m["train/pg_clipfrac"] == pytest.approx(clipped / 4, abs=1e-6) and clipped > 0
         assert m["train/pg_loss"] == pytest.approx(float(total) / 4, rel=1e-5)
     else:  # the same data under grpo's PPO clip: a different gradient (the test can fail)
-        grpo = _actor(tiny_model_dir, tmp_path / "g", "--use-rollout-logprobs", "--micro-batch-size", "2",
-                      "--global-batch-size", "4", *no_clip)
+        grpo = _actor(
+            tiny_model_dir,
+            tmp_path / "g",
+            "--use-rollout-logprobs",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "4",
+            *no_clip,
+        )
         g2 = _capture_grads(grpo)
         grpo.train(0, _copy(data))
         assert max(float((g2[n] - g).abs().max()) for n, g in ref_grads.items()) > 1e-3 * scale
@@ -238,12 +302,20 @@ def test_cispo_train_step_gradient_matches_the_formula(tiny_model_dir, tmp_path,
 TIS_CALLS: list[dict] = []
 
 
-def half_and_reject_first(args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths,
-                          response_lengths, **kwargs):
+def half_and_reject_first(
+    args, *, pg_loss, train_log_probs, rollout_log_probs, loss_masks, total_lengths, response_lengths, **kwargs
+):
     """A TIS/RS hook: halves every token's loss, rejects each sample's first token."""
-    TIS_CALLS.append(dict(pg_loss=pg_loss.detach().clone(), train=[t.clone() for t in train_log_probs],
-                          rollout=[r.clone() for r in rollout_log_probs], masks=[m.clone() for m in loss_masks],
-                          total_lengths=list(total_lengths), response_lengths=list(response_lengths)))
+    TIS_CALLS.append(
+        dict(
+            pg_loss=pg_loss.detach().clone(),
+            train=[t.clone() for t in train_log_probs],
+            rollout=[r.clone() for r in rollout_log_probs],
+            masks=[m.clone() for m in loss_masks],
+            total_lengths=list(total_lengths),
+            response_lengths=list(response_lengths),
+        )
+    )
     new_masks = [torch.cat([torch.zeros(1), m[1:]]) for m in loss_masks]
     ratio = torch.exp(torch.cat(train_log_probs) - torch.cat(rollout_log_probs))
     return pg_loss * 0.5, new_masks, {"my_ratio": ratio}
@@ -252,8 +324,15 @@ def half_and_reject_first(args, *, pg_loss, train_log_probs, rollout_log_probs, 
 def test_custom_tis_function_contract_and_reductions(tiny_model_dir, tmp_path):
     calls = importlib.import_module(HERE).TIS_CALLS  # the module the hook path loads (pytest's may differ)
     calls.clear()
-    actor = _actor(tiny_model_dir, tmp_path, "--use-tis", "--custom-tis-function-path", f"{HERE}.half_and_reject_first",
-                   "--micro-batch-size", "4")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--use-tis",
+        "--custom-tis-function-path",
+        f"{HERE}.half_and_reject_first",
+        "--micro-batch-size",
+        "4",
+    )
     data = _off_policy(actor, DATA, SHIFT)
     m = actor.train(0, _copy(data))
     (call,) = calls
@@ -262,8 +341,9 @@ def test_custom_tis_function_contract_and_reductions(tiny_model_dir, tmp_path):
     assert [m_.tolist() for m_ in call["masks"]] == DATA["loss_masks"]
     for i in range(4):  # the trainer's old log-probs and the engine's, per sample
         assert call["rollout"][i].tolist() == pytest.approx(data["rollout_log_probs"][i])
-        assert (call["train"][i] - call["rollout"][i]).tolist() == pytest.approx(SHIFT[i][: DATA["response_lengths"][i]],
-                                                                                abs=1e-5)
+        assert (call["train"][i] - call["rollout"][i]).tolist() == pytest.approx(
+            SHIFT[i][: DATA["response_lengths"][i]], abs=1e-5
+        )
     pg = torch.split(call["pg_loss"], DATA["response_lengths"])
     # pg_loss: numerators over the hook's masks (first token rejected), denominators the delivered masks
     expected_pg, expected_ratio = 0.0, 0.0
@@ -284,9 +364,14 @@ REDUCER_CALLS: list[dict] = []
 
 def token_sum_reducer(total_lengths, response_lengths, loss_masks, calculate_per_token_loss):
     """Sum over every trained token (ignoring sample boundaries), times 3."""
-    REDUCER_CALLS.append(dict(total_lengths=list(total_lengths), response_lengths=list(response_lengths),
-                              masks=[torch.as_tensor(m).tolist() for m in loss_masks],
-                              per_token=calculate_per_token_loss))
+    REDUCER_CALLS.append(
+        dict(
+            total_lengths=list(total_lengths),
+            response_lengths=list(response_lengths),
+            masks=[torch.as_tensor(m).tolist() for m in loss_masks],
+            per_token=calculate_per_token_loss,
+        )
+    )
 
     def reduce(x):
         REDUCER_CALLS[-1]["x"] = x.detach().clone()
@@ -300,8 +385,9 @@ def test_custom_pg_loss_reducer_replaces_only_the_pg_reduction(tiny_model_dir, t
     calls = importlib.import_module(HERE).REDUCER_CALLS
     calls.clear()
     extra = ["--micro-batch-size", "2", "--entropy-coef", "0.0", *(["--calculate-per-token-loss"] if per_token else [])]
-    custom = _actor(tiny_model_dir, tmp_path / "c", "--custom-pg-loss-reducer-function-path",
-                    f"{HERE}.token_sum_reducer", *extra)
+    custom = _actor(
+        tiny_model_dir, tmp_path / "c", "--custom-pg-loss-reducer-function-path", f"{HERE}.token_sum_reducer", *extra
+    )
     default = _actor(tiny_model_dir, tmp_path / "d", *extra)
     mc, md = custom.train(0, _copy(DATA)), default.train(0, _copy(DATA))
     assert len(calls) == 2  # one per micro-batch
@@ -312,8 +398,9 @@ def test_custom_pg_loss_reducer_replaces_only_the_pg_reduction(tiny_model_dir, t
     expected = 0.0
     for call in calls:
         x = torch.split(call["x"], call["response_lengths"])
-        expected += 3.0 * sum(float(x[i][t]) for i, mask in enumerate(call["masks"]) for t in range(len(mask))
-                              if mask[t])
+        expected += 3.0 * sum(
+            float(x[i][t]) for i, mask in enumerate(call["masks"]) for t in range(len(mask)) if mask[t]
+        )
     assert mc["train/pg_loss"] == pytest.approx(expected / denom, rel=1e-5, abs=1e-7)
     assert mc["train/pg_loss"] != pytest.approx(md["train/pg_loss"], rel=1e-3)
     # everything else keeps the default reduction
@@ -327,8 +414,13 @@ SEEN: dict = {}
 
 
 def record_and_mask_sample0(args, rollout_id, rollout_data):
-    SEEN.update({k: [torch.as_tensor(x).clone() for x in rollout_data[k]] for k in ("entropy", "ref_entropy")
-                 if k in rollout_data})
+    SEEN.update(
+        {
+            k: [torch.as_tensor(x).clone() for x in rollout_data[k]]
+            for k in ("entropy", "ref_entropy")
+            if k in rollout_data
+        }
+    )
     masks = [list(map(int, torch.as_tensor(m).tolist())) for m in rollout_data["loss_masks"]]
     masks[0] = [0] * len(masks[0])  # a "special loss mask" set from the hook
     rollout_data["loss_masks"] = masks
@@ -337,17 +429,29 @@ def record_and_mask_sample0(args, rollout_id, rollout_data):
 def test_rollout_entropy_for_hooks_and_metrics(tiny_model_dir, tmp_path):
     seen = importlib.import_module(HERE).SEEN
     seen.clear()
-    actor = _actor(tiny_model_dir, tmp_path, "--use-rollout-entropy", "--use-kl-loss", "--kl-loss-coef", "0.0",
-                   "--rollout-data-postprocess-path", f"{HERE}.record_and_mask_sample0", "--micro-batch-size", "4",
-                   "--adam-eps", "1e-2")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--use-rollout-entropy",
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.0",
+        "--rollout-data-postprocess-path",
+        f"{HERE}.record_and_mask_sample0",
+        "--micro-batch-size",
+        "4",
+        "--adam-eps",
+        "1e-2",
+    )
     model = actor.model
     with torch.no_grad():
         ref = []
         for i in range(4):
             logits, _ = _response_logits(model, DATA, i)
             p = torch.softmax(logits, -1)
-            ref.append([-sum(float(p[t, v]) * math.log(float(p[t, v])) for v in range(p.shape[1]))
-                        for t in range(p.shape[0])])
+            ref.append(
+                [-sum(float(p[t, v]) * math.log(float(p[t, v])) for v in range(p.shape[1])) for t in range(p.shape[0])]
+            )
     grads = _capture_grads(actor)
     m = actor.train(0, _copy(DATA))
     for key in ("entropy", "ref_entropy"):  # policy == reference before any update
@@ -384,15 +488,25 @@ def nll_loss(args, batch, logits, sum_of_sample_mean):
 
 
 def set_reward_advantages(args, rollout_id, rollout_data):
-    rollout_data["advantages"] = [torch.full((len(m),), float(r)) for m, r in
-                                  zip(rollout_data["loss_masks"], rollout_data["rewards"])]
+    rollout_data["advantages"] = [
+        torch.full((len(m),), float(r)) for m, r in zip(rollout_data["loss_masks"], rollout_data["rewards"])
+    ]
 
 
 def test_custom_loss_trains_without_advantages(tiny_model_dir, tmp_path, monkeypatch):
     keys = importlib.import_module(HERE).CUSTOM_BATCH_KEYS
     keys.clear()
-    actor = _actor(tiny_model_dir, tmp_path, "--disable-compute-advantages-and-returns", "--loss-type", "custom_loss",
-                   "--custom-loss-function-path", f"{HERE}.nll_loss", "--micro-batch-size", "2")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--disable-compute-advantages-and-returns",
+        "--loss-type",
+        "custom_loss",
+        "--custom-loss-function-path",
+        f"{HERE}.nll_loss",
+        "--micro-batch-size",
+        "2",
+    )
 
     def no_forward(*a, **k):
         raise AssertionError("no old/reference forward pass without advantages")
@@ -410,8 +524,15 @@ def test_custom_loss_trains_without_advantages(tiny_model_dir, tmp_path, monkeyp
 def test_policy_loss_without_advantages_takes_them_from_the_hook(tiny_model_dir, tmp_path):
     """No old log-probs: the policy is its own old policy (slime); hook advantages = the rewards, so the
     first step's gradient is grpo's exactly."""
-    hooked = _actor(tiny_model_dir, tmp_path / "h", "--disable-compute-advantages-and-returns",
-                    "--rollout-data-postprocess-path", f"{HERE}.set_reward_advantages", "--micro-batch-size", "4")
+    hooked = _actor(
+        tiny_model_dir,
+        tmp_path / "h",
+        "--disable-compute-advantages-and-returns",
+        "--rollout-data-postprocess-path",
+        f"{HERE}.set_reward_advantages",
+        "--micro-batch-size",
+        "4",
+    )
     plain = _actor(tiny_model_dir, tmp_path / "p", "--micro-batch-size", "4")
     g1, g2 = _capture_grads(hooked), _capture_grads(plain)
     m1, m2 = hooked.train(0, _copy(DATA)), plain.train(0, _copy(DATA))
@@ -422,12 +543,22 @@ def test_policy_loss_without_advantages_takes_them_from_the_hook(tiny_model_dir,
 
 # ------------------------------------------------------------------ frozen parameters
 
-@pytest.mark.parametrize("option,patterns,frozen_if", [
-    ("--freeze-params-name-list", ["embed_tokens", r"layers\.1\.mlp"],
-     lambda n: "embed_tokens" in n or ".layers.1.mlp." in n),
-    ("--only-train-params-name-list", [r"layers\.0\.self_attn\.q_proj", "norm.weight$"],
-     lambda n: not (".layers.0.self_attn.q_proj." in n or n.endswith("norm.weight"))),
-])
+
+@pytest.mark.parametrize(
+    "option,patterns,frozen_if",
+    [
+        (
+            "--freeze-params-name-list",
+            ["embed_tokens", r"layers\.1\.mlp"],
+            lambda n: "embed_tokens" in n or ".layers.1.mlp." in n,
+        ),
+        (
+            "--only-train-params-name-list",
+            [r"layers\.0\.self_attn\.q_proj", "norm.weight$"],
+            lambda n: not (".layers.0.self_attn.q_proj." in n or n.endswith("norm.weight")),
+        ),
+    ],
+)
 def test_frozen_parameters_get_no_gradient_and_do_not_move(tiny_model_dir, tmp_path, option, patterns, frozen_if):
     actor = _actor(tiny_model_dir, tmp_path, option, *patterns, "--weight-decay", "0.1", "--micro-batch-size", "2")
     names = [n for n, _ in actor.model.named_parameters()]
@@ -472,6 +603,7 @@ def test_freezing_everything_stops(tiny_model_dir, tmp_path):
 
 
 # ------------------------------------------------------------------ --no-save-optim
+
 
 def test_no_save_optim_checkpoint_resumes_with_a_fresh_optimizer(tiny_model_dir, tmp_path, caplog):
     save = tmp_path / "ckpt"
@@ -521,6 +653,7 @@ def test_no_save_optim_leaves_the_critic_optimizer_out_too(tiny_model_dir, tmp_p
 
 # ------------------------------------------------------------------ --reset-optimizer-states
 
+
 def _second_rollout_update(actor):
     """Train rollout 0, then rollout 1 recording its gradient and learning rate; return (grads, lr, weight
     change) of rollout 1."""
@@ -554,12 +687,15 @@ def test_reset_optimizer_states_makes_each_rollout_start_adam_afresh(tiny_model_
     keep = _actor(tiny_model_dir, tmp_path / "k", *common)
     grads_k, lr, delta_k = _second_rollout_update(keep)
     assert all(int(s["step"]) == 2 for s in keep.optimizer.state.values())
-    off = max(float((delta_k[n].double() + lr * g.double() / (g.double().abs() + eps)).abs().max())
-              for n, g in grads_k.items())
+    off = max(
+        float((delta_k[n].double() + lr * g.double() / (g.double().abs() + eps)).abs().max())
+        for n, g in grads_k.items()
+    )
     assert off > 1e-5  # without the reset the moments carry over: not a first step
 
 
 # ------------------------------------------------------------------ --train-env-vars
+
 
 def test_train_env_vars_reach_the_training_actors(monkeypatch):
     """RayTrainGroup starts each TrainActor with --train-env-vars in its Ray runtime_env (slime's actor_group)."""
@@ -587,6 +723,7 @@ def test_train_env_vars_reach_the_training_actors(monkeypatch):
 
 # ------------------------------------------------------------------ CISPO's rewards: grpo's group normalisation
 
+
 @pytest.mark.parametrize("std", [True, False])
 def test_cispo_rewards_are_group_normalised_like_grpo(std):
     """slime's _post_process_rewards treats cispo as grpo / gspo (group mean, then / (unbiased std + 1e-6))."""
@@ -594,9 +731,21 @@ def test_cispo_rewards_are_group_normalised_like_grpo(std):
     from slime.utils.types import Sample
 
     rewards = [1.0, 0.0, 0.0, 1.0, 1.0, 1.0, 0.0, 0.5]
-    args = parse_args(["--rollout-batch-size", "2", "--n-samples-per-prompt", "4", "--num-rollout", "1",
-                       "--advantage-estimator", "cispo", "--eps-clip", "1.0",
-                       *([] if std else ["--disable-grpo-std-normalization"])])
+    args = parse_args(
+        [
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "4",
+            "--num-rollout",
+            "1",
+            "--advantage-estimator",
+            "cispo",
+            "--eps-clip",
+            "1.0",
+            *([] if std else ["--disable-grpo-std-normalization"]),
+        ]
+    )
     samples = [Sample(reward=r, response_length=1) for r in rewards]
     raw, got = post_process_rewards(args, samples)
     expected = []

@@ -28,14 +28,23 @@ RECEIVER = textwrap.dedent("""
 
 
 def test_a_tensor_reaches_another_process_by_shared_memory():
-    named = {"w": torch.arange(12, dtype=torch.float32).view(3, 4), "b": torch.randn(5, dtype=torch.bfloat16),
-             "t": torch.randn(4, 6)[1:, ::2]}  # a strided view travels as its own storage and offset
+    named = {
+        "w": torch.arange(12, dtype=torch.float32).view(3, 4),
+        "b": torch.randn(5, dtype=torch.bfloat16),
+        "t": torch.randn(4, 6)[1:, ::2],
+    }  # a strided view travels as its own storage and offset
     shared = tensor_ipc.shareable(named)
     assert all(t.is_shared() for t in shared.values())
     assert not named["w"].is_shared()  # the sender's own tensor is never moved into shared memory
     payload = base64.b64encode(tensor_ipc.dumps(shared)).decode()
-    out = subprocess.run([sys.executable, "-c", RECEIVER], input=payload, capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", RECEIVER],
+        input=payload,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert out.returncode == 0, out.stderr
     want = [f"{n} {named[n].dtype} {tuple(named[n].shape)} {float(named[n].double().sum())!r}" for n in sorted(named)]
     assert out.stdout.splitlines() == want

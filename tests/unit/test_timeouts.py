@@ -17,20 +17,27 @@ from tests.helpers import make_args
 
 
 # ------------------------------------------------------------------------------------ parsing
-@pytest.mark.parametrize("argv, needle", [
-    (["--rollout-health-check-timeout", "40", "--rollout-health-check-interval", "10"],
-     "--rollout-health-check-timeout 40 is longer than --rollout-health-check-interval 10"),
-    (["--rollout-health-check-interval", "0"], "--rollout-health-check-interval must be a positive"),
-    (["--rollout-health-check-timeout", "-1"], "--rollout-health-check-timeout must be a positive"),
-    (["--rollout-health-check-first-wait", "-5"], "--rollout-health-check-first-wait must be >= 0"),
-    (["--sglang-router-request-timeout-secs", "0"], "--sglang-router-request-timeout-secs must be a positive"),
-    (["--rollout-request-max-retries", "0"], "--rollout-request-max-retries must be >= 1"),
-    (["--rollout-request-retry-interval", "nan"], "--rollout-request-retry-interval must be a positive"),
-    (["--engine-control-timeout-secs", "0"], "--engine-control-timeout-secs must be a positive"),
-    (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes must be > 0"),
-    (["--use-fault-tolerance", "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "3000"],
-     "--use-fault-tolerance restarts the engines this run starts"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            ["--rollout-health-check-timeout", "40", "--rollout-health-check-interval", "10"],
+            "--rollout-health-check-timeout 40 is longer than --rollout-health-check-interval 10",
+        ),
+        (["--rollout-health-check-interval", "0"], "--rollout-health-check-interval must be a positive"),
+        (["--rollout-health-check-timeout", "-1"], "--rollout-health-check-timeout must be a positive"),
+        (["--rollout-health-check-first-wait", "-5"], "--rollout-health-check-first-wait must be >= 0"),
+        (["--sglang-router-request-timeout-secs", "0"], "--sglang-router-request-timeout-secs must be a positive"),
+        (["--rollout-request-max-retries", "0"], "--rollout-request-max-retries must be >= 1"),
+        (["--rollout-request-retry-interval", "nan"], "--rollout-request-retry-interval must be a positive"),
+        (["--engine-control-timeout-secs", "0"], "--engine-control-timeout-secs must be a positive"),
+        (["--distributed-timeout-minutes", "0"], "--distributed-timeout-minutes must be > 0"),
+        (
+            ["--use-fault-tolerance", "--sglang-router-ip", "127.0.0.1", "--sglang-router-port", "3000"],
+            "--use-fault-tolerance restarts the engines this run starts",
+        ),
+    ],
+)
 def test_settings_that_cannot_work_stop_at_parsing(argv, needle):
     with pytest.raises(SlimeError) as e:
         make_args(*argv)
@@ -39,12 +46,17 @@ def test_settings_that_cannot_work_stop_at_parsing(argv, needle):
 
 def test_slimes_defaults_and_meanings():
     args = make_args()
-    assert (args.use_fault_tolerance, args.rollout_health_check_interval, args.rollout_health_check_timeout,
-            args.rollout_health_check_first_wait) == (False, 30.0, 30.0, 0)
+    assert (
+        args.use_fault_tolerance,
+        args.rollout_health_check_interval,
+        args.rollout_health_check_timeout,
+        args.rollout_health_check_first_wait,
+    ) == (False, 30.0, 30.0, 0)
     assert args.sglang_router_request_timeout_secs == 14400
     assert args.distributed_timeout_minutes == 10  # Megatron's option, slime's default
-    args = make_args("--use-fault-tolerance", "--rollout-health-check-interval", "5",
-                     "--rollout-health-check-timeout", "5")  # equal is fine (slime's defaults are equal)
+    args = make_args(
+        "--use-fault-tolerance", "--rollout-health-check-interval", "5", "--rollout-health-check-timeout", "5"
+    )  # equal is fine (slime's defaults are equal)
     assert args.use_fault_tolerance and args.rollout_health_check_timeout == 5.0
 
 

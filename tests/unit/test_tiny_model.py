@@ -77,7 +77,10 @@ def test_special_tokens_digits_and_template(model_dir):
     assert prompt == "<|user|>57+8=<|end|><|assistant|>"
     assert len(tok.encode(prompt, add_special_tokens=False)) == 8
     conv = [{"role": "system", "content": "S"}, *msgs, {"role": "assistant", "content": "\\boxed{65}"}]
-    assert tok.apply_chat_template(conv, tokenize=False) == "<|system|>S<|end|><|user|>57+8=<|end|><|assistant|>\\boxed{65}<|end|>"
+    assert (
+        tok.apply_chat_template(conv, tokenize=False)
+        == "<|system|>S<|end|><|user|>57+8=<|end|><|assistant|>\\boxed{65}<|end|>"
+    )
 
 
 def test_model_loads_and_generates(model_dir):
@@ -123,7 +126,23 @@ def test_bad_arguments(tmp_path):
 
 
 def test_cli(tmp_path, capsys):
-    assert tiny_model.main(["--out", str(tmp_path / "m"), "--arch", "llama", "--hidden-size", "32", "--num-heads", "2", "--num-kv-heads", "1"]) == 0
+    assert (
+        tiny_model.main(
+            [
+                "--out",
+                str(tmp_path / "m"),
+                "--arch",
+                "llama",
+                "--hidden-size",
+                "32",
+                "--num-heads",
+                "2",
+                "--num-kv-heads",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "parameters" in out and "vocab" in out
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())

@@ -15,10 +15,23 @@ DATA = {
 
 
 def _actor(tiny_model_dir, tmp_path, *extra):
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--num-rollout", "1", "--lr", "1e-2", "--run-dir", str(tmp_path), *extra,
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "1",
+            "--lr",
+            "1e-2",
+            "--run-dir",
+            str(tmp_path),
+            *extra,
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
     return actor
@@ -29,8 +42,17 @@ def _copy(data):
 
 
 def test_kl_loss_is_zero_against_itself_then_grows(tiny_model_dir, tmp_path):
-    actor = _actor(tiny_model_dir, tmp_path, "--use-kl-loss", "--kl-loss-coef", "0.1", "--kl-loss-type", "low_var_kl",
-                   "--micro-batch-size", "4")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.1",
+        "--kl-loss-type",
+        "low_var_kl",
+        "--micro-batch-size",
+        "4",
+    )
     first = actor.train(0, _copy(DATA))
     assert first["train/kl_loss"] == 0.0  # policy == reference before the first update
     second = actor.train(1, _copy(DATA))
@@ -81,10 +103,22 @@ def test_recompute_granularity_checkpoints_without_changing_the_update(tiny_mode
     """Megatron's --recompute-granularity maps to gradient checkpointing: the same step, less memory."""
     smooth = ["--adam-eps", "1e-2", "--micro-batch-size", "4"]
     plain = _actor(tiny_model_dir, tmp_path / "a", *smooth)
-    recompute = _actor(tiny_model_dir, tmp_path / "b", *smooth, "--recompute-granularity", "full",
-                       "--recompute-method", "uniform", "--recompute-num-layers", "1")
-    checkpointing = "is_activation_checkpointing" if hasattr(plain.model, "is_activation_checkpointing") \
+    recompute = _actor(
+        tiny_model_dir,
+        tmp_path / "b",
+        *smooth,
+        "--recompute-granularity",
+        "full",
+        "--recompute-method",
+        "uniform",
+        "--recompute-num-layers",
+        "1",
+    )
+    checkpointing = (
+        "is_activation_checkpointing"
+        if hasattr(plain.model, "is_activation_checkpointing")
         else "is_gradient_checkpointing"
+    )
     assert getattr(recompute.model, checkpointing) and not getattr(plain.model, checkpointing)
     m_plain, m_recompute = plain.train(0, _copy(DATA)), recompute.train(0, _copy(DATA))
     assert m_plain["train/grad_norm"] == pytest.approx(m_recompute["train/grad_norm"], rel=1e-6)

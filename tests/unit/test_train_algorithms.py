@@ -23,10 +23,23 @@ ESTIMATORS = ["grpo", "gspo", "cispo", "reinforce_plus_plus", "reinforce_plus_pl
 
 
 def _actor(tiny_model_dir, tmp_path, *extra, double=False):
-    args = parse_args([
-        "--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--n-samples-per-prompt", "2",
-        "--num-rollout", "4", "--lr", "1e-2", "--run-dir", str(tmp_path), *extra,
-    ])
+    args = parse_args(
+        [
+            "--hf-checkpoint",
+            str(tiny_model_dir),
+            "--rollout-batch-size",
+            "2",
+            "--n-samples-per-prompt",
+            "2",
+            "--num-rollout",
+            "4",
+            "--lr",
+            "1e-2",
+            "--run-dir",
+            str(tmp_path),
+            *extra,
+        ]
+    )
     actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     actor.init()
     if double:  # float64 so that layout differences show up only as real bugs, not rounding
@@ -55,10 +68,12 @@ def _capture_grads(actor):
     if actor.critic is not None:
         opts.append(("critic", actor.critic.model, actor.critic.optimizer))
     for tag, model, opt in opts:
+
         def step(tag=tag, model=model):
             for n, p in model.named_parameters():
                 if p.grad is not None:
                     grads[f"{tag}.{n}"] = grads.get(f"{tag}.{n}", 0) + p.grad.detach().clone()
+
         opt.step = step
     return grads
 
@@ -78,19 +93,29 @@ LAYOUTS = {
 }
 
 
-@pytest.mark.parametrize("estimator,extra", [
-    ("grpo", ["--use-kl-loss", "--kl-loss-coef", "0.1", "--entropy-coef", "0.01"]),
-    ("gspo", ["--calculate-per-token-loss"]),
-    ("cispo", ["--eps-clip", "1.0", "--eps-clip-high", "4.0", "--entropy-coef", "0.01"]),
-    ("ppo", ["--kl-coef", "0.05", "--normalize-advantages"]),
-    ("reinforce_plus_plus", ["--use-tis", "--use-opsm", "--log-probs-chunk-size", "2"]),
-])
+@pytest.mark.parametrize(
+    "estimator,extra",
+    [
+        ("grpo", ["--use-kl-loss", "--kl-loss-coef", "0.1", "--entropy-coef", "0.01"]),
+        ("gspo", ["--calculate-per-token-loss"]),
+        ("cispo", ["--eps-clip", "1.0", "--eps-clip-high", "4.0", "--entropy-coef", "0.01"]),
+        ("ppo", ["--kl-coef", "0.05", "--normalize-advantages"]),
+        ("reinforce_plus_plus", ["--use-tis", "--use-opsm", "--log-probs-chunk-size", "2"]),
+    ],
+)
 def test_layout_leaves_loss_and_gradients_unchanged(tiny_model_dir, tmp_path, estimator, extra):
     """Micro-batch splitting, packing vs padding and dynamic (token-budget) micro-batches: same loss, same grads."""
     results = {}
     for name, layout in LAYOUTS.items():
-        actor = _actor(tiny_model_dir, tmp_path / name.replace(" ", "_").replace(",", ""),
-                       "--advantage-estimator", estimator, *extra, *layout, double=True)
+        actor = _actor(
+            tiny_model_dir,
+            tmp_path / name.replace(" ", "_").replace(",", ""),
+            "--advantage-estimator",
+            estimator,
+            *extra,
+            *layout,
+            double=True,
+        )
         data = _with_rollout_log_probs(actor, DATA)
         grads = _capture_grads(actor)
         metrics = actor.train(0, data)
@@ -110,8 +135,7 @@ def test_layout_leaves_loss_and_gradients_unchanged(tiny_model_dir, tmp_path, es
 
 @pytest.mark.parametrize("estimator", ESTIMATORS)
 def test_first_step_ppo_kl_zero_and_nothing_clipped(tiny_model_dir, tmp_path, estimator):
-    actor = _actor(tiny_model_dir, tmp_path, "--advantage-estimator", estimator, "--micro-batch-size", "2",
-                   "--use-tis")
+    actor = _actor(tiny_model_dir, tmp_path, "--advantage-estimator", estimator, "--micro-batch-size", "2", "--use-tis")
     data = _with_rollout_log_probs(actor, DATA)
     m = actor.train(0, data)
     assert m["train/ppo_kl"] == 0.0 and m["train/pg_clipfrac"] == 0.0
@@ -130,6 +154,7 @@ def test_several_steps_per_rollout_move_off_policy(tiny_model_dir, tmp_path):
         out = orig(data, idx, kw)
         grads.append(out)
         return out
+
     actor._optimizer_step = spy
     actor.train(0, _copy(DATA))
     assert grads[0]["train/ppo_kl"] == 0.0 and grads[1]["train/ppo_kl"] != 0.0
@@ -139,8 +164,20 @@ def test_several_steps_per_rollout_move_off_policy(tiny_model_dir, tmp_path):
 
 
 def test_ppo_critic_trains_and_critic_only_steps_freeze_the_policy(tiny_model_dir, tmp_path):
-    actor = _actor(tiny_model_dir, tmp_path, "--advantage-estimator", "ppo", "--num-critic-only-steps", "1",
-                   "--micro-batch-size", "4", "--critic-lr", "1e-2", "--lambd", "0.95")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--advantage-estimator",
+        "ppo",
+        "--num-critic-only-steps",
+        "1",
+        "--micro-batch-size",
+        "4",
+        "--critic-lr",
+        "1e-2",
+        "--lambd",
+        "0.95",
+    )
     policy0 = {k: v.clone() for k, v in actor.model.state_dict().items()}
     critic0 = {k: v.clone() for k, v in actor.critic.model.state_dict().items()}
     m0 = actor.train(0, _copy(DATA))
@@ -169,8 +206,17 @@ def test_ppo_advantages_are_gae_of_critic_values(tiny_model_dir, tmp_path):
 
 
 def test_ref_update_interval_copies_the_policy(tiny_model_dir, tmp_path):
-    actor = _actor(tiny_model_dir, tmp_path, "--use-kl-loss", "--kl-loss-coef", "0.1", "--ref-update-interval", "2",
-                   "--micro-batch-size", "4")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.1",
+        "--ref-update-interval",
+        "2",
+        "--micro-batch-size",
+        "4",
+    )
     actor.train(0, _copy(DATA))
     assert not all(torch.equal(a, b) for a, b in zip(actor.ref_model.parameters(), actor.model.parameters()))
     actor.train(1, _copy(DATA))
@@ -206,8 +252,18 @@ def test_lr_schedule_matches_megatron_formula(style):
 
 
 def test_trainer_follows_the_lr_schedule(tiny_model_dir, tmp_path):
-    actor = _actor(tiny_model_dir, tmp_path, "--lr-warmup-iters", "2", "--lr-decay-style", "linear",
-                   "--min-lr", "1e-3", "--micro-batch-size", "4")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--lr-warmup-iters",
+        "2",
+        "--lr-decay-style",
+        "linear",
+        "--min-lr",
+        "1e-3",
+        "--micro-batch-size",
+        "4",
+    )
     lrs = [actor.train(i, _copy(DATA))["train/lr"] for i in range(4)]
     assert lrs == pytest.approx([0.0, 5e-3, 1e-2, 1e-2 - 0.5 * (1e-2 - 1e-3)])
 
@@ -229,20 +285,43 @@ def custom_loss(args, batch, logits, sum_of_sample_mean):
 
 
 def test_custom_advantage_and_loss_hooks(tiny_model_dir, tmp_path):
-    actor = _actor(tiny_model_dir, tmp_path / "a", "--custom-advantage-function-path",
-                   "tests.unit.test_train_algorithms.custom_adv", "--micro-batch-size", "4")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path / "a",
+        "--custom-advantage-function-path",
+        "tests.unit.test_train_algorithms.custom_adv",
+        "--micro-batch-size",
+        "4",
+    )
     m = actor.train(0, _copy(DATA))
     assert m["rollout/advantages"] == pytest.approx(2.0) and m["train/pg_loss"] == pytest.approx(-2.0)
     sft = _actor(tiny_model_dir, tmp_path / "b", "--loss-type", "sft_loss", "--micro-batch-size", "4")
-    custom = _actor(tiny_model_dir, tmp_path / "c", "--loss-type", "custom_loss", "--custom-loss-function-path",
-                    "tests.unit.test_train_algorithms.custom_loss", "--micro-batch-size", "4")
+    custom = _actor(
+        tiny_model_dir,
+        tmp_path / "c",
+        "--loss-type",
+        "custom_loss",
+        "--custom-loss-function-path",
+        "tests.unit.test_train_algorithms.custom_loss",
+        "--micro-batch-size",
+        "4",
+    )
     assert custom.train(0, _copy(DATA))["train/nll"] == pytest.approx(sft.train(0, _copy(DATA))["train/loss"], rel=1e-6)
 
 
 def test_opd_with_teacher_in_trainer(tiny_model_dir, tmp_path):
     """Teacher == student: reverse KL is 0 and the advantages are the estimator's."""
-    actor = _actor(tiny_model_dir, tmp_path, "--use-opd", "--opd-type", "megatron", "--opd-teacher-load",
-                   str(tiny_model_dir), "--micro-batch-size", "4")
+    actor = _actor(
+        tiny_model_dir,
+        tmp_path,
+        "--use-opd",
+        "--opd-type",
+        "megatron",
+        "--opd-teacher-load",
+        str(tiny_model_dir),
+        "--micro-batch-size",
+        "4",
+    )
     m = actor.train(0, _copy(DATA))
     assert m["train/opd_reverse_kl"] == pytest.approx(0.0, abs=1e-7)
 
@@ -250,27 +329,43 @@ def test_opd_with_teacher_in_trainer(tiny_model_dir, tmp_path):
 # ------------------------------------------------------------------ bad combinations stop at parsing
 
 
-@pytest.mark.parametrize("extra,names", [
-    (["--use-dynamic-batch-size"], ["--use-dynamic-batch-size", "--max-tokens-per-gpu"]),
-    (["--use-tis", "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"],
-     ["--use-tis", "--rollout-function-path"]),
-    (["--use-tis", "--loss-type", "sft_loss"], ["--use-tis", "--loss-type sft_loss"]),
-    (["--advantage-estimator", "ppo", "--loss-type", "sft_loss"], ["--advantage-estimator ppo", "--loss-type"]),
-    (["--num-critic-only-steps", "2"], ["--num-critic-only-steps", "--advantage-estimator ppo"]),
-    (["--kl-coef", "0.1"], ["--kl-coef", "--advantage-estimator grpo"]),
-    (["--use-opd"], ["--use-opd", "--opd-type"]),
-    (["--use-opd", "--opd-type", "megatron"], ["--opd-type megatron", "--opd-teacher-load"]),
-    (["--loss-type", "custom_loss"], ["--loss-type custom_loss", "--custom-loss-function-path"]),
-    (["--ref-update-interval", "2"], ["--ref-update-interval", "--use-kl-loss"]),
-    (["--use-rollout-logprobs", "--keep-old-actor"], ["--use-rollout-logprobs", "--keep-old-actor"]),
-    (["--eps-clip-c", "0.5"], ["--eps-clip-c"]),
-    (["--overlong-buffer-len", "4096"], ["--overlong-buffer-len", "--rollout-max-response-len"]),
-    (["--use-unbiased-kl"], ["--use-unbiased-kl", "--use-kl-loss"]),
-    (["--min-lr", "1"], ["--min-lr", "--lr"]),
-])
+@pytest.mark.parametrize(
+    "extra,names",
+    [
+        (["--use-dynamic-batch-size"], ["--use-dynamic-batch-size", "--max-tokens-per-gpu"]),
+        (
+            ["--use-tis", "--rollout-function-path", "slime.rollout.sft_rollout.generate_rollout"],
+            ["--use-tis", "--rollout-function-path"],
+        ),
+        (["--use-tis", "--loss-type", "sft_loss"], ["--use-tis", "--loss-type sft_loss"]),
+        (["--advantage-estimator", "ppo", "--loss-type", "sft_loss"], ["--advantage-estimator ppo", "--loss-type"]),
+        (["--num-critic-only-steps", "2"], ["--num-critic-only-steps", "--advantage-estimator ppo"]),
+        (["--kl-coef", "0.1"], ["--kl-coef", "--advantage-estimator grpo"]),
+        (["--use-opd"], ["--use-opd", "--opd-type"]),
+        (["--use-opd", "--opd-type", "megatron"], ["--opd-type megatron", "--opd-teacher-load"]),
+        (["--loss-type", "custom_loss"], ["--loss-type custom_loss", "--custom-loss-function-path"]),
+        (["--ref-update-interval", "2"], ["--ref-update-interval", "--use-kl-loss"]),
+        (["--use-rollout-logprobs", "--keep-old-actor"], ["--use-rollout-logprobs", "--keep-old-actor"]),
+        (["--eps-clip-c", "0.5"], ["--eps-clip-c"]),
+        (["--overlong-buffer-len", "4096"], ["--overlong-buffer-len", "--rollout-max-response-len"]),
+        (["--use-unbiased-kl"], ["--use-unbiased-kl", "--use-kl-loss"]),
+        (["--min-lr", "1"], ["--min-lr", "--lr"]),
+    ],
+)
 def test_incompatible_options_name_both_arguments(tiny_model_dir, tmp_path, extra, names):
     with pytest.raises(SlimeError) as e:
-        parse_args(["--hf-checkpoint", str(tiny_model_dir), "--rollout-batch-size", "2", "--num-rollout", "1",
-                    "--run-dir", str(tmp_path), *extra])
+        parse_args(
+            [
+                "--hf-checkpoint",
+                str(tiny_model_dir),
+                "--rollout-batch-size",
+                "2",
+                "--num-rollout",
+                "1",
+                "--run-dir",
+                str(tmp_path),
+                *extra,
+            ]
+        )
     for n in names:
         assert n in str(e.value), (n, str(e.value))

@@ -29,8 +29,10 @@ def _bench():
 def check_rows(tmp_path_factory):
     bench = _bench()
     if not bench.TRL_PYTHON.exists():
-        pytest.skip(f"TRL's venv {bench.TRL_VENV} is absent; create it with "
-                    f"`.venv/bin/python bench/vs_trl.py --install-only` or: {bench.INSTALL_HOWTO}")
+        pytest.skip(
+            f"TRL's venv {bench.TRL_VENV} is absent; create it with "
+            f"`.venv/bin/python bench/vs_trl.py --install-only` or: {bench.INSTALL_HOWTO}"
+        )
     return bench.consistency_check(tmp_path_factory.mktemp("vs_trl"), install=False)
 
 
@@ -77,9 +79,20 @@ def test_python_without_trl_is_named(tmp_path):
 def test_cli_without_trl_prints_no_traceback(tmp_path):
     """`--no-install` with no TRL venv: one message and the install command, exit status != 0."""
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "vs_trl.py"), "--check", "--no-install",
-         "--trl-venv", str(tmp_path / "absent"), "--work-dir", str(tmp_path / "work")],
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            str(ROOT / "bench" / "vs_trl.py"),
+            "--check",
+            "--no-install",
+            "--trl-venv",
+            str(tmp_path / "absent"),
+            "--work-dir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "TRL is not usable" in proc.stderr and "trl==1.16.0" in proc.stderr, proc.stderr[-2000:]

@@ -25,14 +25,28 @@ BOOKKEEPING = ("rollout_id", "global_step", "stage", "time")
 @pytest.fixture
 def wandb_env(tmp_path, monkeypatch):
     """wandb confined to tmp_path, no credentials anywhere, no WANDB_MODE unless a test sets it."""
-    for var in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_MODE", "WANDB_BASE_URL", "WANDB_DIR",
-                "WANDB_PROJECT", "WANDB_ENTITY", "WANDB_RUN_ID", "WANDB_RESUME", "TENSORBOARD_DIR"):
+    for var in (
+        "WANDB_API_KEY",
+        "WANDB_IDENTITY_TOKEN_FILE",
+        "WANDB_MODE",
+        "WANDB_BASE_URL",
+        "WANDB_DIR",
+        "WANDB_PROJECT",
+        "WANDB_ENTITY",
+        "WANDB_RUN_ID",
+        "WANDB_RESUME",
+        "TENSORBOARD_DIR",
+    ):
         monkeypatch.delenv(var, raising=False)
     home = tmp_path / "home"
     home.mkdir()
     monkeypatch.setenv("NETRC", str(home / ".netrc"))  # no `wandb login` entry
-    for var, sub in (("WANDB_CONFIG_DIR", "config"), ("WANDB_CACHE_DIR", "cache"), ("WANDB_DATA_DIR", "data"),
-                     ("WANDB_ARTIFACT_DIR", "artifacts")):
+    for var, sub in (
+        ("WANDB_CONFIG_DIR", "config"),
+        ("WANDB_CACHE_DIR", "cache"),
+        ("WANDB_DATA_DIR", "data"),
+        ("WANDB_ARTIFACT_DIR", "artifacts"),
+    ):
         monkeypatch.setenv(var, str(home / sub))
     monkeypatch.setenv("WANDB_CONSOLE", "off")  # leave pytest's stdout capture alone
     monkeypatch.setenv("WANDB_DISABLE_GIT", "true")
@@ -56,8 +70,22 @@ def _expected_rows(records):
 
 
 def _stage(run_dir, stage, extra, steps):
-    args = parse_args(BASE + ["--run-dir", str(run_dir), "--stage", stage, "--use-wandb", "--use-tensorboard",
-                              "--wandb-project", "proj", "--wandb-group", "grp", *extra])
+    args = parse_args(
+        BASE
+        + [
+            "--run-dir",
+            str(run_dir),
+            "--stage",
+            stage,
+            "--use-wandb",
+            "--use-tensorboard",
+            "--wandb-project",
+            "proj",
+            "--wandb-group",
+            "grp",
+            *extra,
+        ]
+    )
     with MetricsLogger.from_args(args, console=False) as lg:
         assert lg._wandb is not None and lg._wandb.mode == "offline"
         assert "wandb_key" not in lg._wandb.run.config and lg._wandb.run.config["stage"] == stage
@@ -74,16 +102,34 @@ def test_wandb_run_holds_the_keys_values_and_steps_of_metrics_jsonl_and_tensorbo
     run_dir = wandb_env / "run"
     t0 = time.monotonic()
     # driven as slime.train's loop: eval before training at step 0, then rollout k's row at step k + 1
-    sft = _stage(run_dir, "sft", ["--wandb-key", "not-a-real-key"], [
-        (0, {"eval/arith": 0.125}),
-        (1, {"train/sft_loss": torch.tensor(1.5), "perf/train_time": 0.25, "perf/step_time": 0.5}),
-        (2, {"train/sft_loss": 0.75, "train/grad_norm": float("nan"), "perf/step_time": 0.5, "eval/arith": 0.5}),
-    ])
-    rl = _stage(run_dir, "rl", [], [  # a second stage of the same run directory continues the run
-        (1, {"rollout/raw_reward": 0.25, "train/pg_loss": -0.0125, "rollout/response_len/mean": 7,
-             "note": "text is JSON-only", "flag": True}),
-        (2, {"rollout/raw_reward": 0.5, "train/pg_loss": float("inf"), "eval/arith": 0.75}),
-    ])
+    sft = _stage(
+        run_dir,
+        "sft",
+        ["--wandb-key", "not-a-real-key"],
+        [
+            (0, {"eval/arith": 0.125}),
+            (1, {"train/sft_loss": torch.tensor(1.5), "perf/train_time": 0.25, "perf/step_time": 0.5}),
+            (2, {"train/sft_loss": 0.75, "train/grad_norm": float("nan"), "perf/step_time": 0.5, "eval/arith": 0.5}),
+        ],
+    )
+    rl = _stage(
+        run_dir,
+        "rl",
+        [],
+        [  # a second stage of the same run directory continues the run
+            (
+                1,
+                {
+                    "rollout/raw_reward": 0.25,
+                    "train/pg_loss": -0.0125,
+                    "rollout/response_len/mean": 7,
+                    "note": "text is JSON-only",
+                    "flag": True,
+                },
+            ),
+            (2, {"rollout/raw_reward": 0.5, "train/pg_loss": float("inf"), "eval/arith": 0.75}),
+        ],
+    )
     elapsed = time.monotonic() - t0
     out = capsys.readouterr().out
     assert out.count("[slime] wandb: offline run ") == 2 and "upload it with `wandb sync`" in out
@@ -116,8 +162,19 @@ def test_wandb_run_holds_the_keys_values_and_steps_of_metrics_jsonl_and_tensorbo
 
 
 def test_no_key_means_offline_said_in_one_line_without_touching_the_network(wandb_env, capsys):
-    args = parse_args(BASE + ["--run-dir", str(wandb_env / "run"), "--use-wandb", "--disable-wandb-random-suffix",
-                              "--wandb-group", "exp1", "--wandb-dir", str(wandb_env / "wb")])
+    args = parse_args(
+        BASE
+        + [
+            "--run-dir",
+            str(wandb_env / "run"),
+            "--use-wandb",
+            "--disable-wandb-random-suffix",
+            "--wandb-group",
+            "exp1",
+            "--wandb-dir",
+            str(wandb_env / "wb"),
+        ]
+    )
     with MetricsLogger.from_args(args, console=False) as lg:
         assert lg._wandb.mode == "offline"
         assert lg._wandb.run.group == "exp1" and lg._wandb.run.name == "exp1"
@@ -142,10 +199,14 @@ def test_resolve_mode(monkeypatch):
     h = "https://wandb.example"
     assert resolve_mode("offline", None, h, env=env, have_credentials=never, reachable=never) == ("offline", None)
     assert resolve_mode("disabled", None, h, env=env, have_credentials=never, reachable=never) == ("disabled", None)
-    assert resolve_mode(None, None, h, env={"WANDB_MODE": "offline"}, have_credentials=never,
-                        reachable=never) == ("offline", None)
-    assert resolve_mode(None, None, h, env={"WANDB_MODE": "dryrun"}, have_credentials=never,
-                        reachable=never) == ("offline", None)
+    assert resolve_mode(None, None, h, env={"WANDB_MODE": "offline"}, have_credentials=never, reachable=never) == (
+        "offline",
+        None,
+    )
+    assert resolve_mode(None, None, h, env={"WANDB_MODE": "dryrun"}, have_credentials=never, reachable=never) == (
+        "offline",
+        None,
+    )
     # not asked: no key -> offline without probing; key but no answer -> offline; both -> online
     mode, why = resolve_mode(None, None, h, env=env, have_credentials=creds(False), reachable=never)
     assert mode == "offline" and "no API key" in why
@@ -160,14 +221,28 @@ def test_resolve_mode(monkeypatch):
     with pytest.raises(SlimeError, match="WANDB_MODE online"):
         resolve_mode(None, "k", h, env={"WANDB_MODE": "online"}, have_credentials=creds(True), reachable=reach(False))
     # the command line wins over the environment
-    assert resolve_mode("offline", None, h, env={"WANDB_MODE": "online"}, have_credentials=never,
-                        reachable=never) == ("offline", None)
+    assert resolve_mode("offline", None, h, env={"WANDB_MODE": "online"}, have_credentials=never, reachable=never) == (
+        "offline",
+        None,
+    )
 
 
 def test_explicit_online_without_network_stops_before_the_run(wandb_env, monkeypatch):
     monkeypatch.setattr(wandb_sink, "host_reachable", lambda url, timeout=2.0: False)
-    args = parse_args(BASE + ["--run-dir", str(wandb_env / "run"), "--use-wandb", "--wandb-mode", "online",
-                              "--wandb-key", "x" * 40, "--wandb-host", "http://127.0.0.1:9"])
+    args = parse_args(
+        BASE
+        + [
+            "--run-dir",
+            str(wandb_env / "run"),
+            "--use-wandb",
+            "--wandb-mode",
+            "online",
+            "--wandb-key",
+            "x" * 40,
+            "--wandb-host",
+            "http://127.0.0.1:9",
+        ]
+    )
     with pytest.raises(SlimeError, match="is not reachable"):
         MetricsLogger.from_args(args, console=False)
     assert not (wandb_env / "run" / "wandb").exists()
@@ -243,11 +318,24 @@ def test_options_not_used_here_are_named_once_at_start_up(tmp_path, capsys):
     from slime.arguments.logs import unused_note
 
     assert unused_note(parse_args(BASE)) is None
-    args = parse_args(BASE + ["--run-dir", str(tmp_path), "--wandb-always-use-train-step",
-                              "--wandb-project", "p", "--tb-project-name", "t"])
+    args = parse_args(
+        BASE
+        + [
+            "--run-dir",
+            str(tmp_path),
+            "--wandb-always-use-train-step",
+            "--wandb-project",
+            "p",
+            "--tb-project-name",
+            "t",
+        ]
+    )
     note = unused_note(args)
-    for opt in ("--wandb-always-use-train-step",
-                "--wandb-project (without --use-wandb)", "--tb-project-name (without --use-tensorboard)"):
+    for opt in (
+        "--wandb-always-use-train-step",
+        "--wandb-project (without --use-wandb)",
+        "--tb-project-name (without --use-tensorboard)",
+    ):
         assert note.count(opt) == 1, opt
     notes = startup_notes(args)  # what train() prints once at start-up
     assert sum(n.startswith("logging options accepted but not used") for n in notes) == 1
@@ -257,8 +345,9 @@ def test_tensorboard_directory_follows_slimes_options(tmp_path, monkeypatch):
     monkeypatch.delenv("TENSORBOARD_DIR", raising=False)
     run = str(tmp_path / "run")
     assert tensorboard_dir(parse_args(BASE + ["--run-dir", run, "--use-tensorboard"])) == Path(run) / "tensorboard"
-    named = parse_args(BASE + ["--run-dir", run, "--use-tensorboard", "--tb-project-name", "p",
-                               "--tb-experiment-name", "e"])
+    named = parse_args(
+        BASE + ["--run-dir", run, "--use-tensorboard", "--tb-project-name", "p", "--tb-experiment-name", "e"]
+    )
     assert tensorboard_dir(named) == Path("tensorboard_log/p/e")
     stamped = parse_args(BASE + ["--run-dir", run, "--use-tensorboard", "--tb-project-name", "p"])
     assert len(stamped.tb_experiment_name) == 15 and stamped.tb_experiment_name[8] == "_"  # slime's %Y%m%d_%H%M%S

@@ -32,8 +32,11 @@ def test_encode_apply_roundtrip_against_reference(encoding):
         assert raw == bytes(a ^ b for a, b in zip(new.tolist(), old.tolist()))
     else:  # reference: u4 count, u4 positions of the changed bytes, their new values
         changed = [i for i in range(4096) if new[i] != old[i]]
-        want = len(changed).to_bytes(4, "little") + b"".join(i.to_bytes(4, "little") for i in changed) + \
-            bytes(int(new[i]) for i in changed)
+        want = (
+            len(changed).to_bytes(4, "little")
+            + b"".join(i.to_bytes(4, "little") for i in changed)
+            + bytes(int(new[i]) for i in changed)
+        )
         assert raw == want
     region = old.copy()
     fmt.apply(encoding, region, fmt.decompress(fmt.compress(raw)))
@@ -59,10 +62,20 @@ def _publish_delta(source, version, base_version, local_tensors, new_tensors, en
         arrays[n] = torch.frombuffer(bytearray(fmt.compress(raw)), dtype=torch.uint8)
         digests[n] = fmt.checksum("xxh3-128", a) if not corrupt else "0" * 32
     save_file(arrays, str(vdir / "model-00001.safetensors"), metadata=digests)
-    (vdir / fmt.INDEX).write_text(json.dumps({"metadata": {
-        "version": version, "base_version": base_version, "delta_encoding": encoding,
-        "checksum_format": "xxh3-128", "compression_format": "zstd"},
-        "weight_map": {n: "model-00001.safetensors" for n in arrays}}))
+    (vdir / fmt.INDEX).write_text(
+        json.dumps(
+            {
+                "metadata": {
+                    "version": version,
+                    "base_version": base_version,
+                    "delta_encoding": encoding,
+                    "checksum_format": "xxh3-128",
+                    "compression_format": "zstd",
+                },
+                "weight_map": dict.fromkeys(arrays, "model-00001.safetensors"),
+            }
+        )
+    )
 
 
 def test_pull_chain_reset_apply_and_refusals(tmp_path):
@@ -92,9 +105,13 @@ def test_pull_chain_reset_apply_and_refusals(tmp_path):
 
 def test_weight_sync_options_follow_slimes_rules(tmp_path):
     a = parse_args(BASE)
-    assert (a.update_weight_mode, a.update_weight_transport, a.update_weight_delta_encoding,
-            a.update_weight_delta_checksum, a.update_weight_buffer_size) == ("full", "nccl", "xor", "xxh3-128",
-                                                                            512 * 1024 ** 2)
+    assert (
+        a.update_weight_mode,
+        a.update_weight_transport,
+        a.update_weight_delta_encoding,
+        a.update_weight_delta_checksum,
+        a.update_weight_buffer_size,
+    ) == ("full", "nccl", "xor", "xxh3-128", 512 * 1024**2)
     disk = ["--update-weight-transport", "disk", "--update-weight-disk-dir", str(tmp_path / "d")]
     delta = ["--update-weight-mode", "delta", *disk, "--update-weight-local-checkpoint-dir", str(tmp_path / "l")]
     assert parse_args(BASE + delta).update_weight_mode == "delta"

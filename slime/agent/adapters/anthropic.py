@@ -67,30 +67,47 @@ class AnthropicAdapter(BaseAdapter):
         if parsed.text or not parsed.tool_uses:
             blocks.append({"type": "text", "text": parsed.text})
         for tu in parsed.tool_uses:
-            blocks.append({"type": "tool_use", "id": f"toolu_{secrets.token_hex(12)}", "name": tu["name"],
-                           "input": tu.get("input") or {}})
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": f"toolu_{secrets.token_hex(12)}",
+                    "name": tu["name"],
+                    "input": tu.get("input") or {},
+                }
+            )
         stop = "tool_use" if parsed.tool_uses else ("max_tokens" if raw_finish == "length" else "end_turn")
         manager: dict[str, Any] = {"role": "assistant", "content": parsed.text}
         if parsed.reasoning:
             manager["reasoning_content"] = parsed.reasoning
         if parsed.tool_uses:
             manager["tool_calls"] = [tool_call_dict(tu["name"], tu.get("input")) for tu in parsed.tool_uses]
-        return Reply(manager_message=manager, finish_reason=manager_finish_reason(parsed.tool_uses, raw_finish),
-                     wire=(blocks, stop))
+        return Reply(
+            manager_message=manager,
+            finish_reason=manager_finish_reason(parsed.tool_uses, raw_finish),
+            wire=(blocks, stop),
+        )
 
     async def _respond(self, request, body, reply, in_tok, out_tok, stream) -> web.StreamResponse:
         blocks, stop = reply.wire
         model = body.get("model") or self.served_model_name
-        msg = {"id": f"msg_{secrets.token_hex(12)}", "type": "message", "role": "assistant", "model": model,
-               "content": blocks, "stop_reason": stop, "stop_sequence": None,
-               "usage": {"input_tokens": in_tok, "output_tokens": out_tok}}
+        msg = {
+            "id": f"msg_{secrets.token_hex(12)}",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": blocks,
+            "stop_reason": stop,
+            "stop_sequence": None,
+            "usage": {"input_tokens": in_tok, "output_tokens": out_tok},
+        }
         if stream:
             return await _stream(request, msg)
         return web.json_response(msg)
 
     def _error(self, err: AdapterError) -> web.Response:
-        return web.json_response({"type": "error", "error": {"type": err.kind, "message": err.message}},
-                                 status=err.status)
+        return web.json_response(
+            {"type": "error", "error": {"type": err.kind, "message": err.message}}, status=err.status
+        )
 
     async def _count_tokens(self, request: web.Request) -> web.Response:
         """The prompt's length under the served chat template (no session, nothing recorded)."""
@@ -113,8 +130,9 @@ def _translate_messages(messages: list, system: Any) -> list[dict]:
         out.append({"role": "system", "content": flatten_content(system)})
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant", "system"):
-            raise AdapterError(400, "invalid_request_error",
-                               f"messages.{i}: must be an object with role 'user' or 'assistant'")
+            raise AdapterError(
+                400, "invalid_request_error", f"messages.{i}: must be an object with role 'user' or 'assistant'"
+            )
         role, content = m["role"], m.get("content")
         blocks = content if isinstance(content, list) else [{"type": "text", "text": flatten_content(content)}]
         if role == "system":
@@ -160,9 +178,16 @@ def _tools(tools: Any) -> list[dict] | None:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or not t.get("name"):
             raise AdapterError(400, "invalid_request_error", f"tools.{i}.name: Field required")
-        out.append({"type": "function", "function": {
-            "name": t["name"], "description": t.get("description", ""),
-            "parameters": t.get("input_schema") or {"type": "object", "properties": {}}}})
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": t["name"],
+                    "description": t.get("description", ""),
+                    "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
+                },
+            }
+        )
     return out
 
 
@@ -175,13 +200,19 @@ async def _stream(request: web.Request, msg: dict) -> web.StreamResponse:
     async def event(name: str, data: dict) -> None:
         await out.write(f"event: {name}\ndata: {json.dumps({'type': name, **data}, ensure_ascii=False)}\n\n".encode())
 
-    start = {**msg, "content": [], "stop_reason": None,
-             "usage": {"input_tokens": msg["usage"]["input_tokens"], "output_tokens": 0}}
+    start = {
+        **msg,
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": msg["usage"]["input_tokens"], "output_tokens": 0},
+    }
     await event("message_start", {"message": start})
     for i, b in enumerate(msg["content"]):
         if b["type"] == "thinking":
-            first, delta = {"type": "thinking", "thinking": "", "signature": ""}, \
-                {"type": "thinking_delta", "thinking": b["thinking"]}
+            first, delta = (
+                {"type": "thinking", "thinking": "", "signature": ""},
+                {"type": "thinking_delta", "thinking": b["thinking"]},
+            )
         elif b["type"] == "text":
             first, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": b["text"]}
         else:
@@ -190,8 +221,13 @@ async def _stream(request: web.Request, msg: dict) -> web.StreamResponse:
         await event("content_block_start", {"index": i, "content_block": first})
         await event("content_block_delta", {"index": i, "delta": delta})
         await event("content_block_stop", {"index": i})
-    await event("message_delta", {"delta": {"stop_reason": msg["stop_reason"], "stop_sequence": None},
-                                  "usage": {"output_tokens": msg["usage"]["output_tokens"]}})
+    await event(
+        "message_delta",
+        {
+            "delta": {"stop_reason": msg["stop_reason"], "stop_sequence": None},
+            "usage": {"output_tokens": msg["usage"]["output_tokens"]},
+        },
+    )
     await event("message_stop", {})
     await out.write_eof()
     return out

@@ -47,8 +47,18 @@ from slime.agent.parsing import (
 from slime.agent.trajectory import TrajectoryManager, TurnRecord
 from slime.utils.api_keys import auth_headers
 
-__all__ = ["AdapterError", "BaseAdapter", "Reply", "Session", "TurnRecord", "flatten_content",
-           "manager_finish_reason", "sid_from_bearer", "sid_from_body", "tool_call_dict"]
+__all__ = [
+    "AdapterError",
+    "BaseAdapter",
+    "Reply",
+    "Session",
+    "TurnRecord",
+    "flatten_content",
+    "manager_finish_reason",
+    "sid_from_bearer",
+    "sid_from_body",
+    "tool_call_dict",
+]
 
 
 @dataclasses.dataclass
@@ -148,10 +158,19 @@ class BaseAdapter:
     max_token_keys: tuple[str, ...] = ()
     stop_keys: tuple[str, ...] = ()
 
-    def __init__(self, *, tokenizer, sglang_url: str, tool_parser: str | None = None,
-                 reasoning_parser: str | None = None, max_turns_per_sid: int | None = None,
-                 engine_api_key: str | None = None, served_model_name: str = "slime-actor",
-                 chat_template_kwargs: dict | None = None, debug_callback: Callable[..., None] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        tokenizer,
+        sglang_url: str,
+        tool_parser: str | None = None,
+        reasoning_parser: str | None = None,
+        max_turns_per_sid: int | None = None,
+        engine_api_key: str | None = None,
+        served_model_name: str = "slime-actor",
+        chat_template_kwargs: dict | None = None,
+        debug_callback: Callable[..., None] | None = None,
+    ) -> None:
         check_parser_names(tool_parser, reasoning_parser)
         if max_turns_per_sid is not None and max_turns_per_sid < 1:
             raise ValueError(f"max_turns_per_sid must be >= 1 or None, got {max_turns_per_sid}")
@@ -191,8 +210,9 @@ class BaseAdapter:
     def _build_reply(self, parsed: ParsedModelOutput, raw_finish: str) -> Reply:
         raise NotImplementedError
 
-    async def _respond(self, request: web.Request, body: dict, reply: Reply, in_tok: int, out_tok: int,
-                       stream: bool) -> web.StreamResponse:
+    async def _respond(
+        self, request: web.Request, body: dict, reply: Reply, in_tok: int, out_tok: int, stream: bool
+    ) -> web.StreamResponse:
         raise NotImplementedError
 
     def _error(self, err: AdapterError) -> web.Response:
@@ -229,16 +249,21 @@ class BaseAdapter:
         except Exception:
             self.logger.exception("[%s] sid=%s: draining its requests failed", self.log_prefix, sid)
 
-    async def finish_session(self, sid: str, *, base_sample, reward: Any = 0.0, extra_metadata: dict | None = None,
-                             wait_timeout: float = 5.0) -> list:
+    async def finish_session(
+        self, sid: str, *, base_sample, reward: Any = 0.0, extra_metadata: dict | None = None, wait_timeout: float = 5.0
+    ) -> list:
         """The session's samples (`TrajectoryManager.get_trajectory`), each with `.response` decoded
         from its response tokens; [] (and a warning) for a session with no turns."""
         await self.shutdown_session(sid, wait_timeout=wait_timeout)
         session = self.store.pop(sid, None)
         self._sid_turn_count.pop(sid, None)
-        samples = self.manager.get_trajectory(sid, base_sample=base_sample, reward=reward,
-                                              extra_metadata=extra_metadata,
-                                              max_sample_tokens=session.max_context_tokens if session else 0)
+        samples = self.manager.get_trajectory(
+            sid,
+            base_sample=base_sample,
+            reward=reward,
+            extra_metadata=extra_metadata,
+            max_sample_tokens=session.max_context_tokens if session else 0,
+        )
         if not samples:
             self.logger.warning("[%s] session %s ended with no turns: no samples", self.log_prefix, sid)
         for s in samples:
@@ -257,8 +282,9 @@ class BaseAdapter:
         kwargs = dict(self.chat_template_kwargs)
         if tools:
             kwargs["tools"] = tools
-        return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                  add_generation_prompt=add_generation_prompt, **kwargs)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        )
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -274,7 +300,7 @@ class BaseAdapter:
             # the template renders the reply as the model wrote it (plain text; also a turn cut by length)
             produced = before + self.tokenizer.decode(rec.output_ids, skip_special_tokens=False)
             if full.startswith(produced):
-                return spliced + self._encode(full[len(produced):])
+                return spliced + self._encode(full[len(produced) :])
             # the template renders the reply its own way (tool calls, reasoning, stripped spaces), but
             # closes it with the special token the model ended on (EOS): continue after that token
             if rec.output_ids[-1] in self._special_ids:
@@ -282,7 +308,7 @@ class BaseAdapter:
                 upto = self._render_text(messages[: k + 1], tools, False)
                 idx = upto.rfind(end)
                 if idx >= len(before) and full.startswith(upto[: idx + len(end)]):
-                    return spliced + self._encode(full[idx + len(end):])
+                    return spliced + self._encode(full[idx + len(end) :])
         return self._encode(full)
 
     # -- one turn ---------------------------------------------------------------------------
@@ -290,8 +316,12 @@ class BaseAdapter:
         return web.json_response({"ok": True})
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [
-            {"id": self.served_model_name, "object": "model", "created": 0, "owned_by": "slime"}]})
+        return web.json_response(
+            {
+                "object": "list",
+                "data": [{"id": self.served_model_name, "object": "model", "created": 0, "owned_by": "slime"}],
+            }
+        )
 
     def _check_turn_cap(self, sid: str) -> None:
         cap = self.max_turns_per_sid
@@ -300,9 +330,12 @@ class BaseAdapter:
         prior = self._sid_turn_count.get(sid, 0)
         if prior >= cap:
             self.logger.warning("[%s] sid=%s exceeded max_turns_per_sid=%d", self.log_prefix, sid, cap)
-            raise AdapterError(429, "rate_limit_error",
-                               f"session {sid!r} exceeded max_turns_per_sid={cap}; no more turns are served",
-                               code="rate_limit_exceeded")
+            raise AdapterError(
+                429,
+                "rate_limit_error",
+                f"session {sid!r} exceeded max_turns_per_sid={cap}; no more turns are served",
+                code="rate_limit_exceeded",
+            )
         self._sid_turn_count[sid] = prior + 1
 
     def _sampling_params(self, session: Session, body: dict) -> dict:
@@ -312,8 +345,9 @@ class BaseAdapter:
                 try:
                     n = int(body[key])
                 except (TypeError, ValueError):
-                    raise AdapterError(400, "invalid_request_error", f"{key} must be an integer, got {body[key]!r}",
-                                       param=key) from None
+                    raise AdapterError(
+                        400, "invalid_request_error", f"{key} must be an integer, got {body[key]!r}", param=key
+                    ) from None
                 if n < 1:
                     raise AdapterError(400, "invalid_request_error", f"{key} must be >= 1, got {n}", param=key)
                 cap = sp.get("max_new_tokens")
@@ -342,8 +376,11 @@ class BaseAdapter:
         self._preprocess_body(body)
         sid = self._session_id(request, body)
         if sid in self.closed:
-            raise AdapterError(503, "overloaded_error" if self.log_prefix.startswith("anthropic") else "server_error",
-                               f"session {sid!r} is closed")
+            raise AdapterError(
+                503,
+                "overloaded_error" if self.log_prefix.startswith("anthropic") else "server_error",
+                f"session {sid!r} is closed",
+            )
         self._check_turn_cap(sid)
         session = self.store.setdefault(sid, Session())  # an unknown session is served, as slime does
         task = asyncio.current_task()
@@ -356,42 +393,53 @@ class BaseAdapter:
             try:
                 prompt_ids = self.render_prompt(sid, messages, tools)
             except Exception as e:  # the chat template refused the conversation
-                raise AdapterError(400, "invalid_request_error",
-                                   f"the chat template could not render the messages: {e}", param="messages") from e
+                raise AdapterError(
+                    400,
+                    "invalid_request_error",
+                    f"the chat template could not render the messages: {e}",
+                    param="messages",
+                ) from e
             sp = self._sampling_params(session, body)
             if session.max_context_tokens > 0:
                 room = session.max_context_tokens - len(prompt_ids)
                 if room <= 0:
                     raise AdapterError(
-                        400, "invalid_request_error",
+                        400,
+                        "invalid_request_error",
                         f"prompt is too long: {len(prompt_ids)} tokens >= max_context_tokens "
                         f"{session.max_context_tokens} of session {sid!r}",
-                        code="context_length_exceeded", param="messages")
-                sp["max_new_tokens"] = room if sp.get("max_new_tokens") is None else min(int(sp["max_new_tokens"]),
-                                                                                         room)
+                        code="context_length_exceeded",
+                        param="messages",
+                    )
+                sp["max_new_tokens"] = (
+                    room if sp.get("max_new_tokens") is None else min(int(sp["max_new_tokens"]), room)
+                )
             turn = await self._generate(prompt_ids, sp, sid)
             out = turn.output_ids
             if out and turn.finish_reason == "stop" and out[-1] in self._special_ids:  # the end-of-turn token
                 out = out[:-1]
             raw = self.tokenizer.decode(out, skip_special_tokens=False) if out else ""
-            parsed = parse_model_output(raw, tools_schema=tools, tool_parser_name=self.tool_parser,
-                                        reasoning_parser_name=self.reasoning_parser)
+            parsed = parse_model_output(
+                raw, tools_schema=tools, tool_parser_name=self.tool_parser, reasoning_parser_name=self.reasoning_parser
+            )
             reply = self._build_reply(parsed, turn.finish_reason)
             turn = dataclasses.replace(turn, ill_formed=parsed.ill_formed)
             stream = body.get("stream") is True
             try:  # answer first: a client that went away must not leave a turn it never saw
                 response = await self._respond(request, body, reply, len(prompt_ids), len(turn.output_ids), stream)
             except ConnectionResetError:
-                self.logger.warning("[%s] sid=%s client went away after %.1fs", self.log_prefix, sid,
-                                    time.monotonic() - t0)
+                self.logger.warning(
+                    "[%s] sid=%s client went away after %.1fs", self.log_prefix, sid, time.monotonic() - t0
+                )
                 return web.Response(status=499, text="client disconnected")
             if self.debug_callback is not None:
                 try:
                     self.debug_callback(sid, messages, tools, reply.manager_message, turn)
                 except Exception:
                     self.logger.exception("[%s] debug_callback failed (sid=%s)", self.log_prefix, sid)
-            self.manager.record_turn(sid, turn=turn, prompt_messages=messages, response_message=reply.manager_message,
-                                     metadata={"sid": sid})
+            self.manager.record_turn(
+                sid, turn=turn, prompt_messages=messages, response_message=reply.manager_message, metadata={"sid": sid}
+            )
             return response
         finally:
             self.inflight.get(sid, set()).discard(task)
@@ -406,14 +454,19 @@ class BaseAdapter:
         rid = uuid.uuid4().hex
         payload = {"rid": rid, "input_ids": list(prompt_ids), "sampling_params": sp, "return_logprob": True}
         try:
-            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_read=900),
-                                             trust_env=False) as http, \
-                    http.post(url, json=payload, headers=headers) as r:
+            async with (
+                aiohttp.ClientSession(
+                    timeout=aiohttp.ClientTimeout(total=None, sock_read=900), trust_env=False
+                ) as http,
+                http.post(url, json=payload, headers=headers) as r,
+            ):
                 if r.status >= 400:
                     text = await r.text()
                     self.logger.warning("[%s] sid=%s engine answered %d: %.300s", self.log_prefix, sid, r.status, text)
                     if r.status < 500:
-                        raise AdapterError(400, "invalid_request_error", f"the engine refused the request: {text[:400]}")
+                        raise AdapterError(
+                            400, "invalid_request_error", f"the engine refused the request: {text[:400]}"
+                        )
                     raise AdapterError(502, "api_error", f"the engine failed ({r.status}): {text[:400]}")
                 data = await r.json(content_type=None)
         except (TimeoutError, asyncio.CancelledError, aiohttp.ClientError) as e:
@@ -421,10 +474,13 @@ class BaseAdapter:
                 self.logger.warning("[%s] sid=%s engine unreachable: %s", self.log_prefix, sid, e)
             try:  # free the engine's slot now rather than at the turn's length limit
                 async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5), trust_env=False) as http:
-                    await http.post(f"{self.sglang_url}/abort_request", json={"rid": rid},
-                                    headers=auth_headers(f"{self.sglang_url}/abort_request") if
-                                    self.engine_api_key is None else
-                                    {"Authorization": f"Bearer {self.engine_api_key}"})
+                    await http.post(
+                        f"{self.sglang_url}/abort_request",
+                        json={"rid": rid},
+                        headers=auth_headers(f"{self.sglang_url}/abort_request")
+                        if self.engine_api_key is None
+                        else {"Authorization": f"Bearer {self.engine_api_key}"},
+                    )
             except Exception:
                 pass
             if isinstance(e, aiohttp.ClientError):
@@ -436,5 +492,10 @@ class BaseAdapter:
         log_probs = [float(p[0]) for p in pairs]
         finish = (meta.get("finish_reason") or {}).get("type") or "stop"
         version = meta.get("weight_version")
-        return TurnRecord(prompt_ids=list(prompt_ids), output_ids=output_ids, finish_reason=finish,
-                          output_log_probs=log_probs, weight_version=None if version is None else str(version))
+        return TurnRecord(
+            prompt_ids=list(prompt_ids),
+            output_ids=output_ids,
+            finish_reason=finish,
+            output_log_probs=log_probs,
+            weight_version=None if version is None else str(version),
+        )

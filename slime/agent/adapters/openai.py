@@ -60,23 +60,33 @@ class OpenAIAdapter(BaseAdapter):
     def _build_reply(self, parsed: ParsedModelOutput, raw_finish: str) -> Reply:
         wire, manager_message = _reply_messages(parsed)
         finish = "tool_calls" if parsed.tool_uses else ("length" if raw_finish == "length" else "stop")
-        return Reply(manager_message=manager_message, finish_reason=manager_finish_reason(parsed.tool_uses, raw_finish),
-                     wire=(wire, finish))
+        return Reply(
+            manager_message=manager_message,
+            finish_reason=manager_finish_reason(parsed.tool_uses, raw_finish),
+            wire=(wire, finish),
+        )
 
     async def _respond(self, request, body, reply, in_tok, out_tok, stream) -> web.StreamResponse:
         wire, finish = reply.wire
         model = body.get("model") or self.served_model_name
         if stream:
             return await _stream(request, model, wire, finish, in_tok, out_tok, body)
-        return web.json_response({
-            "id": f"chatcmpl-{secrets.token_hex(12)}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": wire, "finish_reason": finish, "logprobs": None}],
-            "usage": _usage(in_tok, out_tok)})
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{secrets.token_hex(12)}",
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "message": wire, "finish_reason": finish, "logprobs": None}],
+                "usage": _usage(in_tok, out_tok),
+            }
+        )
 
     def _error(self, err: AdapterError) -> web.Response:
         kind = {429: "rate_limit_error"}.get(err.status, err.kind)
-        return web.json_response({"error": {"message": err.message, "type": kind, "param": err.param,
-                                            "code": err.code}}, status=err.status)
+        return web.json_response(
+            {"error": {"message": err.message, "type": kind, "param": err.param, "code": err.code}}, status=err.status
+        )
 
 
 def _arguments_dict(arguments: Any) -> dict:
@@ -100,8 +110,9 @@ def _translate_messages(messages: list) -> list[dict]:
     out: list[dict] = []
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise AdapterError(400, "invalid_request_error", f"messages[{i}] must be an object with a role",
-                               param=f"messages[{i}]")
+            raise AdapterError(
+                400, "invalid_request_error", f"messages[{i}] must be an object with a role", param=f"messages[{i}]"
+            )
         role = msg["role"]
         if role == "developer":
             role = "system"
@@ -111,15 +122,24 @@ def _translate_messages(messages: list) -> list[dict]:
             m: dict[str, Any] = {"role": "assistant", "content": flatten_content(msg.get("content"))}
             if msg.get("reasoning_content"):
                 m["reasoning_content"] = msg["reasoning_content"]
-            calls = [tool_call_dict((c.get("function") or {}).get("name") or "tool",
-                                    _arguments_dict((c.get("function") or {}).get("arguments")))
-                     for c in msg.get("tool_calls") or [] if isinstance(c, dict)]
+            calls = [
+                tool_call_dict(
+                    (c.get("function") or {}).get("name") or "tool",
+                    _arguments_dict((c.get("function") or {}).get("arguments")),
+                )
+                for c in msg.get("tool_calls") or []
+                if isinstance(c, dict)
+            ]
             if calls:
                 m["tool_calls"] = calls
             out.append(m)
         else:
-            raise AdapterError(400, "invalid_request_error", f"messages[{i}].role {role!r} is not supported",
-                               param=f"messages[{i}].role")
+            raise AdapterError(
+                400,
+                "invalid_request_error",
+                f"messages[{i}].role {role!r} is not supported",
+                param=f"messages[{i}].role",
+            )
     return out
 
 
@@ -132,11 +152,22 @@ def _tools(tools: Any) -> list[dict] | None:
     for i, t in enumerate(tools):
         fn = t.get("function") if isinstance(t, dict) else None
         if not isinstance(fn, dict) or not fn.get("name"):
-            raise AdapterError(400, "invalid_request_error", f"tools[{i}] must be {{'type': 'function', "
-                               "'function': {'name': ..., 'parameters': ...}}", param=f"tools[{i}]")
-        out.append({"type": "function", "function": {
-            "name": fn["name"], "description": fn.get("description", ""),
-            "parameters": fn.get("parameters") or {"type": "object", "properties": {}}}})
+            raise AdapterError(
+                400,
+                "invalid_request_error",
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}",
+                param=f"tools[{i}]",
+            )
+        out.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": fn["name"],
+                    "description": fn.get("description", ""),
+                    "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
+                },
+            }
+        )
     return out
 
 
@@ -149,9 +180,14 @@ def _reply_messages(parsed: ParsedModelOutput) -> tuple[dict, dict]:
         wire["reasoning_content"] = parsed.reasoning
         manager["reasoning_content"] = parsed.reasoning
     if calls:
-        wire["tool_calls"] = [{"id": cid, "type": "function",
-                               "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}}
-                              for cid, name, args in calls]
+        wire["tool_calls"] = [
+            {
+                "id": cid,
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)},
+            }
+            for cid, name, args in calls
+        ]
         manager["tool_calls"] = [tool_call_dict(name, args) for _, name, args in calls]
     return wire, manager
 
@@ -169,9 +205,13 @@ async def _stream(request, model, wire, finish, in_tok, out_tok, body) -> web.St
     cid, created = f"chatcmpl-{secrets.token_hex(12)}", int(time.time())
 
     async def emit(delta: dict | None, finish_reason: str | None = None, usage: dict | None = None) -> None:
-        chunk: dict[str, Any] = {"id": cid, "object": "chat.completion.chunk", "created": created, "model": model,
-                                 "choices": [] if delta is None else
-                                 [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+        chunk: dict[str, Any] = {
+            "id": cid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        }
         if usage is not None:
             chunk["usage"] = usage
         await out.write(f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n".encode())

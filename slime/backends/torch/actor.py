@@ -32,39 +32,57 @@ from transformers import AutoModelForCausalLM
 from slime.algorithms.losses import reduce_loss, sft_loss
 from slime.backends.torch import checkpoint
 from slime.backends.torch.batching import (
-    build_micro_batch, make_micro_batch, pack, plan_micro_batches, response_log_probs,
-)
-from slime.backends.torch.device import (
-    autocast, memory_metrics, process_group_backend, reset_peak_memory, select_device, to_device, to_host,
+    build_micro_batch,
+    make_micro_batch,
+    pack,
+    plan_micro_batches,
+    response_log_probs,
 )
 from slime.backends.torch.critic import Critic
+from slime.backends.torch.device import (
+    autocast,
+    memory_metrics,
+    process_group_backend,
+    reset_peak_memory,
+    select_device,
+    to_device,
+    to_host,
+)
 from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
+from slime.backends.torch.offload import TrainOffload
 from slime.backends.torch.optim import build_optimizer, reset_adam_state, select_trainable
+from slime.engine.client import set_default_timeout as set_engine_timeout
 from slime.observability.ci_checks import check_logprob_diff, check_train_step, save_or_check_grad_norm
 from slime.observability.debug_data import save_train_data
 from slime.observability.profile_utils import TrainProfiler
 from slime.observability.sample_log import write_advantages
-from slime.sync.distributed import DistributedWeightSync
-from slime.engine.client import set_default_timeout as set_engine_timeout
 from slime.sync.disk import DiskWeightSync
+from slime.sync.distributed import DistributedWeightSync
 from slime.sync.shm import SharedMemoryWeightSync
 from slime.sync.tensor import dedupe_tied, engine_sequence_log_probs
+from slime.utils.accelerator import check_bf16
 from slime.utils.api_keys import register as register_keys
 from slime.utils.checkpoint_layout import write_weight_snapshot
+from slime.utils.core_lending import CoreBorrower, Lender
+from slime.utils.cores import pin_to_cores
 from slime.utils.misc import load_function
 from slime.utils.seqlen_balancing import balanced_order
-from slime.utils.accelerator import check_bf16
-from slime.utils.core_lending import CoreBorrower, Lender
 from slime.utils.threads import configure_torch_threads
-from slime.utils.cores import pin_to_cores
-from slime.backends.torch.offload import TrainOffload
 
 logger = logging.getLogger(__name__)
 
 
 class TrainActor:
-    def __init__(self, args: Namespace, rank: int, world_size: int, master_addr: str, master_port: int,
-                 num_threads: int, device: str | None = None) -> None:
+    def __init__(
+        self,
+        args: Namespace,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        num_threads: int,
+        device: str | None = None,
+    ) -> None:
         self.args, self.rank, self.world_size = args, rank, world_size
         self.master_addr, self.master_port, self.num_threads = master_addr, master_port, num_threads
         self.requested_device = device  # None: CUDA (one GPU per rank) when torch sees one, else the CPU
@@ -90,8 +108,12 @@ class TrainActor:
         if self.world_size > 1:
             os.environ.update(MASTER_ADDR=self.master_addr, MASTER_PORT=str(self.master_port))
             # a collective waits --distributed-timeout-minutes (slime: 10) for a rank that died, not gloo's 30
-            dist.init_process_group(process_group_backend(self.device), rank=self.rank, world_size=self.world_size,
-                                    timeout=timedelta(minutes=self.args.distributed_timeout_minutes))
+            dist.init_process_group(
+                process_group_backend(self.device),
+                rank=self.rank,
+                world_size=self.world_size,
+                timeout=timedelta(minutes=self.args.distributed_timeout_minutes),
+            )
         set_engine_timeout(self.args.engine_control_timeout_secs)
 
         # the initial policy is --ref-load's weights (= --hf-checkpoint unless given), as slime's
@@ -163,25 +185,37 @@ class TrainActor:
 
     def _plan(self, data: dict[str, Any], indices: list[int]) -> list[list[int]]:
         a = self.args
-        return plan_micro_batches(data, indices, a.micro_batch_size,
-                                  a.max_tokens_per_gpu if a.use_dynamic_batch_size else None)
+        return plan_micro_batches(
+            data, indices, a.micro_batch_size, a.max_tokens_per_gpu if a.use_dynamic_batch_size else None
+        )
 
     def _micro_batch(self, data: dict[str, Any], indices: list[int]):
         a = self.args
-        return to_device(build_micro_batch(data, indices, a.use_dynamic_batch_size, self.pad_id,
-                                           a.share_prompt_forward), self.device)
+        return to_device(
+            build_micro_batch(data, indices, a.use_dynamic_batch_size, self.pad_id, a.share_prompt_forward), self.device
+        )
 
     @torch.no_grad()
-    def _forward_only(self, data: dict[str, Any], indices: list[int], model: torch.nn.Module,
-                      entropy_out: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+    def _forward_only(
+        self,
+        data: dict[str, Any],
+        indices: list[int],
+        model: torch.nn.Module,
+        entropy_out: list[torch.Tensor] | None = None,
+    ) -> list[torch.Tensor]:
         """Per-sample response log-probs; per-sample entropies appended to ``entropy_out`` if given."""
         out: list[torch.Tensor] = []
         was_training = model.training
         model.eval()
         for mb_indices in self._plan(data, indices):
             mb = self._micro_batch(data, mb_indices)
-            lp, ent = response_log_probs(model, mb, self.args.rollout_temperature, with_entropy=entropy_out is not None,
-                                         chunk_size=self.args.log_probs_chunk_size)
+            lp, ent = response_log_probs(
+                model,
+                mb,
+                self.args.rollout_temperature,
+                with_entropy=entropy_out is not None,
+                chunk_size=self.args.log_probs_chunk_size,
+            )
             lp, ent = to_host(lp), to_host(ent)  # per-token values live on the host (no-op on the CPU)
             out += list(torch.split(lp, mb.response_lengths))
             if entropy_out is not None:
@@ -283,15 +317,25 @@ class TrainActor:
             return False
         # --use-tis reads the old log-probs only inside the loss (its weights: old against rollout), where
         # they are the training forward's own: it needs no separate pass either
-        needs_old_before = (a.use_opsm, a.get_mismatch_metrics, a.use_rollout_entropy, a.kl_coef != 0.0,
-                            a.use_opd, a.custom_advantage_function_path, a.rollout_data_postprocess_path,
-                            a.save_debug_train_data is not None)
+        needs_old_before = (
+            a.use_opsm,
+            a.get_mismatch_metrics,
+            a.use_rollout_entropy,
+            a.kl_coef != 0.0,
+            a.use_opd,
+            a.custom_advantage_function_path,
+            a.rollout_data_postprocess_path,
+            a.save_debug_train_data is not None,
+        )
         if any(needs_old_before):
             return False
         # dropout: the training forward (train mode) would not be the old policy's (eval mode)
         config = self.model.config.to_dict()
-        return not any(isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-                       for k, v in config.items() if "dropout" in k)
+        return not any(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+            for k, v in config.items()
+            if "dropout" in k
+        )
 
     def _reused_forward_metrics(self, data: dict[str, Any], mine: list[int]) -> dict[str, float]:
         """What the separate pass would have reported, from the training forward's log-probs."""
@@ -301,14 +345,17 @@ class TrainActor:
         diff = (pack(data["training_forward_log_probs"], mine) - pack(data["rollout_log_probs"], mine)).abs()
         return {"train/train_rollout_logprob_abs_diff": token_mean([diff])}
 
-    def _postprocess(self, data: dict[str, Any], mine: list[int], rollout_id: int, rollout_data: dict[str, Any]) -> None:
+    def _postprocess(
+        self, data: dict[str, Any], mine: list[int], rollout_id: int, rollout_data: dict[str, Any]
+    ) -> None:
         """slime's ``--rollout-data-postprocess-path`` (after advantages, before training). Its
         ``loss_masks`` are the ones trained on (a special loss mask, e.g. from ``entropy``); the
         per-sample denominators stay those the rollout delivered (``rollout_mask_sums``), as slime's."""
         if not self.args.rollout_data_postprocess_path:
             return
         load_function(self.args.rollout_data_postprocess_path, arg_name="--rollout-data-postprocess-path")(
-            self.args, rollout_id, rollout_data)
+            self.args, rollout_id, rollout_data
+        )
         data["loss_masks"] = list(data["loss_masks"])
         for i, m in zip(mine, rollout_data["loss_masks"], strict=True):
             data["loss_masks"][i] = m
@@ -360,9 +407,12 @@ class TrainActor:
         n = len(data["tokens"])
         order = list(range(n))
         if args.balance_data and self.world_size > 1 and n % self.world_size == 0:  # even tokens per rank
-            order = balanced_order([len(t) for t in data["tokens"]], self.world_size,
-                                   args.global_batch_size // self.world_size)
-        mine = [order[i] for s in range(0, n, args.global_batch_size) for i in self._my_slice(s, args.global_batch_size)]
+            order = balanced_order(
+                [len(t) for t in data["tokens"]], self.world_size, args.global_batch_size // self.world_size
+            )
+        mine = [
+            order[i] for s in range(0, n, args.global_batch_size) for i in self._my_slice(s, args.global_batch_size)
+        ]
         if args.reset_optimizer_states:  # slime: at the start of every rollout's training, critic's too
             reset_adam_state(self.optimizer)
             if self.critic is not None:
@@ -374,7 +424,8 @@ class TrainActor:
         critic_only = self.critic is not None and rollout_id < args.num_critic_only_steps
         per_rank_gbs = args.global_batch_size // self.world_size
         self._reuse_training_forward = self._can_reuse_training_forward(
-            len(range(0, len(mine), per_rank_gbs)), critic_only)
+            len(range(0, len(mine), per_rank_gbs)), critic_only
+        )
         if args.loss_type != "sft_loss" and args.compute_advantages_and_returns:
             with self.prof.phase("train_log_probs"):
                 extra = self._prepare_rl_data(data, mine, rollout_id)
@@ -407,8 +458,17 @@ class TrainActor:
             self.ref_model.load_state_dict(self._full_state_every_rank())
         metrics["perf/train_time"] = time.perf_counter() - t0
         self.prof.step()
-        for key in ("old_log_probs", "train_log_probs", "ref_log_probs", "advantages", "returns", "values",
-                    "mismatch_log_probs", "training_forward_log_probs", *(("rollout_mask_sums",) if own_denoms else ())):
+        for key in (
+            "old_log_probs",
+            "train_log_probs",
+            "ref_log_probs",
+            "advantages",
+            "returns",
+            "values",
+            "mismatch_log_probs",
+            "training_forward_log_probs",
+            *(("rollout_mask_sums",) if own_denoms else ()),
+        ):
             data.pop(key, None)
         return metrics
 
@@ -416,30 +476,51 @@ class TrainActor:
         """--ci-test's on-policy checks and --ci-save/load-grad-norm on one optimizer step."""
         check_train_step(self.args, rollout_id, step_id, step_metrics)
         if "train/grad_norm" in step_metrics:
-            save_or_check_grad_norm(self.args, rollout_id, step_id, step_metrics["train/grad_norm"],
-                                    writer=self.is_rank0())
+            save_or_check_grad_norm(
+                self.args, rollout_id, step_id, step_metrics["train/grad_norm"], writer=self.is_rank0()
+            )
 
     # per-sample columns of --save-debug-train-data: saved name -> column of the train data
-    DEBUG_TRAIN_COLUMNS = {"tokens": "tokens", "response_length": "response_lengths", "loss_mask": "loss_masks",
-                           "reward": "rewards", "raw_reward": "raw_reward", "log_probs": "old_log_probs",
-                           "ref_log_probs": "ref_log_probs", "rollout_log_probs": "rollout_log_probs",
-                           "advantages": "advantages", "returns": "returns", "values": "values"}
+    DEBUG_TRAIN_COLUMNS = {
+        "tokens": "tokens",
+        "response_length": "response_lengths",
+        "loss_mask": "loss_masks",
+        "reward": "rewards",
+        "raw_reward": "raw_reward",
+        "log_probs": "old_log_probs",
+        "ref_log_probs": "ref_log_probs",
+        "rollout_log_probs": "rollout_log_probs",
+        "advantages": "advantages",
+        "returns": "returns",
+        "values": "values",
+    }
 
     def _save_debug_train_data(self, rollout_id: int, data: dict[str, Any], mine: list[int]) -> None:
         """--save-debug-train-data: rank 0 writes every rank's samples with what was computed for them."""
+
         def plain(v: Any) -> Any:
             return v.tolist() if isinstance(v, torch.Tensor) else v
 
-        local = [{"sample_index": i, "data_parallel_rank": self.rank,
-                  **{name: plain(data[col][i]) for name, col in self.DEBUG_TRAIN_COLUMNS.items() if col in data}}
-                 for i in mine]
+        local = [
+            {
+                "sample_index": i,
+                "data_parallel_rank": self.rank,
+                **{name: plain(data[col][i]) for name, col in self.DEBUG_TRAIN_COLUMNS.items() if col in data},
+            }
+            for i in mine
+        ]
         if self.world_size > 1:
             parts: list[Any] | None = [None] * self.world_size if self.is_rank0() else None
             dist.gather_object(local, parts, dst=0)
             local = [s for part in parts or [] for s in part]
         if self.is_rank0():
-            save_train_data(self.args.save_debug_train_data, rollout_id, self.rank, local,
-                            readable=self.args.dump_details is not None)
+            save_train_data(
+                self.args.save_debug_train_data,
+                rollout_id,
+                self.rank,
+                local,
+                readable=self.args.dump_details is not None,
+            )
 
     def _reduce_kw(self, data: dict[str, Any], indices: list[int]) -> dict[str, Any]:
         """Global-batch denominators of slime's two reductions (same for every micro-batch of the step)."""
@@ -454,8 +535,11 @@ class TrainActor:
             mean_tokens, mean_samples = (float(x) / self.world_size for x in t)  # FSDP averages grads over ranks
             num_tokens = mean_tokens if args.calculate_per_token_loss else num_tokens
             num_samples = mean_samples if excluded else num_samples
-        return dict(calculate_per_token_loss=args.calculate_per_token_loss,
-                    num_samples=max(num_samples, 1.0) if excluded else len(indices), num_tokens=max(num_tokens, 1.0))
+        return dict(
+            calculate_per_token_loss=args.calculate_per_token_loss,
+            num_samples=max(num_samples, 1.0) if excluded else len(indices),
+            num_tokens=max(num_tokens, 1.0),
+        )
 
     def _optimizer_step(self, data: dict[str, Any], indices: list[int], reduce_kw: dict[str, Any]) -> dict[str, float]:
         args = self.args
@@ -465,13 +549,19 @@ class TrainActor:
             mb = self._micro_batch(data, mb_indices)
             masks = mb.loss_masks
             # the entropy is always logged; it needs a graph only when it is in the loss
-            log_probs, entropy = response_log_probs(self.model, mb, args.rollout_temperature, with_entropy=True,
-                                                    chunk_size=args.log_probs_chunk_size,
-                                                    entropy_grad=args.entropy_coef != 0.0)
+            log_probs, entropy = response_log_probs(
+                self.model,
+                mb,
+                args.rollout_temperature,
+                with_entropy=True,
+                chunk_size=args.log_probs_chunk_size,
+                entropy_grad=args.entropy_coef != 0.0,
+            )
             log_probs, entropy = to_host(log_probs), to_host(entropy)  # the losses run on the host
             if self._reuse_training_forward:  # the old log-probs of this rollout's single step
                 data.setdefault("training_forward_log_probs", {}).update(
-                    zip(mb.indices, torch.split(log_probs.detach(), mb.response_lengths)))
+                    zip(mb.indices, torch.split(log_probs.detach(), mb.response_lengths))
+                )
             denoms = [float(data["rollout_mask_sums"][i]) for i in mb.indices]
 
             def red(x: torch.Tensor) -> torch.Tensor:
@@ -510,11 +600,16 @@ class TrainActor:
         """
         fn = load_function(self.args.custom_loss_function_path, arg_name="--custom-loss-function-path")
         logits = mb.response_logits(self.model)
-        batch = {"response_lengths": mb.response_lengths, "loss_masks": mb.loss_masks,
-                 "response_tokens": list(torch.split(mb.targets, mb.response_lengths)),
-                 **{k: [data[k][i] for i in mb.indices] for k in ("old_log_probs", "ref_log_probs", "advantages",
-                                                                  "returns", "rollout_log_probs", "rewards")
-                    if k in data}}
+        batch = {
+            "response_lengths": mb.response_lengths,
+            "loss_masks": mb.loss_masks,
+            "response_tokens": list(torch.split(mb.targets, mb.response_lengths)),
+            **{
+                k: [data[k][i] for i in mb.indices]
+                for k in ("old_log_probs", "ref_log_probs", "advantages", "returns", "rollout_log_probs", "rewards")
+                if k in data
+            },
+        }
         loss, metrics = fn(self.args, batch, logits, red)
         return loss, {(k if k.startswith("train/") else f"train/{k}"): v for k, v in metrics.items()}
 
@@ -557,14 +652,23 @@ class TrainActor:
         a = self.args
         hook = None
         if a.custom_update_weight_post_write_path:
-            fn = load_function(a.custom_update_weight_post_write_path, arg_name="--custom-update-weight-post-write-path")
+            fn = load_function(
+                a.custom_update_weight_post_write_path, arg_name="--custom-update-weight-post-write-path"
+            )
 
             def hook(version_dir: str, engines: list[str]) -> None:
                 fn(a, version_dir, engines)
-        return DiskWeightSync(disk_dir=a.update_weight_disk_dir, mode=a.update_weight_mode,
-                              local_dir=a.update_weight_local_checkpoint_dir, keep_files=a.update_weight_disk_keep_files,
-                              encoding=a.update_weight_delta_encoding, checksum=a.update_weight_delta_checksum,
-                              base_checkpoint=a.hf_checkpoint, post_write=hook)
+
+        return DiskWeightSync(
+            disk_dir=a.update_weight_disk_dir,
+            mode=a.update_weight_mode,
+            local_dir=a.update_weight_local_checkpoint_dir,
+            keep_files=a.update_weight_disk_keep_files,
+            encoding=a.update_weight_delta_encoding,
+            checksum=a.update_weight_delta_checksum,
+            base_checkpoint=a.hf_checkpoint,
+            post_write=hook,
+        )
 
     def update_weights(self, engine_urls: list[str], weight_version: str) -> dict[str, float]:
         """Push the current weights into every engine (rank 0 sends; all ranks gather). Returns
@@ -583,10 +687,11 @@ class TrainActor:
             elif path == "shm":
                 if self._shm is None:
                     self._shm = SharedMemoryWeightSync()
-                metrics["perf/weight_sync_bytes"] = float(self._shm.push(engine_urls, state,
-                                                                         weight_version=weight_version))
+                metrics["perf/weight_sync_bytes"] = float(
+                    self._shm.push(engine_urls, state, weight_version=weight_version)
+                )
             elif path == "ipc":
-                from slime.sync.ipc import push_weights_ipc  # noqa: PLC0415 - GPU colocated only
+                from slime.sync.ipc import push_weights_ipc
 
                 push_weights_ipc(engine_urls, state, weight_version=weight_version)
             else:
@@ -605,8 +710,11 @@ class TrainActor:
         engine_lp = torch.as_tensor(engine_sequence_log_probs(engine_url, token_ids))
         self.model.eval()
         with torch.no_grad():
-            data = {"tokens": [token_ids], "response_lengths": [len(token_ids) - 1],
-                    "loss_masks": [[1] * (len(token_ids) - 1)]}
+            data = {
+                "tokens": [token_ids],
+                "response_lengths": [len(token_ids) - 1],
+                "loss_masks": [[1] * (len(token_ids) - 1)],
+            }
             mb = to_device(make_micro_batch(data, [0], self.pad_id), self.device)
             mine = to_host(response_log_probs(self.model, mb, 1.0)[0])
         self.model.train()
@@ -620,15 +728,20 @@ class TrainActor:
         return float(sum(v.double().abs().sum() for v in self.full_state_dict().values()))
 
     # ------------------------------------------------------------------ placement, --offload-train
-    def pin_cores(self, cores: list[int] | None, num_threads: int,
-                  lenders: list[Lender] | None = None) -> dict[str, Any]:
+    def pin_cores(
+        self, cores: list[int] | None, num_threads: int, lenders: list[Lender] | None = None
+    ) -> dict[str, Any]:
         """Bind this rank to its placement's cores (called before `init`, so its threads follow).
         `lenders`: engines on this node whose cores it may borrow while they are idle (CPU only)."""
         self.num_threads = num_threads
         self.own_cores = tuple(cores or ())
         self.lenders = list(lenders or [])
-        return {"node_id": ray.get_runtime_context().get_node_id(), "pid": os.getpid(),
-                "cores": list(pin_to_cores(cores)), "threads": num_threads}
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(),
+            "cores": list(pin_to_cores(cores)),
+            "threads": num_threads,
+        }
 
     def _offload_state(self) -> TrainOffload:
         if "_train_offload" not in self.__dict__:

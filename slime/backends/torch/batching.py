@@ -17,9 +17,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,7 +49,9 @@ class MicroBatch:
             self.rows = torch.repeat_interleave(torch.arange(len(self.response_lengths)), resp)
             first = torch.cumsum(resp, 0) - resp  # where each sample's tokens start in the packed order
             offset = torch.arange(int(resp.sum())) - torch.repeat_interleave(first, resp)
-            self.cols = torch.repeat_interleave(torch.as_tensor(self.prompt_lengths, dtype=torch.long) - 1, resp) + offset
+            self.cols = (
+                torch.repeat_interleave(torch.as_tensor(self.prompt_lengths, dtype=torch.long) - 1, resp) + offset
+            )
 
     @property
     def size(self) -> int:
@@ -77,7 +80,6 @@ class MicroBatch:
         keep[self.rows, self.cols] = True  # rows/cols are in row-major order: the flattened output's order
         return self.forward(model, logits_to_keep=keep)
 
-
     def _shared_prompt_logits(self, model: torch.nn.Module) -> Tensor:
         """`response_logits` with each distinct prompt run once. Two forwards: the distinct prompts
         (right-padded) keep their keys and values, which are then indexed out to every sample of
@@ -91,13 +93,18 @@ class MicroBatch:
         prompt_len = torch.as_tensor(self.prompt_lengths, dtype=torch.long, device=device)
         resp_len = torch.as_tensor(self.response_lengths, dtype=torch.long, device=device)
         first = torch.full((int(prompt_of.max()) + 1,), n, dtype=torch.long, device=device).scatter_reduce(
-            0, prompt_of, torch.arange(n, device=device), reduce="amin")  # each prompt's first sample
+            0, prompt_of, torch.arange(n, device=device), reduce="amin"
+        )  # each prompt's first sample
         p_len, width = prompt_len[first], int(prompt_len.max())
         p_mask = torch.arange(width, device=device)[None] < p_len[:, None]
         p_keep = torch.zeros_like(p_mask)
         p_keep[torch.arange(len(first), device=device), p_len - 1] = True
-        head = model(input_ids=torch.where(p_mask, self.input_ids[first, :width], 0),
-                     attention_mask=p_mask.long(), use_cache=True, logits_to_keep=p_keep)
+        head = model(
+            input_ids=torch.where(p_mask, self.input_ids[first, :width], 0),
+            attention_mask=p_mask.long(),
+            use_cache=True,
+            logits_to_keep=p_keep,
+        )
         cache = head.cache if "cache" in head else head.past_key_values
         cache.batch_select_indices(prompt_of)  # every sample gets its prompt's keys and values
         # a response's last token predicts nothing wanted here: only tokens 0..R-2 are run
@@ -107,10 +114,14 @@ class MicroBatch:
             steps = torch.arange(r_width, device=device)[None]
             r_mask = steps < (resp_len - 1)[:, None]
             at = (prompt_len[:, None] + steps).clamp(max=self.input_ids.shape[1] - 1)
-            tail = model(input_ids=torch.where(r_mask, self.input_ids.gather(1, at), 0),
-                         attention_mask=torch.cat([p_mask[prompt_of], r_mask], 1).long(),
-                         position_ids=prompt_len[:, None] + steps, use_cache=True, logits_to_keep=r_mask,
-                         **{_cache_kwarg(model): cache}).logits
+            tail = model(
+                input_ids=torch.where(r_mask, self.input_ids.gather(1, at), 0),
+                attention_mask=torch.cat([p_mask[prompt_of], r_mask], 1).long(),
+                position_ids=prompt_len[:, None] + steps,
+                use_cache=True,
+                logits_to_keep=r_mask,
+                **{_cache_kwarg(model): cache},
+            ).logits
         # packed order: each sample's first response token (the prompt's last position), then the rest
         starts = torch.cumsum(resp_len, 0) - resp_len
         order = torch.empty(int(resp_len.sum()), dtype=torch.long, device=device)
@@ -132,9 +143,13 @@ def _can_share_prompts(model: torch.nn.Module) -> bool:
     nor with sliding-window attention (its cache keeps only the window)."""
     params = _forward_parameters(type(model))
     config = getattr(model, "config", None)
-    return (("cache" in params or "past_key_values" in params) and "position_ids" in params
-            and not _checkpointing(model)
-            and not getattr(config, "use_sliding_window", False) and getattr(config, "sliding_window", None) is None)
+    return (
+        ("cache" in params or "past_key_values" in params)
+        and "position_ids" in params
+        and not _checkpointing(model)
+        and not getattr(config, "use_sliding_window", False)
+        and getattr(config, "sliding_window", None) is None
+    )
 
 
 def _checkpointing(model: torch.nn.Module) -> bool:
@@ -167,8 +182,9 @@ def training_precision(args: Any) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def make_micro_batch(data: dict[str, Any], indices: Sequence[int], pad_id: int = 0,
-                     share_prompts: bool = False) -> MicroBatch:
+def make_micro_batch(
+    data: dict[str, Any], indices: Sequence[int], pad_id: int = 0, share_prompts: bool = False
+) -> MicroBatch:
     """Right-padded ``[B, L]``. `share_prompts` (``--share-prompt-forward``): samples whose prompt
     tokens are identical get one forward of that prompt."""
     tokens = [data["tokens"][i] for i in indices]
@@ -205,8 +221,7 @@ def loss_mask_column(data: dict[str, Any], indices: Sequence[int], response_leng
     """Each sample's loss mask as a float tensor (views of one packed tensor), its length checked."""
     for i, n in zip(indices, response_lengths):
         if len(data["loss_masks"][i]) != n:
-            raise ValueError(f"sample {i}: loss mask has {len(data['loss_masks'][i])} entries, "
-                             f"its response {n} tokens")
+            raise ValueError(f"sample {i}: loss mask has {len(data['loss_masks'][i])} entries, its response {n} tokens")
     return list(torch.split(pack(data["loss_masks"], indices), response_lengths))
 
 
@@ -258,16 +273,21 @@ def plan_micro_batches(
     return plan
 
 
-def build_micro_batch(data: dict[str, Any], indices: Sequence[int], packed: bool, pad_id: int = 0,
-                      share_prompts: bool = False) -> MicroBatch:
+def build_micro_batch(
+    data: dict[str, Any], indices: Sequence[int], packed: bool, pad_id: int = 0, share_prompts: bool = False
+) -> MicroBatch:
     if packed:
         return make_packed_micro_batch(data, indices)
     return make_micro_batch(data, indices, pad_id, share_prompts)
 
 
 def response_log_probs(
-    model: torch.nn.Module, mb: MicroBatch, temperature: float = 1.0, with_entropy: bool = False,
-    chunk_size: int | None = None, entropy_grad: bool = True,
+    model: torch.nn.Module,
+    mb: MicroBatch,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    chunk_size: int | None = None,
+    entropy_grad: bool = True,
 ) -> tuple[Tensor, Tensor | None]:
     """Packed [sum R_i] log-probs (and entropies) of every sample's response tokens. With
     ``entropy_grad=False`` the entropy is a metric only (no graph: ``--entropy-coef 0``)."""
@@ -282,8 +302,11 @@ def response_log_probs(
     return log_probs, entropy
 
 
-def pack(per_sample: Sequence[Sequence[float]] | Sequence[Tensor] | dict, indices: Sequence[int],
-         dtype: torch.dtype = torch.float32) -> Tensor:
+def pack(
+    per_sample: Sequence[Sequence[float]] | Sequence[Tensor] | dict,
+    indices: Sequence[int],
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
     """Samples ``indices`` of a per-sample column, concatenated into one flat tensor: one ``cat`` for
     tensors, one ``tensor`` call for Python lists (no per-sample tensor ops)."""
     parts = [per_sample[i] for i in indices]
@@ -293,5 +316,6 @@ def pack(per_sample: Sequence[Sequence[float]] | Sequence[Tensor] | dict, indice
         return torch.cat(parts).to(dtype)
     if all(isinstance(p, Tensor) for p in parts):
         return torch.cat([p.reshape(-1) for p in parts]).to(dtype)
-    return torch.as_tensor(list(chain.from_iterable(
-        p.reshape(-1).tolist() if isinstance(p, Tensor) else p for p in parts)), dtype=dtype)
+    return torch.as_tensor(
+        list(chain.from_iterable(p.reshape(-1).tolist() if isinstance(p, Tensor) else p for p in parts)), dtype=dtype
+    )

@@ -28,13 +28,23 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict, set_optimizer_state_dict,
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
 )
 from transformers import AutoTokenizer
 
 from slime.errors import SlimeError
 from slime.utils.checkpoint_layout import (
-    TRAINER_STATE_FILE, architecture_of, check_complete, config_differences, halt_point, latest_dir, staging_dir,
+    TRAINER_STATE_FILE,
+    architecture_of,
+    check_complete,
+    config_differences,
+    halt_point,
+    latest_dir,
+    staging_dir,
 )
 
 CRITIC_STATE_FILE = "critic_state.pt"
@@ -63,16 +73,25 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
     model_state = actor.full_state_dict()
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     with_optim = not actor.args.no_save_optim
-    trainer_state: dict[str, Any] = {"rollout_id": rollout_id, "scheduler": actor.scheduler.state_dict(),
-                                     "rng": torch.get_rng_state(), "rng_per_rank": _rng_of_every_rank(actor),
-                                     "run_config": run_config(actor)}
+    trainer_state: dict[str, Any] = {
+        "rollout_id": rollout_id,
+        "scheduler": actor.scheduler.state_dict(),
+        "rng": torch.get_rng_state(),
+        "rng_per_rank": _rng_of_every_rank(actor),
+        "run_config": run_config(actor),
+    }
     if with_optim:  # a collective when sharded: every rank gathers, rank 0 writes
         trainer_state["optimizer"] = get_optimizer_state_dict(actor.model, actor.optimizer, options=opts)
     critic_state = None
     if actor.critic is not None:
-        critic_state = actor.critic.state() if with_optim else {
-            "model": get_model_state_dict(actor.critic.model, options=opts),
-            "scheduler": actor.critic.scheduler.state_dict()}
+        critic_state = (
+            actor.critic.state()
+            if with_optim
+            else {
+                "model": get_model_state_dict(actor.critic.model, options=opts),
+                "scheduler": actor.critic.scheduler.state_dict(),
+            }
+        )
     if actor.is_rank0():
         shutil.rmtree(out, ignore_errors=True)  # what a killed run left of this save
         out.mkdir(parents=True)
@@ -98,14 +117,15 @@ def load(actor: Checkpointable, load_path: str) -> int:
     for f in sorted(ckpt.glob("*.safetensors")):
         try:
             weights.update(load_file(str(f)))
-        except Exception as e:  # noqa: BLE001 - any unreadable file gets the same explanation
+        except Exception as e:
             raise SlimeError(f"{what}: cannot read {f} ({type(e).__name__}: {e})") from e
     check_same_model(actor.model, weights, f"{what}: {ckpt}")
     state = load_state_file(ckpt / TRAINER_STATE_FILE, what)
     missing = [k for k in ("rollout_id", "rng") if k not in state]
     if missing:
-        raise SlimeError(f"{what}: {ckpt / TRAINER_STATE_FILE} is not a slime-rl trainer state "
-                         f"(it has no {', '.join(missing)})")
+        raise SlimeError(
+            f"{what}: {ckpt / TRAINER_STATE_FILE} is not a slime-rl trainer state (it has no {', '.join(missing)})"
+        )
     if "run_config" in state:  # (checkpoints written before it was recorded are not checked)
         saved = dict(state["run_config"])
         if "optimizer" not in state:  # no optimizer state to fit: which parameters train may change
@@ -116,14 +136,18 @@ def load(actor: Checkpointable, load_path: str) -> int:
             raise SlimeError(
                 f"{what}: {ckpt} was saved by a run of another configuration, so this run cannot resume from it: "
                 f"{'; '.join(differences)}. Resume with the options it was saved with, or start a new run from its "
-                f"weights with --hf-checkpoint {ckpt} (without --load)")
+                f"weights with --hf-checkpoint {ckpt} (without --load)"
+            )
     opts = StateDictOptions(full_state_dict=True, strict=False)
     set_model_state_dict(actor.model, weights, options=opts)
     if "optimizer" in state:
         set_optimizer_state_dict(actor.model, actor.optimizer, state["optimizer"], options=opts)
     elif actor.is_rank0():
-        logger.warning("--load %s: %s has no optimizer state (saved with --no-save-optim); "
-                       "starting a fresh optimizer", load_path, ckpt)
+        logger.warning(
+            "--load %s: %s has no optimizer state (saved with --no-save-optim); starting a fresh optimizer",
+            load_path,
+            ckpt,
+        )
     _restore_rng(actor, state, what)
     if "scheduler" in state:
         actor.scheduler.load_state_dict(state["scheduler"])
@@ -141,9 +165,11 @@ def load_state_file(path: Path, what: str) -> dict[str, Any]:
     """A `.pt` file this project wrote (tensors and plain types), read with `weights_only=True`."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - truncated, foreign, or holding objects
-        raise SlimeError(f"{what}: cannot read {path} as a slime-rl state file ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})") from e
+    except Exception as e:
+        raise SlimeError(
+            f"{what}: cannot read {path} as a slime-rl state file ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from e
     if not isinstance(state, dict):
         raise SlimeError(f"{what}: {path} holds a {type(state).__name__}, not a slime-rl state dict")
     return state
@@ -154,8 +180,9 @@ def run_config(actor: Checkpointable) -> dict[str, Any]:
     checkpoint, or is not) and the parameters the optimizer state belongs to."""
     return {
         "critic (--advantage-estimator ppo)": actor.critic is not None,
-        "trainable_parameters (--only-train-params-name-list / --freeze-params-name-list)":
-            [n for n, p in actor.model.named_parameters() if p.requires_grad],
+        "trainable_parameters (--only-train-params-name-list / --freeze-params-name-list)": [
+            n for n, p in actor.model.named_parameters() if p.requires_grad
+        ],
     }
 
 
@@ -176,8 +203,10 @@ def check_same_architecture(model: torch.nn.Module, ckpt: Path, what: str) -> No
     current = architecture_of(_plain_config(model.config))
     differences = config_differences(saved, {k: current.get(k) for k in saved})
     if differences:
-        raise SlimeError(f"{what}: {ckpt} holds another model than --hf-checkpoint's ({'; '.join(differences)}); "
-                         f"point --load at a checkpoint of this model, or --hf-checkpoint at the checkpoint's model")
+        raise SlimeError(
+            f"{what}: {ckpt} holds another model than --hf-checkpoint's ({'; '.join(differences)}); "
+            f"point --load at a checkpoint of this model, or --hf-checkpoint at the checkpoint's model"
+        )
 
 
 def _rng_of_every_rank(actor: Checkpointable) -> list[dict[str, Any]]:
@@ -196,9 +225,13 @@ def _restore_rng(actor: Checkpointable, state: dict[str, Any], what: str) -> Non
     rank = dist.get_rank() if actor.world_size > 1 else 0
     if per_rank is None or len(per_rank) != actor.world_size:
         if per_rank is not None and actor.is_rank0():
-            logger.warning("%s: saved by %d trainer rank(s), resumed by %d: every rank restarts from rank 0's RNG "
-                           "state (a resume that matches the uninterrupted run needs the same count)",
-                           what, len(per_rank), actor.world_size)
+            logger.warning(
+                "%s: saved by %d trainer rank(s), resumed by %d: every rank restarts from rank 0's RNG "
+                "state (a resume that matches the uninterrupted run needs the same count)",
+                what,
+                len(per_rank),
+                actor.world_size,
+            )
         torch.set_rng_state(state["rng"])
         return
     mine = per_rank[rank]
@@ -212,8 +245,11 @@ def check_same_model(model: torch.nn.Module, weights: dict[str, torch.Tensor], w
     expected = model.state_dict()
     shapes = {k: tuple(v.shape) for k, v in expected.items()}
     unexpected = sorted(k for k in weights if k not in shapes)
-    wrong = [f"{k} {tuple(weights[k].shape)} (the model's {shapes[k]})" for k in sorted(weights)
-             if k in shapes and tuple(weights[k].shape) != shapes[k]]
+    wrong = [
+        f"{k} {tuple(weights[k].shape)} (the model's {shapes[k]})"
+        for k in sorted(weights)
+        if k in shapes and tuple(weights[k].shape) != shapes[k]
+    ]
     by_storage: dict[int, list[str]] = {}
     for k, v in expected.items():
         local = v.to_local() if hasattr(v, "to_local") else v

@@ -50,13 +50,15 @@ class Critic:
             for layer in self.model.backbone.layers:
                 shard(layer)
             shard(self.model)
-        self.optimizer, self.scheduler = build_optimizer(self.model.parameters(), args, lr=args.critic_lr,
-                                                         warmup=args.critic_lr_warmup_iters)
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model.parameters(), args, lr=args.critic_lr, warmup=args.critic_lr_warmup_iters
+        )
 
     def _plan(self, data: dict[str, Any], indices: list[int]) -> list[list[int]]:
         a = self.args
-        return plan_micro_batches(data, indices, a.micro_batch_size,
-                                  a.max_tokens_per_gpu if a.use_dynamic_batch_size else None)
+        return plan_micro_batches(
+            data, indices, a.micro_batch_size, a.max_tokens_per_gpu if a.use_dynamic_batch_size else None
+        )
 
     @torch.no_grad()
     def values(self, data: dict[str, Any], indices: list[int]) -> list[torch.Tensor]:
@@ -77,8 +79,9 @@ class Critic:
         for mb_idx in self._plan(data, indices):
             mb = build_micro_batch(data, mb_idx, self.args.use_dynamic_batch_size)
             values = mb.forward(self.model)[mb.rows, mb.cols]
-            loss_t, clip_t = value_loss_clipped(values, pack(data["values"], mb.indices),
-                                                pack(data["returns"], mb.indices), self.args.value_clip)
+            loss_t, clip_t = value_loss_clipped(
+                values, pack(data["values"], mb.indices), pack(data["returns"], mb.indices), self.args.value_clip
+            )
             loss = reduce_loss(loss_t, mb.response_lengths, mb.loss_masks, **reduce_kw)
             clipfrac = reduce_loss(clip_t, mb.response_lengths, mb.loss_masks, **reduce_kw)
             loss.backward()
@@ -101,8 +104,13 @@ class Critic:
         return {"model": model, "optimizer": optim, "scheduler": self.scheduler.state_dict()}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optimizer"], options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
         self.scheduler.load_state_dict(state["scheduler"])
         if self.world_size > 1:
             dist.barrier()

@@ -62,9 +62,11 @@ def to_device(mb: Any, device: torch.device) -> Any:
     are computed (the host)."""
     if device.type == "cpu":
         return mb
-    moved = {f.name: getattr(mb, f.name).to(device, non_blocking=True)
-             for f in dataclasses.fields(mb)
-             if isinstance(getattr(mb, f.name), torch.Tensor)}
+    moved = {
+        f.name: getattr(mb, f.name).to(device, non_blocking=True)
+        for f in dataclasses.fields(mb)
+        if isinstance(getattr(mb, f.name), torch.Tensor)
+    }
     return dataclasses.replace(mb, **moved)
 
 
@@ -85,7 +87,7 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     allocated and reserved now. Nothing on the CPU (the metrics keep their CPU shape)."""
     if device.type != "cuda":
         return {}
-    gib = 1024 ** 3
+    gib = 1024**3
     return {
         "perf/train_peak_memory_gb": torch.cuda.max_memory_allocated(device) / gib,
         "perf/train_memory_allocated_gb": torch.cuda.memory_allocated(device) / gib,
@@ -93,5 +95,14 @@ def memory_metrics(device: torch.device) -> dict[str, float]:
     }
 
 
-__all__ = ["CPU", "autocast", "describe", "memory_metrics", "process_group_backend", "reset_peak_memory",
-           "select_device", "to_device", "to_host"]
+__all__ = [
+    "CPU",
+    "autocast",
+    "describe",
+    "memory_metrics",
+    "process_group_backend",
+    "reset_peak_memory",
+    "select_device",
+    "to_device",
+    "to_host",
+]

@@ -27,8 +27,8 @@ from slime.algorithms.advantages import (
     reinforce_plus_plus_returns,
 )
 from slime.algorithms.kl import compute_approx_kl
-from slime.algorithms.mismatch import mismatch_metrics
 from slime.algorithms.losses import cispo_loss, opsm_mask, ppo_clip_from_kl, reduce_loss, sequence_ppo_kl, tis_weights
+from slime.algorithms.mismatch import mismatch_metrics
 from slime.backends.torch.batching import MicroBatch, pack
 from slime.errors import SlimeError
 from slime.utils.misc import load_function
@@ -48,14 +48,18 @@ def compute_advantages_and_returns(
     masks = list(pack(rollout_data["loss_masks"], range(len(lengths))).split(lengths))
     rewards = [float(r) for r in rollout_data["rewards"]]
     if args.kl_coef != 0.0:
-        kl = [compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, rollout_data["ref_log_probs"])]
+        kl = [
+            compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, rollout_data["ref_log_probs"])
+        ]
     else:
         kl = list(torch.zeros(sum(lengths)).split(lengths))
     rollout_data["kl"] = kl
 
     est = args.advantage_estimator
     if args.custom_advantage_function_path is not None:
-        load_function(args.custom_advantage_function_path, arg_name="--custom-advantage-function-path")(args, rollout_data)
+        load_function(args.custom_advantage_function_path, arg_name="--custom-advantage-function-path")(
+            args, rollout_data
+        )
         advantages, returns = rollout_data["advantages"], rollout_data["returns"]
     elif est in ("grpo", "gspo", "cispo", "rloo"):
         advantages = expand_to_tokens(torch.tensor(rewards), lengths)
@@ -75,10 +79,13 @@ def compute_advantages_and_returns(
     if args.use_opd:
         teacher = rollout_data.get("teacher_log_probs")
         if teacher is None:
-            raise SlimeError("--use-opd --opd-type sglang needs samples with teacher_log_probs "
-                             "(set them in a --custom-rm-path or generate hook)")
-        advantages, rollout_data["opd_reverse_kl"] = opd_penalize_advantages(advantages, log_probs, teacher,
-                                                                            args.opd_kl_coef)
+            raise SlimeError(
+                "--use-opd --opd-type sglang needs samples with teacher_log_probs "
+                "(set them in a --custom-rm-path or generate hook)"
+            )
+        advantages, rollout_data["opd_reverse_kl"] = opd_penalize_advantages(
+            advantages, log_probs, teacher, args.opd_kl_coef
+        )
     if args.normalize_advantages and advantages:
         flat = masked_whiten(torch.cat(advantages), torch.cat(masks), all_reduce_sum=all_reduce_sum)
         advantages = list(torch.split(flat, [a.numel() for a in advantages]))
@@ -87,8 +94,13 @@ def compute_advantages_and_returns(
 
 
 def policy_loss(
-    args: Namespace, data: dict[str, Any], mb: MicroBatch, log_probs: Tensor, entropy: Tensor,
-    reduce_kw: dict[str, Any], sample_denoms: list[float] | None = None,
+    args: Namespace,
+    data: dict[str, Any],
+    mb: MicroBatch,
+    log_probs: Tensor,
+    entropy: Tensor,
+    reduce_kw: dict[str, Any],
+    sample_denoms: list[float] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """One micro-batch's policy loss.
 
@@ -104,8 +116,10 @@ def policy_loss(
 
     reduce = reducer(mb.loss_masks)
     if "advantages" not in data:
-        raise SlimeError("--loss-type policy_loss needs advantages; with --disable-compute-advantages-and-returns "
-                         "set rollout_data['advantages'] in --rollout-data-postprocess-path")
+        raise SlimeError(
+            "--loss-type policy_loss needs advantages; with --disable-compute-advantages-and-returns "
+            "set rollout_data['advantages'] in --rollout-data-postprocess-path"
+        )
     old = pack(data["old_log_probs"], mb.indices) if "old_log_probs" in data else log_probs.detach()
     adv = pack(data["advantages"], mb.indices)
     if args.advantage_estimator == "gspo":  # sequence-level ratio
@@ -154,53 +168,81 @@ def policy_loss(
         pg_loss = reduce(pg)
     entropy_loss = reduce(entropy)
     loss = pg_loss - args.entropy_coef * entropy_loss
-    metrics.update({"train/pg_loss": pg_loss, "train/pg_clipfrac": reduce(clipfrac),
-                    "train/ppo_kl": reduce(ppo_kl), "train/entropy_loss": entropy_loss})
+    metrics.update(
+        {
+            "train/pg_loss": pg_loss,
+            "train/pg_clipfrac": reduce(clipfrac),
+            "train/ppo_kl": reduce(ppo_kl),
+            "train/entropy_loss": entropy_loss,
+        }
+    )
     if args.use_kl_loss:
         ratio = torch.exp(log_probs - old) if args.use_unbiased_kl else None
-        kl_loss = reduce(compute_approx_kl(log_probs, pack(data["ref_log_probs"], mb.indices), args.kl_loss_type, ratio))
+        kl_loss = reduce(
+            compute_approx_kl(log_probs, pack(data["ref_log_probs"], mb.indices), args.kl_loss_type, ratio)
+        )
         loss = loss + args.kl_loss_coef * kl_loss
         metrics["train/kl_loss"] = kl_loss
     return loss, metrics
 
 
-def _custom_tis(args: Namespace, pg: Tensor, train_lp: Tensor, rollout_lp: Tensor, mb: MicroBatch
-                ) -> tuple[Tensor, list[Tensor], dict[str, Tensor]]:
+def _custom_tis(
+    args: Namespace, pg: Tensor, train_lp: Tensor, rollout_lp: Tensor, mb: MicroBatch
+) -> tuple[Tensor, list[Tensor], dict[str, Tensor]]:
     """slime's ``--custom-tis-function-path`` contract: keyword arguments, per-sample lists (packed
     ``pg_loss``); returns ``(pg_loss, loss_masks, metrics)`` — the weighted per-token loss, the
     masks whose zeros reject tokens, per-token metric tensors (logged as ``train/<key>``)."""
     fn = load_function(args.custom_tis_function_path, arg_name="--custom-tis-function-path")
     lengths = mb.response_lengths
-    out = fn(args=args, pg_loss=pg, train_log_probs=list(torch.split(train_lp, lengths)),
-             rollout_log_probs=list(torch.split(rollout_lp, lengths)), loss_masks=list(mb.loss_masks),
-             total_lengths=[p + r for p, r in zip(mb.prompt_lengths, lengths)], response_lengths=list(lengths))
+    out = fn(
+        args=args,
+        pg_loss=pg,
+        train_log_probs=list(torch.split(train_lp, lengths)),
+        rollout_log_probs=list(torch.split(rollout_lp, lengths)),
+        loss_masks=list(mb.loss_masks),
+        total_lengths=[p + r for p, r in zip(mb.prompt_lengths, lengths)],
+        response_lengths=list(lengths),
+    )
     if not (isinstance(out, tuple) and len(out) == 3):
-        raise SlimeError(f"--custom-tis-function-path {args.custom_tis_function_path} must return "
-                         f"(pg_loss, loss_masks, metrics), got {type(out).__name__}")
+        raise SlimeError(
+            f"--custom-tis-function-path {args.custom_tis_function_path} must return "
+            f"(pg_loss, loss_masks, metrics), got {type(out).__name__}"
+        )
     new_pg, masks, tis_metrics = out
     if not isinstance(new_pg, Tensor) or new_pg.shape != pg.shape:
-        raise SlimeError(f"--custom-tis-function-path {args.custom_tis_function_path}: pg_loss must be a tensor "
-                         f"of shape {tuple(pg.shape)}, got {getattr(new_pg, 'shape', type(new_pg).__name__)}")
+        raise SlimeError(
+            f"--custom-tis-function-path {args.custom_tis_function_path}: pg_loss must be a tensor "
+            f"of shape {tuple(pg.shape)}, got {getattr(new_pg, 'shape', type(new_pg).__name__)}"
+        )
     masks = [torch.as_tensor(m, dtype=torch.float32) for m in masks]
     if [m.numel() for m in masks] != list(lengths):
-        raise SlimeError(f"--custom-tis-function-path {args.custom_tis_function_path}: loss_masks must have one "
-                         f"mask per sample of lengths {list(lengths)}, got {[m.numel() for m in masks]}")
+        raise SlimeError(
+            f"--custom-tis-function-path {args.custom_tis_function_path}: loss_masks must have one "
+            f"mask per sample of lengths {list(lengths)}, got {[m.numel() for m in masks]}"
+        )
     return new_pg, masks, {k: v.detach() for k, v in tis_metrics.items()}
 
 
-def _custom_pg_reduce(args: Namespace, pg: Tensor, masks: list[Tensor], mb: MicroBatch,
-                      reduce_kw: dict[str, Any]) -> Tensor:
+def _custom_pg_reduce(
+    args: Namespace, pg: Tensor, masks: list[Tensor], mb: MicroBatch, reduce_kw: dict[str, Any]
+) -> Tensor:
     """slime's ``--custom-pg-loss-reducer-function-path``: ``fn(total_lengths, response_lengths,
     loss_masks, calculate_per_token_loss)`` returns a reducer whose output is a *sum* over this
     micro-batch, like slime's ``sum_of_sample_mean``; it is divided by the same global-batch
     denominator as every other term (samples, or tokens with ``--calculate-per-token-loss``)."""
     fn = load_function(args.custom_pg_loss_reducer_function_path, arg_name="--custom-pg-loss-reducer-function-path")
     lengths = mb.response_lengths
-    reducer = fn([p + r for p, r in zip(mb.prompt_lengths, lengths)], list(lengths), list(masks),
-                 reduce_kw["calculate_per_token_loss"])
+    reducer = fn(
+        [p + r for p, r in zip(mb.prompt_lengths, lengths)],
+        list(lengths),
+        list(masks),
+        reduce_kw["calculate_per_token_loss"],
+    )
     total = reducer(pg)
     if not isinstance(total, Tensor) or total.numel() != 1:
-        raise SlimeError(f"--custom-pg-loss-reducer-function-path {args.custom_pg_loss_reducer_function_path}: "
-                         f"the reducer must return a scalar tensor, got {getattr(total, 'shape', type(total).__name__)}")
+        raise SlimeError(
+            f"--custom-pg-loss-reducer-function-path {args.custom_pg_loss_reducer_function_path}: "
+            f"the reducer must return a scalar tensor, got {getattr(total, 'shape', type(total).__name__)}"
+        )
     denom = reduce_kw["num_tokens"] if reduce_kw["calculate_per_token_loss"] else reduce_kw["num_samples"]
     return total.reshape(()) / max(denom, 1)

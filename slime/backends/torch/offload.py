@@ -14,8 +14,8 @@ import ctypes
 import os
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 
@@ -69,7 +69,9 @@ class TrainOffload:
     def offloaded(self) -> bool:
         return self._held is not None
 
-    def offload(self, optimizers: Iterable[torch.optim.Optimizer], modules: Iterable[torch.nn.Module]) -> dict[str, float]:
+    def offload(
+        self, optimizers: Iterable[torch.optim.Optimizer], modules: Iterable[torch.nn.Module]
+    ) -> dict[str, float]:
         """Drop gradients, write the optimizer state to the file and free it; idempotent."""
         t0, before = time.perf_counter(), rss_bytes()
         if self._held is not None:
@@ -92,8 +94,12 @@ class TrainOffload:
             storage.resize_(0)
         self._held = held
         trim_heap()
-        return {"offload_bytes": float(sum(n for _, n in held)), "rss_before": float(before),
-                "rss_after": float(rss_bytes()), "offload_time": time.perf_counter() - t0}
+        return {
+            "offload_bytes": float(sum(n for _, n in held)),
+            "rss_before": float(before),
+            "rss_after": float(rss_bytes()),
+            "offload_time": time.perf_counter() - t0,
+        }
 
     def onload(self) -> dict[str, float]:
         """Restore every storage from the file, bit for bit, and delete the file; idempotent."""

@@ -26,8 +26,15 @@ from slime.errors import SlimeError
 logger = logging.getLogger(__name__)
 
 
-def lr_at(step: int, lr: float, *, style: str = "constant", warmup: int = 0, decay_iters: int | None = None,
-          min_lr: float = 0.0) -> float:
+def lr_at(
+    step: int,
+    lr: float,
+    *,
+    style: str = "constant",
+    warmup: int = 0,
+    decay_iters: int | None = None,
+    min_lr: float = 0.0,
+) -> float:
     """Learning rate of optimizer step ``step`` (see the module docstring)."""
     if warmup > 0 and step < warmup:
         return lr * step / warmup
@@ -44,25 +51,30 @@ def lr_at(step: int, lr: float, *, style: str = "constant", warmup: int = 0, dec
     return min_lr + coeff * (lr - min_lr)
 
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], args, *, lr: float, warmup: int
-                    ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], args, *, lr: float, warmup: int
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW with slime's ``--adam-*`` / ``--weight-decay`` and a per-step schedule (call ``scheduler.step()``
     after each ``optimizer.step()``)."""
-    optimizer = torch.optim.AdamW(params, lr=lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps,
-                                  weight_decay=args.weight_decay)
+    optimizer = torch.optim.AdamW(
+        params, lr=lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps, weight_decay=args.weight_decay
+    )
     min_lr = min(args.min_lr, lr)
 
     def factor(step: int) -> float:
         if lr == 0:
             return 1.0
-        return lr_at(step, lr, style=args.lr_decay_style, warmup=warmup, decay_iters=args.lr_decay_iters,
-                     min_lr=min_lr) / lr
+        return (
+            lr_at(step, lr, style=args.lr_decay_style, warmup=warmup, decay_iters=args.lr_decay_iters, min_lr=min_lr)
+            / lr
+        )
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def select_trainable(model: torch.nn.Module, only_train: Sequence[str] | None,
-                     freeze: Sequence[str] | None) -> list[torch.nn.Parameter]:
+def select_trainable(
+    model: torch.nn.Module, only_train: Sequence[str] | None, freeze: Sequence[str] | None
+) -> list[torch.nn.Parameter]:
     """slime's ``--only-train-params-name-list`` / ``--freeze-params-name-list``: each pattern is a
     Python regex ``re.search``-ed in the parameter names (here the Hugging Face model's, e.g.
     ``model.layers.0.mlp.up_proj.weight``). With the first, a parameter trains iff some pattern
@@ -88,15 +100,16 @@ def select_trainable(model: torch.nn.Module, only_train: Sequence[str] | None,
     return trainable
 
 
-def check_param_patterns(names: Sequence[str], only_train: Sequence[str] | None,
-                         freeze: Sequence[str] | None) -> None:
+def check_param_patterns(names: Sequence[str], only_train: Sequence[str] | None, freeze: Sequence[str] | None) -> None:
     """Every pattern of either list matches some name (cheap: callers may pass a checkpoint's tensor
     names before loading the model); else one line naming the option and the pattern."""
     for option, patterns in (("--only-train-params-name-list", only_train), ("--freeze-params-name-list", freeze)):
         for pat in patterns or ():
             if not any(re.search(pat, n) for n in names):
-                raise SlimeError(f"{option}: pattern {pat!r} matches no parameter of the model "
-                                 f"(names look like: {', '.join(names[:4])}, ...)")
+                raise SlimeError(
+                    f"{option}: pattern {pat!r} matches no parameter of the model "
+                    f"(names look like: {', '.join(names[:4])}, ...)"
+                )
 
 
 @torch.no_grad()

@@ -31,9 +31,13 @@ def add_control_routes(app: FastAPI, state: EngineState) -> None:
     async def get_weight_version():
         return {"weight_version": sch.weight_version}
 
-    for paths, handler in ((("/health",), health), (("/get_model_info", "/model_info"), model_info),
-                           (("/get_server_info", "/server_info"), server_info), (("/get_load",), get_load),
-                           (("/get_weight_version",), get_weight_version)):
+    for paths, handler in (
+        (("/health",), health),
+        (("/get_model_info", "/model_info"), model_info),
+        (("/get_server_info", "/server_info"), server_info),
+        (("/get_load",), get_load),
+        (("/get_weight_version",), get_weight_version),
+    ):
         route(app, paths, handler, methods=("GET",), body=False)
 
     async def update_weight_version(body: dict):

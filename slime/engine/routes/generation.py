@@ -40,8 +40,9 @@ def add_generation_routes(app: FastAPI, state: EngineState) -> None:
             return error_response("engine worker is not running", 503)
         if sch.paused or sch.released:
             return {"status": "paused" if sch.paused else "memory released"}
-        reqs, _ = state.parse_generate({"input_ids": [state.runner.pad_token_id],
-                                        "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+        reqs, _ = state.parse_generate(
+            {"input_ids": [state.runner.pad_token_id], "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        )
         try:
             await asyncio.wait_for(state.run(reqs), timeout=60)
         except Exception as e:  # noqa: BLE001

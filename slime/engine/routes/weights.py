@@ -39,8 +39,10 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
             raise BadRequest("serialized_named_tensors must be a non-empty list of base64 strings")
         fmt = body.get("load_format")
         if fmt not in (None, "safetensors", "safetensors_base64", tensor_ipc.LOAD_FORMAT):
-            raise BadRequest(f"load_format {fmt!r} is not supported (base64 safetensors, or "
-                             f"{tensor_ipc.LOAD_FORMAT!r}: torch IPC handles from a process on this machine)")
+            raise BadRequest(
+                f"load_format {fmt!r} is not supported (base64 safetensors, or "
+                f"{tensor_ipc.LOAD_FORMAT!r}: torch IPC handles from a process on this machine)"
+            )
         # torch_ipc: CUDA IPC handles / shared-memory names of the sender's tensors (slime.utils.tensor_ipc)
         read = tensor_ipc.loads if fmt == tensor_ipc.LOAD_FORMAT else load_safetensors
 
@@ -61,8 +63,11 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
         if not isinstance(path, str) or not path:
             raise BadRequest("model_path must be a directory path")
         if not disk_load_allowed(state, path):
-            return error_response(f"update_weights_from_disk: {path!r} is not under --model-path or a "
-                                  "--weight-load-dirs directory of this server", 403)
+            return error_response(
+                f"update_weights_from_disk: {path!r} is not under --model-path or a "
+                "--weight-load-dirs directory of this server",
+                403,
+            )
         try:
             named = await asyncio.to_thread(ModelRunner.read_safetensors_dir, path)
         except WeightUpdateError as e:
@@ -113,8 +118,12 @@ async def apply_update(state: EngineState, named: dict[str, torch.Tensor], body:
         n, v = await state.control(load, needs_idle=bool(body.get("flush_cache", True)))
     except WeightUpdateError as e:
         raise BadRequest(f"{what}: {e}") from None
-    return {"success": True, "message": f"{what}: updated {n} tensors; weight_version {v}",
-            "weight_version": v, "num_tensors": n}
+    return {
+        "success": True,
+        "message": f"{what}: updated {n} tensors; weight_version {v}",
+        "weight_version": v,
+        "num_tensors": n,
+    }
 
 
 # ------------------------------------------------------------------------------ distributed update
@@ -140,8 +149,9 @@ def _tensor_specs(body: dict) -> list[tuple[str, torch.dtype, list[int]]]:
         if not isinstance(v, list) or not v:
             raise BadRequest(f"{key} must be a non-empty list")
     if not len(names) == len(dtypes) == len(shapes):
-        raise BadRequest(f"names, dtypes and shapes must have equal lengths, got "
-                         f"{len(names)}, {len(dtypes)}, {len(shapes)}")
+        raise BadRequest(
+            f"names, dtypes and shapes must have equal lengths, got {len(names)}, {len(dtypes)}, {len(shapes)}"
+        )
     specs = []
     for n, d, sh in zip(names, dtypes, shapes):
         if not isinstance(n, str):
@@ -162,8 +172,9 @@ def _check_announced_size(state: EngineState, specs: list[tuple[str, torch.dtype
     announced = sum(math.prod(sh) * dt.itemsize for _, dt, sh in specs)
     limit = 2 * 4 * sum(p.numel() for p in state.runner.model.parameters())
     if announced > limit:
-        raise BadRequest(f"the update announces {announced} bytes, more than this model's weights could take "
-                         f"({limit} bytes)")
+        raise BadRequest(
+            f"the update announces {announced} bytes, more than this model's weights could take ({limit} bytes)"
+        )
 
 
 def _add_group_routes(app: FastAPI, state: EngineState) -> None:
@@ -185,8 +196,10 @@ def _add_group_routes(app: FastAPI, state: EngineState) -> None:
         try:
             pg = await asyncio.to_thread(create_gloo_group, addr, port, rank, world, name, timeout)
         except Exception as e:  # noqa: BLE001 - rendezvous failed (wrong address/port, timeout)
-            raise BadRequest(f"init_weights_update_group: cannot join {name!r} at {addr}:{port} as rank {rank} "
-                             f"of {world}: {type(e).__name__}: {e}") from None
+            raise BadRequest(
+                f"init_weights_update_group: cannot join {name!r} at {addr}:{port} as rank {rank} "
+                f"of {world}: {type(e).__name__}: {e}"
+            ) from None
         state.weight_groups[name] = pg
         state.weight_group_locks[name] = asyncio.Lock()
         return {"success": True, "message": f"joined weight update group {name!r} as rank {rank} of {world}"}
@@ -205,8 +218,7 @@ def _add_group_routes(app: FastAPI, state: EngineState) -> None:
         if name not in state.weight_groups:
             raise BadRequest(f"no weight update group {name!r}; call /init_weights_update_group first")
         if body.get("load_format") is not None:
-            raise BadRequest(f"load_format {body['load_format']!r} is not supported by "
-                             "update_weights_from_distributed")
+            raise BadRequest(f"load_format {body['load_format']!r} is not supported by update_weights_from_distributed")
         _check_announced_size(state, specs)
         pg = state.weight_groups[name]
 
@@ -226,8 +238,9 @@ def _add_group_routes(app: FastAPI, state: EngineState) -> None:
             except Exception as e:  # noqa: BLE001
                 state.weight_groups.pop(name, None)  # a broken group is not reused
                 state.weight_group_locks.pop(name, None)
-                return error_response(f"update_weights_from_distributed: broadcast in {name!r} failed: "
-                                      f"{type(e).__name__}: {e}", 500)
+                return error_response(
+                    f"update_weights_from_distributed: broadcast in {name!r} failed: {type(e).__name__}: {e}", 500
+                )
         return await apply_update(state, named, body, "update_weights_from_distributed")
 
     route(app, "/init_weights_update_group", init_weights_update_group, allow_empty=False)
@@ -271,14 +284,21 @@ def _add_shared_memory_route(app: FastAPI, state: EngineState) -> None:
 
     async def update_weights_from_shared_memory(body: dict):
         path = body.get("path")
-        if not isinstance(path, str) or os.path.dirname(path) != SHM_DIR or \
-                not os.path.basename(path).startswith(SHM_PREFIX) or os.path.realpath(path) != path:
+        if (
+            not isinstance(path, str)
+            or os.path.dirname(path) != SHM_DIR
+            or not os.path.basename(path).startswith(SHM_PREFIX)
+            or os.path.realpath(path) != path
+        ):
             raise BadRequest(f"path must be a file {SHM_DIR}/{SHM_PREFIX}*, got {path!r}")
         size = _int_field(body, "size", 1)
         specs = _tensor_specs(body)
         offsets = body.get("offsets")
-        if not isinstance(offsets, list) or len(offsets) != len(specs) or \
-                not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets):
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != len(specs)
+            or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        ):
             raise BadRequest("offsets must be a list of non-negative integers, one per name")
         _check_announced_size(state, specs)
         for (n, dt, sh), off in zip(specs, offsets):
@@ -287,10 +307,14 @@ def _add_shared_memory_route(app: FastAPI, state: EngineState) -> None:
         try:
             buf = buffer_for(path, size)
         except FileNotFoundError:
-            raise BadRequest(f"no shared-memory buffer {path!r} on this machine (the trainer must run on the "
-                             "engine's machine for this transport)") from None
-        named = {n: buf[off:off + math.prod(sh) * dt.itemsize].view(dt).view(sh)
-                 for (n, dt, sh), off in zip(specs, offsets)}
+            raise BadRequest(
+                f"no shared-memory buffer {path!r} on this machine (the trainer must run on the "
+                "engine's machine for this transport)"
+            ) from None
+        named = {
+            n: buf[off : off + math.prod(sh) * dt.itemsize].view(dt).view(sh)
+            for (n, dt, sh), off in zip(specs, offsets)
+        }
         return await apply_update(state, named, body, "update_weights_from_shared_memory")
 
     route(app, "/update_weights_from_shared_memory", update_weights_from_shared_memory, allow_empty=False)
@@ -310,8 +334,9 @@ def _add_pull_route(app: FastAPI, state: EngineState) -> None:
             if not isinstance(v, str) or not v:
                 raise BadRequest(f"{key} must be a directory path")
             if not disk_load_allowed(state, v):
-                return error_response(f"pull_weights: {key} {v!r} is not under a --weight-load-dirs directory of "
-                                      "this server", 403)
+                return error_response(
+                    f"pull_weights: {key} {v!r} is not under a --weight-load-dirs directory of this server", 403
+                )
         target = _int_field(body, "target_version", 0)
         async with lock:
             try:

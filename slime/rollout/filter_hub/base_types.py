@@ -30,8 +30,9 @@ def call_dynamic_filter(fn: Callable[..., Any] | None, *args: Any, **kwargs: Any
     return output if isinstance(output, DynamicFilterOutput) else DynamicFilterOutput(keep=output)
 
 
-def should_drop_dynamic_filter_output(output: DynamicFilterOutput, *, remaining_batch_size: int,
-                                      target_data_size: int) -> bool:
+def should_drop_dynamic_filter_output(
+    output: DynamicFilterOutput, *, remaining_batch_size: int, target_data_size: int
+) -> bool:
     """Whether a filtered group is dropped. `remaining_batch_size` counts the groups that could
     still fill the batch (kept or generating, this one included); `target_data_size` is the
     batch's number of groups."""

@@ -40,7 +40,8 @@ import copy
 import difflib
 import inspect
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from slime.errors import SlimeError
 from slime.rollout.rm_hub import grader_pool
@@ -57,7 +58,6 @@ from slime.rollout.rm_hub.math_verify_rm import math_verify_reward_checked
 from slime.rollout.rm_hub.remote import remote_rm
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
-
 
 REWARD_ERROR_KEY = "reward_error"  # why a bounded grade scored 0 without a verdict
 _INLINE_CHARS = 4096  # string checks on a response this short take well under a millisecond
@@ -142,7 +142,7 @@ BOXED_PREFIX = "boxed_"
 
 def validate_rm_type(name: str | None) -> str:
     """Return `name` if it is a known reward model type; else raise naming --rm-type and the choices."""
-    base = name[len(BOXED_PREFIX):] if isinstance(name, str) and name.startswith(BOXED_PREFIX) else name
+    base = name[len(BOXED_PREFIX) :] if isinstance(name, str) and name.startswith(BOXED_PREFIX) else name
     if base not in _RM_FUNCTIONS:
         close = difflib.get_close_matches(str(name), RM_TYPES, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -185,7 +185,7 @@ async def async_rm(args: Any, sample: Sample, **kwargs: Any) -> Any:
     metadata = sample.metadata if isinstance(sample.metadata, dict) else {}
     if rm_type.startswith(BOXED_PREFIX):
         response = extract_answer(response) or ""
-        rm_type = rm_type[len(BOXED_PREFIX):]
+        rm_type = rm_type[len(BOXED_PREFIX) :]
     return await _maybe_await(_RM_FUNCTIONS[rm_type](args, sample, response, label, metadata))
 
 

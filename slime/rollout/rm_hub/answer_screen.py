@@ -213,7 +213,8 @@ def _tokens(text: str) -> list[str]:
         elif tok == "\\div":
             tok = "/"
         elif tok not in ("+", "-", "*", "/", "^", "!", "!!") and not (
-                tok[0].isalnum() or tok[0] == "." or (tok[0] == "\\" and len(tok) > 1)):
+            tok[0].isalnum() or tok[0] == "." or (tok[0] == "\\" and len(tok) > 1)
+        ):
             tok = ","  # =, <, |, _, &, a lone backslash, ...: separators
         out.append(tok)
     return out

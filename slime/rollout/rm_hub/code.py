@@ -56,8 +56,10 @@ def _tests_of(sample: Any) -> Any:
         return tests
     if isinstance(tests, list) and tests and all(isinstance(t, dict) and "input" in t and "output" in t for t in tests):
         return tests
-    raise ValueError("code reward: the sample has no tests (metadata['tests'] or the label must be test code "
-                     "or a list of {'input', 'output'} cases)")
+    raise ValueError(
+        "code reward: the sample has no tests (metadata['tests'] or the label must be test code "
+        "or a list of {'input', 'output'} cases)"
+    )
 
 
 @lru_cache(maxsize=1)
@@ -72,8 +74,14 @@ def run_tests(code: str, tests: str, limits: SandboxLimits | None = None, **over
     """Assert-style tests through the token driver: (1.0, "passed") only when the driver wrote this
     run's token after the last test."""
     token = secrets.token_hex(16)
-    result = run_python(_driver_source(), stdin=token, files={"solution.py": code, "tests.py": tests},
-                        limits=limits, proc_fs=False, **overrides)
+    result = run_python(
+        _driver_source(),
+        stdin=token,
+        files={"solution.py": code, "tests.py": tests},
+        limits=limits,
+        proc_fs=False,
+        **overrides,
+    )
     last = result.stdout.rstrip("\n").rpartition("\n")[2]
     if result.ok and last == _MARK + token:
         return 1.0, "passed"
@@ -87,8 +95,9 @@ def grade_code(code: str, tests: Any, limits: SandboxLimits | None = None, **ove
     if isinstance(tests, str):
         return run_tests(code, tests, limits, **overrides)
     for i, case in enumerate(tests):
-        result = run_python(code, stdin=str(case["input"] if case["input"] is not None else ""), limits=limits,
-                            **overrides)
+        result = run_python(
+            code, stdin=str(case["input"] if case["input"] is not None else ""), limits=limits, **overrides
+        )
         if not result.ok:
             return 0.0, f"case {i}: {result.reason}"
         if _norm_output(result.stdout) != _norm_output(case["output"]):

@@ -33,8 +33,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 from slime.rollout.rm_hub.answer_screen import screen_answer
 
@@ -89,7 +90,7 @@ def _write(fd: int, obj: Any) -> None:
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     view = memoryview(_HEADER.pack(len(data)) + data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def _read_exact(fd: int, n: int, deadline: float | None) -> bytes:
@@ -194,16 +195,23 @@ def _worker_env() -> dict[str, str]:
 class _Worker:
     def __init__(self):
         cmd = [sys.executable, "-c", "from slime.rollout.rm_hub.grader_pool import _serve; _serve()"]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_worker_env(),
-                                     close_fds=True, start_new_session=True)
+        self.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=_worker_env(),
+            close_fds=True,
+            start_new_session=True,
+        )
         try:
             tag, _ = _read(self.proc.stdout.fileno(), time.monotonic() + START_TIMEOUT_S)
             if tag != "ready":
                 raise RuntimeError(f"unexpected first message {tag!r}")
         except (EOFError, TimeoutError, RuntimeError) as e:
             self.kill()
-            raise RuntimeError(f"math grader worker did not start ({type(e).__name__}: {e}; "
-                               f"exit code {self.proc.returncode})") from None
+            raise RuntimeError(
+                f"math grader worker did not start ({type(e).__name__}: {e}; exit code {self.proc.returncode})"
+            ) from None
 
     @property
     def alive(self) -> bool:
@@ -223,8 +231,9 @@ class _Worker:
             tag, value = _read(self.proc.stdout.fileno(), deadline)
         except TimeoutError:
             self.kill()
-            raise GradeRefused(f"grading timed out after {timeout:g}s (--math-grader-timeout); "
-                               f"its worker was killed", "timeout") from None
+            raise GradeRefused(
+                f"grading timed out after {timeout:g}s (--math-grader-timeout); its worker was killed", "timeout"
+            ) from None
         except (EOFError, OSError, ValueError):  # a closed pipe, or closed by shutdown() meanwhile
             self.kill()
             raise GradeRefused(f"the grader worker died (exit code {self.proc.returncode})", "crashed") from None
@@ -362,7 +371,9 @@ async def run_in_thread(fn: Callable, *args: Any, **kwargs: Any) -> Any:
     return await loop.run_in_executor(_get_pool().threads, functools.partial(fn, *args, **kwargs))
 
 
-def run_screened(fn: Callable[..., Any], given: str, *args: Any, timeout: float, refused_value: Any) -> tuple[Any, str | None]:
+def run_screened(
+    fn: Callable[..., Any], given: str, *args: Any, timeout: float, refused_value: Any
+) -> tuple[Any, str | None]:
     """`(fn(given, *args), None)` in a worker, once `given` passed the answer screen; a refused grade
     (the screen, the time or memory limit, a dead worker) is `(refused_value, its reason)`."""
     try:

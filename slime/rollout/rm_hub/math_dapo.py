@@ -22,15 +22,61 @@ _BOX_OPEN = "\\boxed{"
 
 # (before, after) replacements, then removals, applied in this order.
 SUBSTITUTIONS = [
-    ("an ", ""), ("a ", ""), (".$", "$"), ("\\$", ""), ("\\ ", ""), (" ", ""), ("mbox", "text"),
-    (",\\text{and}", ","), ("\\text{and}", ","), ("\\text{m}", "\\text{}"),
+    ("an ", ""),
+    ("a ", ""),
+    (".$", "$"),
+    ("\\$", ""),
+    ("\\ ", ""),
+    (" ", ""),
+    ("mbox", "text"),
+    (",\\text{and}", ","),
+    ("\\text{and}", ","),
+    ("\\text{m}", "\\text{}"),
 ]
 REMOVED_EXPRESSIONS = [
-    "square", "ways", "integers", "dollars", "mph", "inches", "hours", "km", "units", "\\ldots", "sue",
-    "points", "feet", "minutes", "digits", "cents", "degrees", "cm", "gm", "pounds", "meters", "meals",
-    "edges", "students", "childrentickets", "multiples", "\\text{s}", "\\text{.}", "\\text{\ns}",
-    "\\text{}^2", "\\text{}^3", "\\text{\n}", "\\text{}", r"\mathrm{th}", r"^\circ", r"^{\circ}", r"\;",
-    r",\!", "{,}", '"', "\\dots", "<|im_end|>", "<|endoftext|>",
+    "square",
+    "ways",
+    "integers",
+    "dollars",
+    "mph",
+    "inches",
+    "hours",
+    "km",
+    "units",
+    "\\ldots",
+    "sue",
+    "points",
+    "feet",
+    "minutes",
+    "digits",
+    "cents",
+    "degrees",
+    "cm",
+    "gm",
+    "pounds",
+    "meters",
+    "meals",
+    "edges",
+    "students",
+    "childrentickets",
+    "multiples",
+    "\\text{s}",
+    "\\text{.}",
+    "\\text{\ns}",
+    "\\text{}^2",
+    "\\text{}^3",
+    "\\text{\n}",
+    "\\text{}",
+    r"\mathrm{th}",
+    r"^\circ",
+    r"^{\circ}",
+    r"\;",
+    r",\!",
+    "{,}",
+    '"',
+    "\\dots",
+    "<|im_end|>",
+    "<|endoftext|>",
 ]
 
 
@@ -96,8 +142,9 @@ def normalize_final_answer(final_answer) -> str:
     return s.strip()
 
 
-def is_correct_minerva(solution_str: str, gt, gt_need_extract: bool = False,
-                       answer_pattern: str = _ANSWER_PATTERN) -> tuple[bool, str]:
+def is_correct_minerva(
+    solution_str: str, gt, gt_need_extract: bool = False, answer_pattern: str = _ANSWER_PATTERN
+) -> tuple[bool, str]:
     """(the last `Answer:` of the solution equals the integer label after normalisation, the
     normalised prediction — "[INVALID]" when there is no `Answer:` line)."""
     found = re.findall(answer_pattern, solution_str)
@@ -119,8 +166,9 @@ def is_correct_strict_box(pred: str, gt, pause_tokens_index: list[int] | None = 
     return (1 if extracted == gt else -1), extracted
 
 
-def verify(solution_str: str, answer, strict_box_verify: bool = False,
-           pause_tokens_index: list[int] | None = None) -> tuple[bool, str | None]:
+def verify(
+    solution_str: str, answer, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None
+) -> tuple[bool, str | None]:
     """(correct, prediction) by the strict-box or the Minerva rule."""
     if strict_box_verify:
         score, pred = is_correct_strict_box(solution_str, answer, pause_tokens_index)
@@ -128,8 +176,9 @@ def verify(solution_str: str, answer, strict_box_verify: bool = False,
     return is_correct_minerva(solution_str, answer)
 
 
-def compute_score(solution_str: str, ground_truth, strict_box_verify: bool = False,
-                  pause_tokens_index: list[int] | None = None) -> dict:
+def compute_score(
+    solution_str: str, ground_truth, strict_box_verify: bool = False, pause_tokens_index: list[int] | None = None
+) -> dict:
     """`{"score": 1.0 or -1.0, "acc": bool, "pred": prediction}` of the last 300 characters."""
     tail = (solution_str or "")[-300:]  # MATH-500's longest answer has 159 characters
     correct, pred = verify(tail, ground_truth, strict_box_verify, pause_tokens_index)

@@ -39,9 +39,7 @@ def _sympy():
         import sympy  # lazily: 0.4 s to import, and most answers are settled without it
         from sympy.parsing import sympy_parser
 
-        transformations = sympy_parser.standard_transformations + (
-            sympy_parser.implicit_multiplication_application,
-        )
+        transformations = sympy_parser.standard_transformations + (sympy_parser.implicit_multiplication_application,)
         _SYMPY_PARSE = (sympy, sympy_parser, transformations)
     return _SYMPY_PARSE
 
@@ -178,8 +176,24 @@ def grade_mathd(given: str | None, truth: str | None) -> bool:
 # ---------------------------------------------------------------------------------------------
 # sympy comparison
 
-_UNITS = ("degree", "cm", "centimeter", "meter", "mile", "second", "minute", "hour", "day", "week",
-          "month", "year", "foot", "feet", "inch", "yard")
+_UNITS = (
+    "degree",
+    "cm",
+    "centimeter",
+    "meter",
+    "mile",
+    "second",
+    "minute",
+    "hour",
+    "day",
+    "week",
+    "month",
+    "year",
+    "foot",
+    "feet",
+    "inch",
+    "yard",
+)
 _UNIT_RES = [re.compile(unit + r"(es)?(s)? *(\^[0-9]+)?") for unit in _UNITS]
 _THOUSANDS_COMMA = re.compile(r"(\d)(,)(\d\d\d)($|\D)")
 _MIXED_NUMBER = re.compile(r"([0-9]) +([0-9])")
@@ -295,8 +309,7 @@ def _split_tuple(expr: str) -> list[str]:
     expr = _strip_thousands(expr)
     if not expr:
         return []
-    if (len(expr) > 2 and expr[0] in _BRACKETS and expr[-1] in _BRACKETS
-            and all(c not in expr[1:-1] for c in _BRACKETS)):
+    if len(expr) > 2 and expr[0] in _BRACKETS and expr[-1] in _BRACKETS and all(c not in expr[1:-1] for c in _BRACKETS):
         return [e.strip() for e in expr[1:-1].split(",")]
     return [expr]
 

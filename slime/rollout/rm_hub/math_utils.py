@@ -168,8 +168,17 @@ def grade_math(response: str | None, label) -> float:
 
 
 __all__ = [
-    "extract_boxed_answer", "normalize_answer", "to_number", "is_equiv", "grade_math",
+    "extract_boxed_answer",
+    "normalize_answer",
+    "to_number",
+    "is_equiv",
+    "grade_math",
     # slime's names
-    "extract_answer", "grade_answer_verl", "grade_answer_mathd", "grade_answer_sympy", "last_boxed_only_string",
-    "remove_boxed", "mathd_normalize_answer",
+    "extract_answer",
+    "grade_answer_verl",
+    "grade_answer_mathd",
+    "grade_answer_sympy",
+    "last_boxed_only_string",
+    "remove_boxed",
+    "mathd_normalize_answer",
 ]

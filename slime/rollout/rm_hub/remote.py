@@ -74,7 +74,7 @@ async def remote_rm(args: Any, sample: Any) -> float | dict:
                     return _check_reward(body, args.reward_key)
             except RemoteRewardError:
                 raise
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 last = f"no answer within --rm-timeout {timeout.total:g}s"
             except (aiohttp.ClientError, OSError, _Garbage) as e:
                 last = f"{type(e).__name__}: {e}" if not isinstance(e, _Garbage) else str(e)

@@ -79,12 +79,19 @@ class SandboxLimits:
                 raise ValueError(f"sandbox limit {f.name} must be a finite number > 0, got {value!r}")
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> "SandboxLimits":
+    def from_args(cls, args: argparse.Namespace) -> SandboxLimits:
         """The `--sandbox-*` options of a slime command line."""
-        return cls(timeout_s=args.sandbox_timeout, cpu_s=args.sandbox_cpu_time, memory_mb=args.sandbox_memory_mb,
-                   file_mb=args.sandbox_file_mb, scratch_mb=args.sandbox_scratch_mb, processes=args.sandbox_processes,
-                   open_files=args.sandbox_open_files, max_output_kb=args.sandbox_max_output_kb,
-                   allow_unisolated=args.sandbox_allow_unisolated)
+        return cls(
+            timeout_s=args.sandbox_timeout,
+            cpu_s=args.sandbox_cpu_time,
+            memory_mb=args.sandbox_memory_mb,
+            file_mb=args.sandbox_file_mb,
+            scratch_mb=args.sandbox_scratch_mb,
+            processes=args.sandbox_processes,
+            open_files=args.sandbox_open_files,
+            max_output_kb=args.sandbox_max_output_kb,
+            allow_unisolated=args.sandbox_allow_unisolated,
+        )
 
 
 @dataclass
@@ -139,12 +146,13 @@ def check_sandbox(allow_unisolated: bool) -> None:
     if problem and not allow_unisolated:
         raise SandboxUnavailable(
             f"the code sandbox cannot be isolated here: {problem}. Programs a policy writes must not run "
-            f"unisolated; pass --sandbox-allow-unisolated only for trusted code on a machine without bubblewrap")
+            f"unisolated; pass --sandbox-allow-unisolated only for trusted code on a machine without bubblewrap"
+        )
 
 
 # The first code that runs in the sandbox: the process limit (inside the user namespace it counts
 # only the sandbox's processes), then the program as `__main__`, its directory importable.
-_RUNNER = r'''
+_RUNNER = r"""
 import resource, runpy, sys
 n = int(sys.argv[1])
 if n:
@@ -152,11 +160,11 @@ if n:
 sys.argv = ["main.py"]
 sys.path.insert(0, ".")
 runpy.run_path("main.py", run_name="__main__")
-'''
+"""
 
 # Unisolated runs only: refuse sockets, ctypes and new processes in Python (an audit hook cannot be
 # removed by Python code). It is not a sandbox; see the module docstring.
-_GUARD = r'''
+_GUARD = r"""
 import sys as _sys
 def _slime_guard(event, args, _blocked=frozenset(("socket.connect", "socket.bind", "socket.sendto",
         "socket.sendmsg", "socket.getaddrinfo", "socket.gethostbyname", "socket.gethostbyaddr",
@@ -166,7 +174,7 @@ def _slime_guard(event, args, _blocked=frozenset(("socket.connect", "socket.bind
         raise _denied("sandbox: " + event + " is not allowed")
 _sys.addaudithook(_slime_guard)
 del _sys
-'''
+"""
 
 
 _PR_SET_PDEATHSIG = 1
@@ -216,7 +224,7 @@ class _Capture:
             if not chunk:
                 break
             room = cap - len(self.data)
-            self.data += chunk[:max(room, 0)]
+            self.data += chunk[: max(room, 0)]
             if len(chunk) > room and not self.exceeded:
                 self.exceeded = True
                 overflow()
@@ -246,14 +254,35 @@ def _kill_group(proc: subprocess.Popen) -> None:
         pass
 
 
-def _run(cmd: list[str], *, cwd: str | None, stdin: bytes, limits: SandboxLimits, pass_fds: tuple[int, ...],
-         cgroup: PidsCgroup | None) -> SandboxResult:
-    env = {"PATH": "/usr/bin:/bin", "HOME": cwd or SCRATCH, "TMPDIR": cwd or SCRATCH, "LANG": "C.UTF-8",
-           "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
+def _run(
+    cmd: list[str],
+    *,
+    cwd: str | None,
+    stdin: bytes,
+    limits: SandboxLimits,
+    pass_fds: tuple[int, ...],
+    cgroup: PidsCgroup | None,
+) -> SandboxResult:
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": cwd or SCRATCH,
+        "TMPDIR": cwd or SCRATCH,
+        "LANG": "C.UTF-8",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONHASHSEED": "0",
+    }
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, pass_fds=pass_fds,
-                            preexec_fn=_rlimits(limits, cgroup))
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        pass_fds=pass_fds,
+        preexec_fn=_rlimits(limits, cgroup),
+    )
     cap = int(limits.max_output_kb) * 1024
     out = _Capture(proc.stdout, cap, lambda: _kill_group(proc))
     err = _Capture(proc.stderr, cap, lambda: _kill_group(proc))
@@ -269,9 +298,14 @@ def _run(cmd: list[str], *, cwd: str | None, stdin: bytes, limits: SandboxLimits
             cgroup.close()  # kills anything left in the cgroup
         proc.wait()
     output_limit = out.exceeded or err.exceeded
-    return SandboxResult(returncode=None if timed_out or output_limit else proc.returncode,
-                         stdout=out.text(5), stderr=err.text(5), timed_out=timed_out,
-                         wall_s=time.monotonic() - t0, output_limit=output_limit and not timed_out)
+    return SandboxResult(
+        returncode=None if timed_out or output_limit else proc.returncode,
+        stdout=out.text(5),
+        stderr=err.text(5),
+        timed_out=timed_out,
+        wall_s=time.monotonic() - t0,
+        output_limit=output_limit and not timed_out,
+    )
 
 
 def _check_names(files: dict[str, str]) -> None:
@@ -288,8 +322,7 @@ def _run_isolated(files: dict[str, str], stdin: bytes, limits: SandboxLimits, pr
     cgroup = PidsCgroup(limits.processes + 2) if needs_pids_cgroup() else None  # + bwrap and its init
     try:
         argv = [exe, "-I", "-B", "_sandbox_runner.py", str(int(limits.processes))]
-        cmd = bwrap_command(argv, files=fds, scratch_mb=int(limits.scratch_mb), seccomp_fd=seccomp_fd,
-                            proc_fs=proc_fs)
+        cmd = bwrap_command(argv, files=fds, scratch_mb=int(limits.scratch_mb), seccomp_fd=seccomp_fd, proc_fs=proc_fs)
         pass_fds = tuple(fds.values()) + (() if seccomp_fd is None else (seccomp_fd,))
         return _run(cmd, cwd=None, stdin=stdin, limits=limits, pass_fds=pass_fds, cgroup=cgroup)
     finally:
@@ -310,8 +343,15 @@ def _run_unisolated(files: dict[str, str], stdin: bytes, limits: SandboxLimits) 
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def run_python(code: str, *, stdin: str | bytes = "", files: dict[str, str] | None = None,
-               limits: SandboxLimits | None = None, proc_fs: bool = True, **overrides: Any) -> SandboxResult:
+def run_python(
+    code: str,
+    *,
+    stdin: str | bytes = "",
+    files: dict[str, str] | None = None,
+    limits: SandboxLimits | None = None,
+    proc_fs: bool = True,
+    **overrides: Any,
+) -> SandboxResult:
     """Run `code` as `main.py` in the sandbox (with `files` next to it); `overrides` replace single
     limits (`timeout_s=`, `cpu_s=`, `memory_mb=`, ...). `proc_fs=False` mounts no /proc."""
     limits = replace(limits or SandboxLimits(), **overrides)

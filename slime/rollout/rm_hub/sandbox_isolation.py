@@ -31,7 +31,9 @@ from pathlib import Path
 
 from slime.rollout.rm_hub.sandbox_seccomp import seccomp_program
 
-INSTALL_HINT = "apt-get update && apt-get install -y bubblewrap   (Debian/Ubuntu; `bash scripts/setup.sh` does it as root)"
+INSTALL_HINT = (
+    "apt-get update && apt-get install -y bubblewrap   (Debian/Ubuntu; `bash scripts/setup.sh` does it as root)"
+)
 SCRATCH = "/sandbox"
 SANDBOX_UID = 65534  # nobody
 
@@ -53,23 +55,52 @@ def _system_dirs() -> list[str]:
     return args
 
 
-def bwrap_command(argv: list[str], *, files: dict[str, int], scratch_mb: int, seccomp_fd: int | None,
-                  proc_fs: bool = True) -> list[str]:
+def bwrap_command(
+    argv: list[str], *, files: dict[str, int], scratch_mb: int, seccomp_fd: int | None, proc_fs: bool = True
+) -> list[str]:
     """The bwrap command line that runs `argv` in `SCRATCH`; `files` maps a scratch file name to a
     readable fd whose content bwrap copies there. Without `proc_fs` there is no /proc at all."""
     _, prefix = python_paths()
-    cmd = [shutil.which("bwrap") or "bwrap",
-           "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
-           "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID), "--hostname", "sandbox",
-           "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-           *_system_dirs()]
+    cmd = [
+        shutil.which("bwrap") or "bwrap",
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--disable-userns",
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_UID),
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        *_system_dirs(),
+    ]
     if not (prefix == "/usr" or prefix.startswith("/usr/")):
         cmd += ["--ro-bind", prefix, prefix]
     if proc_fs:
         cmd += ["--proc", "/proc"]
-    cmd += ["--dev", "/dev", "--remount-ro", "/dev",
-            "--size", str(scratch_mb * 1024 * 1024), "--perms", "0777", "--tmpfs", SCRATCH,
-            "--symlink", SCRATCH, "/tmp"]
+    cmd += [
+        "--dev",
+        "/dev",
+        "--remount-ro",
+        "/dev",
+        "--size",
+        str(scratch_mb * 1024 * 1024),
+        "--perms",
+        "0777",
+        "--tmpfs",
+        SCRATCH,
+        "--symlink",
+        SCRATCH,
+        "/tmp",
+    ]
     for name, fd in files.items():
         cmd += ["--perms", "0644", "--file", str(fd), f"{SCRATCH}/{name}"]
     if seccomp_fd is not None:
@@ -158,7 +189,7 @@ def needs_pids_cgroup() -> bool:
 
 @lru_cache(maxsize=1)
 def isolation_problem() -> str:
-    """"" when the bubblewrap sandbox works here (with a process limit); else what is missing."""
+    """ "" when the bubblewrap sandbox works here (with a process limit); else what is missing."""
     if shutil.which("bwrap") is None:
         return f"bubblewrap (`bwrap`) is not installed; install it with: {INSTALL_HINT}"
     if needs_pids_cgroup():
@@ -166,16 +197,28 @@ def isolation_problem() -> str:
         try:
             PidsCgroup(8).close()
         except OSError as e:
-            return (f"running as root, the sandbox needs a pids cgroup for its process limit (root is exempt from "
-                    f"RLIMIT_NPROC), and none can be made: {e}")
+            return (
+                f"running as root, the sandbox needs a pids cgroup for its process limit (root is exempt from "
+                f"RLIMIT_NPROC), and none can be made: {e}"
+            )
     exe, _ = python_paths()
     program = seccomp_program()
     seccomp_fd = memfd("seccomp", program) if program is not None else None
     try:
-        cmd = bwrap_command([exe, "-I", "-S", "-c", "open('/sandbox/ok', 'w').write('1'); print(open('/sandbox/ok').read())"],
-                            files={}, scratch_mb=1, seccomp_fd=seccomp_fd)
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
-                           pass_fds=() if seccomp_fd is None else (seccomp_fd,))
+        cmd = bwrap_command(
+            [exe, "-I", "-S", "-c", "open('/sandbox/ok', 'w').write('1'); print(open('/sandbox/ok').read())"],
+            files={},
+            scratch_mb=1,
+            seccomp_fd=seccomp_fd,
+        )
+        r = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+            pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return f"bubblewrap could not be run: {e}"
     finally:
@@ -183,8 +226,10 @@ def isolation_problem() -> str:
             os.close(seccomp_fd)
     if r.returncode != 0 or r.stdout.strip() != "1":
         detail = (r.stderr.strip().splitlines() or [f"exit status {r.returncode}"])[-1]
-        return (f"bubblewrap cannot make the sandbox here ({detail}); it needs unprivileged user namespaces "
-                f"(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0)")
+        return (
+            f"bubblewrap cannot make the sandbox here ({detail}); it needs unprivileged user namespaces "
+            f"(sysctl kernel.unprivileged_userns_clone=1 / user.max_user_namespaces > 0)"
+        )
     return ""
 
 
@@ -197,6 +242,6 @@ def memfd(name: str, data: bytes) -> int:
         os.unlink(path)
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
     os.lseek(fd, 0, os.SEEK_SET)
     return fd

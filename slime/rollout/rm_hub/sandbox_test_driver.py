@@ -35,16 +35,43 @@ _PLAIN_SCALARS = frozenset({int, float, complex, str, bytes, bool, type(None)})
 _PLAIN_CONTAINERS = frozenset({list, tuple, set, frozenset, dict})
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
 _FRAME_EVENTS = frozenset({"sys._getframe", "sys._getframemodulename"})
-_BLOCKED_EVENTS = frozenset({
-    "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
-    "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__", "marshal.loads", "marshal.load",
-    "subprocess.Popen", "os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn",
-})
+_BLOCKED_EVENTS = frozenset(
+    {
+        "sys._current_frames",
+        "sys._current_exceptions",
+        "sys.settrace",
+        "sys.setprofile",
+        "gc.get_objects",
+        "gc.get_referrers",
+        "gc.get_referents",
+        "code.__new__",
+        "marshal.loads",
+        "marshal.load",
+        "subprocess.Popen",
+        "os.system",
+        "os.exec",
+        "os.posix_spawn",
+        "os.spawn",
+        "os.fork",
+        "os.forkpty",
+        "pty.spawn",
+    }
+)
 # Standard-library modules that hand frames to their caller: frames asked for from these are refused
 # like the solution's own requests. Other library code (namedtuple, enum, typing, warnings...) reads
 # its caller's frame for its module name and keeps it to itself.
-_FRAME_EXPOSING = ("inspect.py", "traceback.py", "logging/__init__.py", "pdb.py", "bdb.py", "asyncio/",
-                   "cgitb.py", "faulthandler", "code.py", "codeop.py")
+_FRAME_EXPOSING = (
+    "inspect.py",
+    "traceback.py",
+    "logging/__init__.py",
+    "pdb.py",
+    "bdb.py",
+    "asyncio/",
+    "cgitb.py",
+    "faulthandler",
+    "code.py",
+    "codeop.py",
+)
 
 # Everything below binds what it uses as default arguments: while the driver runs, this module is
 # `sys.modules["__main__"]`, so the solution could rebind its globals, and builtins it can patch.
@@ -95,8 +122,16 @@ class _GuardComparisons(ast.NodeTransformer):
         return ast.copy_location(new, node)
 
 
-def _make_guard(stdlib, getframe=sys._getframe, denied=PermissionError, len=len, isinstance=isinstance,
-                startswith=str.startswith, endswith=str.endswith, contains=str.__contains__):
+def _make_guard(
+    stdlib,
+    getframe=sys._getframe,
+    denied=PermissionError,
+    len=len,
+    isinstance=isinstance,
+    startswith=str.startswith,
+    endswith=str.endswith,
+    contains=str.__contains__,
+):
     """The audit hook. It closes over everything it uses: no one can reach or rebind it."""
     busy = [False]  # its own sys._getframe call raises an event too
 
@@ -123,10 +158,15 @@ def _make_guard(stdlib, getframe=sys._getframe, denied=PermissionError, len=len,
         if event in _BLOCKED_EVENTS or startswith(event, "ctypes."):
             raise denied(f"test driver: {event} is not allowed while tests run")
         frame_request = event in _FRAME_EVENTS or (
-            event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS)
+            event == "object.__getattr__" and len(args) > 1 and args[1] in _FRAME_ATTRS
+        )
         # a source file compiled under a standard-library name would pass for library code
-        fake_library = event == "compile" and len(args) > 1 and isinstance(args[1], str) and (
-            startswith(args[1], stdlib) or startswith(args[1], "<frozen "))
+        fake_library = (
+            event == "compile"
+            and len(args) > 1
+            and isinstance(args[1], str)
+            and (startswith(args[1], stdlib) or startswith(args[1], "<frozen "))
+        )
         if (frame_request or fake_library) and not trusted_caller():
             what = f"reading .{args[1]}" if event == "object.__getattr__" else event
             raise denied(f"test driver: {what} is not allowed while tests run")
@@ -144,7 +184,9 @@ def _undumpable():
         pass
 
 
-def _describe(e, base_str=BaseException.__str__, base=BaseException, type=type, name_of=type.__dict__["__name__"].__get__):
+def _describe(
+    e, base_str=BaseException.__str__, base=BaseException, type=type, name_of=type.__dict__["__name__"].__get__
+):
     try:
         text = base_str(e)
     except base:
@@ -187,8 +229,9 @@ def _main():
         update(real_builtins)
         test_namespace = {k: v for k, v in namespace.items() if k not in real_builtins}
         # the tests get a private copy of the builtins: nothing the solution left running can patch it
-        test_namespace.update(__name__="__main__", __builtins__=dict(real_builtins), __file__="tests.py",
-                              _slime_equal=equal)
+        test_namespace.update(
+            __name__="__main__", __builtins__=dict(real_builtins), __file__="tests.py", _slime_equal=equal
+        )
         run(tests_code, test_namespace)
     except BaseException as e:  # SystemExit and KeyboardInterrupt too: the tests did not finish
         try:
