@@ -154,7 +154,7 @@ def rloo_rewards(
     return (centered.view(-1, group_size) * scale).reshape(-1)
 
 
-def _last_trained_index(mask: Tensor) -> int | None:
+def _last_trained_index(mask: Tensor | Sequence[int]) -> int | None:
     idx = torch.nonzero(torch.as_tensor(mask).to(torch.bool), as_tuple=True)[0]
     return int(idx[-1]) if idx.numel() else None
 
@@ -178,7 +178,7 @@ def reinforce_plus_plus_returns(
         if last is not None:
             token_rewards[last] += float(reward)
         returns = torch.zeros_like(token_rewards)
-        running = 0.0
+        running: Tensor | float = 0.0
         for t in range(token_rewards.shape[0] - 1, -1, -1):
             running = token_rewards[t] + gamma * running
             returns[t] = running
@@ -220,7 +220,7 @@ def gae_advantages_and_returns(
         next_v = torch.cat([v[1:], v.new_zeros(1)]) if v.numel() else v
         deltas = r + gamma * next_v - v
         adv = torch.zeros_like(deltas)
-        running = 0.0
+        running: Tensor | float = 0.0
         for t in range(deltas.shape[0] - 1, -1, -1):
             running = deltas[t] + gamma * lambd * running
             adv[t] = running

@@ -123,8 +123,9 @@ def _packed_mask(loss_masks: Sequence[Tensor | Sequence[int]], lengths: list[int
             raise ValueError(f"loss mask {i} has shape {shape}, expected ({n},)")
     if not lengths:
         return torch.zeros(0, dtype=torch.bool, device=device)
-    if all(isinstance(m, Tensor) for m in loss_masks):
-        return torch.cat(list(loss_masks)).to(device=device, dtype=torch.bool)
+    tensors = [m for m in loss_masks if isinstance(m, Tensor)]
+    if len(tensors) == len(loss_masks):
+        return torch.cat(tensors).to(device=device, dtype=torch.bool)
     return torch.as_tensor([bool(v) for m in loss_masks for v in m], dtype=torch.bool, device=device)
 
 

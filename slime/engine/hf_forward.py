@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from transformers import DynamicCache
@@ -22,7 +23,7 @@ from slime.engine.kv_cache import is_plain_layer, use_growable_layers
 class DecodeState:
     """KV cache and bookkeeping of a running batch (rows are left-padded)."""
 
-    cache: object
+    cache: Any  # a transformers Cache (DynamicCache or the model's own)
     mask: torch.Tensor  # [B, capacity] long, 1 = real token; only [:, :length] is in use
     length: int  # columns in use (= cache sequence length)
     next_pos: torch.Tensor  # [B, 1] long: position id of the next token per row
@@ -44,6 +45,12 @@ class HFBatch:
     @property
     def rows(self) -> int:
         return 0 if self.state is None else int(self.state.mask.shape[0])
+
+    def live(self) -> DecodeState:
+        """The running batch's state: asking it of an empty batch is a scheduler bug."""
+        if self.state is None:
+            raise RuntimeError("the batch has no rows")
+        return self.state
 
 
 class HFForward:
@@ -98,7 +105,7 @@ class HFForward:
     @torch.inference_mode()
     def decode(self, batch: HFBatch, tokens: torch.Tensor) -> torch.Tensor:
         """One decode step: feed `tokens` [B] and return next logits [B, V] fp32."""
-        state = batch.state
+        state = batch.live()
         if state.length >= state.mask.shape[1]:  # grow (only when rows were retracted with output)
             extra = torch.zeros((state.mask.shape[0], state.mask.shape[1]), dtype=torch.long)
             state.mask = torch.cat([state.mask, extra], dim=1)
@@ -111,7 +118,7 @@ class HFForward:
     @torch.inference_mode()
     def select_rows(self, batch: HFBatch, keep: list[int]) -> None:
         """Rows `keep[i]` become rows i (finished rows leave; left columns no row uses go)."""
-        state = batch.state
+        state = batch.live()
         _take_rows(state, torch.tensor(keep, dtype=torch.long))
         used = state.mask[:, : state.length]
         first = int(used.any(dim=0).to(torch.int8).argmax())
@@ -122,7 +129,7 @@ class HFForward:
     def row_kv(self, batch: HFBatch, row: int, n: int):
         """The KV of row `row`'s last `n` cached tokens (per layer [kv_heads, n, head_dim]), or
         None when they are not all real tokens of plain layers."""
-        state = batch.state
+        state = batch.live()
         if n > state.length:
             return None
         start = state.length - n
@@ -193,6 +200,7 @@ class HFForward:
             lasts.append(last)
             order.append(i)
         idx = torch.tensor([order.index(i) for i in range(len(prompts))], dtype=torch.long)
+        assert state is not None, "a prefill of no prompts"
         _take_rows(state, idx)
         return torch.cat(lasts, dim=0).index_select(0, idx), None, state
 

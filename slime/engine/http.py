@@ -31,7 +31,8 @@ except ImportError:  # pragma: no cover - orjson comes with the engine's depende
     def dumps(obj: Any) -> bytes:
         return json.dumps(obj).encode()
 
-    loads = json.loads
+    def loads(data: bytes | bytearray | memoryview | str) -> Any:
+        return json.loads(bytes(data) if isinstance(data, memoryview) else data)
 
 
 def error_body(msg: str) -> dict:

@@ -23,14 +23,16 @@ class GrowableLayer(DynamicLayer):
 
     def _owns_keys(self) -> bool:
         """Are `keys`/`values` still the front of our buffers (nobody replaced them)?"""
-        k, kb = self.keys, self._kbuf
+        k, kb, v, vb = self.keys, self._kbuf, self.values, self._vbuf
         return (
             kb is not None
+            and vb is not None
             and k is not None
+            and v is not None
             and k.dim() == 4
             and k.data_ptr() == kb.data_ptr()
             and k.stride() == kb.stride()
-            and self.values.data_ptr() == self._vbuf.data_ptr()
+            and v.data_ptr() == vb.data_ptr()
         )
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
@@ -38,19 +40,21 @@ class GrowableLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         cur = self.keys.shape[-2] if self.keys is not None and self.keys.dim() == 4 else 0
         n = key_states.shape[-2]
-        fits = self._owns_keys() and self._kbuf.shape[:2] == key_states.shape[:2] and cur + n <= self._kbuf.shape[-2]
-        if not fits:
+        kb, vb = self._kbuf, self._vbuf
+        fits = self._owns_keys() and kb is not None and kb.shape[:2] == key_states.shape[:2] and cur + n <= kb.shape[-2]
+        if not fits or kb is None or vb is None:
             capacity = cur + n + max(64, (cur + n) // 2)  # amortised: a rebuild every many steps
             shape = (*key_states.shape[:2], capacity, key_states.shape[-1])
             kb, vb = key_states.new_empty(shape), value_states.new_empty((*shape[:3], value_states.shape[-1]))
             if cur:
+                assert self.keys is not None and self.values is not None
                 kb[:, :, :cur] = self.keys
                 vb[:, :, :cur] = self.values
             self._kbuf, self._vbuf = kb, vb
-        self._kbuf[:, :, cur : cur + n] = key_states
-        self._vbuf[:, :, cur : cur + n] = value_states
-        self.keys = self._kbuf[:, :, : cur + n]
-        self.values = self._vbuf[:, :, : cur + n]
+        kb[:, :, cur : cur + n] = key_states
+        vb[:, :, cur : cur + n] = value_states
+        self.keys = kb[:, :, : cur + n]
+        self.values = vb[:, :, : cur + n]
         return self.keys, self.values
 
 

@@ -18,6 +18,7 @@ import json
 import logging
 import warnings
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 from safetensors.torch import load_file
@@ -112,8 +113,12 @@ class ModelRunner:
         self.dtype = torch_dtype
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.model = AutoModelForCausalLM.from_pretrained(
-                self.model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code
+            # Any: transformers' stubs type the model so that .to(device) does not check
+            self.model: Any = cast(
+                Any,
+                AutoModelForCausalLM.from_pretrained(
+                    self.model_path, dtype=torch_dtype, trust_remote_code=trust_remote_code
+                ),
             )
         self.model.eval()
         self.model.requires_grad_(False)

@@ -28,6 +28,7 @@ from the model's own rotary module, softmax in fp32.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import overload
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +104,10 @@ class WideWeights:
         # weight keeps its id from being reused by another tensor
         self._copies: dict[int, tuple[torch.Tensor, tuple[int, int], torch.Tensor]] = {}
 
+    @overload
+    def get(self, t: torch.Tensor) -> torch.Tensor: ...
+    @overload
+    def get(self, t: None) -> None: ...
     def get(self, t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
             return None
@@ -154,8 +159,10 @@ class KVPool:
         keys = [new((new_slots, kv, new_cap // BLOCK, d, BLOCK), dtype=self.dtype) for _ in range(self.num_layers)]
         values = [new((new_slots, kv, new_cap, d), dtype=self.dtype) for _ in range(self.num_layers)]
         if used_slots and used_len:
-            for old, new in zip(self.positions(used_len, used_slots), self._views(keys, values, used_len, used_slots)):
-                new.copy_(old)
+            for old, fresh in zip(
+                self.positions(used_len, used_slots), self._views(keys, values, used_len, used_slots)
+            ):
+                fresh.copy_(old)
         self.keys, self.values, self.slots, self.capacity = keys, values, new_slots, new_cap
 
     @staticmethod
@@ -398,8 +405,10 @@ class NativeForward:
         q, k, v = self._qkv(layer, h, b)
         q = q.contiguous()  # (a no-op but after q/k norms)
         keys, values = batch.pool.keys[i], batch.pool.values[i]
-        self.kernels.rope_store(q, k.contiguous(), v.contiguous(), self.cos, self.sin, batch.lens, keys, values)
-        return self.kernels.decode_attention(q, keys, values, batch.lens, self.scaling).view(b, -1)
+        kernels = self.kernels
+        assert kernels is not None, "this path is taken only when the C kernels loaded"
+        kernels.rope_store(q, k.contiguous(), v.contiguous(), self.cos, self.sin, batch.lens, keys, values)
+        return kernels.decode_attention(q, keys, values, batch.lens, self.scaling).view(b, -1)
 
     def _decode_attend_torch(self, batch: SlotBatch):
         """The decode step's attention as torch operations (bf16, or no C compiler): RoPE and the
@@ -447,7 +456,8 @@ class NativeForward:
         """Run `tokens[j]` through the model on top of `starts[j]` cached positions of slot
         `slots[j]`; their KV lands in the pool. Returns the last position's logits [n, V] fp32
         and, with `full_logits`, each row's logits for all of its tokens ([len(tokens[j]), V])."""
-        last, full = [], [] if full_logits else None
+        last: list[torch.Tensor] = []
+        full: list[torch.Tensor] | None = [] if full_logits else None
         i = 0
         while i < len(tokens):  # chunks of about PREFILL_CHUNK_TOKENS tokens
             j, longest = i, 0

@@ -107,7 +107,7 @@ class PrefixCache:
             m = min(common_prefix_len(entry.tokens, arr), len(prompt) - 1)
             if m > best:
                 best, best_entry, best_key = m, entry, key
-        if best < self.min_match:
+        if best_key is None or best < self.min_match:
             return 0, None
         self._entries.move_to_end(best_key)
         self.hits += 1

@@ -99,9 +99,16 @@ class Req:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def max_new_tokens(self) -> int:
+        """The cap on new tokens, resolved before the request is queued (`_with_room`)."""
+        new = self.params.max_new_tokens
+        assert new is not None, "max_new_tokens is resolved when a request is built"
+        return new
+
     def kv_need(self) -> int:
         """Cache positions this request may take by its end (prompt + every new token)."""
-        return len(self.input_ids) + self.params.max_new_tokens
+        return len(self.input_ids) + self.max_new_tokens
 
     def num_tokens(self) -> int:
         return len(self.input_ids) + len(self.output_ids)
@@ -242,7 +249,7 @@ def _with_room(
 
 
 def _check_fits(req: Req, where: str, context_length: int, max_total_tokens: int | None) -> None:
-    n, new = len(req.input_ids), req.params.max_new_tokens
+    n, new = len(req.input_ids), req.max_new_tokens
     if n + new > context_length:
         raise BadRequest(
             f"prompt{where} has {n} tokens and max_new_tokens is {new}: "

@@ -66,7 +66,7 @@ def create_gloo_group(
     else:
         store = _tcp_store(master_address, master_port, world_size, False, timeout, None)
     store = dist.PrefixStore(f"slime/{group_name}", store)
-    opts = dist.ProcessGroupGloo._Options()
+    opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # torch's own private options type
     opts._timeout = timeout
     opts._devices = [dist.ProcessGroupGloo.create_device(hostname=master_address)]
     return GlooGroup(dist.ProcessGroupGloo(store, rank, world_size, opts), store)

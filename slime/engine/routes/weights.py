@@ -142,12 +142,16 @@ def _group_name(body: dict) -> str:
     return name
 
 
+def _nonempty_list(body: dict, key: str) -> list:
+    v = body.get(key)
+    if not isinstance(v, list) or not v:
+        raise BadRequest(f"{key} must be a non-empty list")
+    return v
+
+
 def _tensor_specs(body: dict) -> list[tuple[str, torch.dtype, list[int]]]:
     """(name, dtype, shape) of every tensor an update announces, in broadcast order."""
-    names, dtypes, shapes = body.get("names"), body.get("dtypes"), body.get("shapes")
-    for key, v in (("names", names), ("dtypes", dtypes), ("shapes", shapes)):
-        if not isinstance(v, list) or not v:
-            raise BadRequest(f"{key} must be a non-empty list")
+    names, dtypes, shapes = (_nonempty_list(body, key) for key in ("names", "dtypes", "shapes"))
     if not len(names) == len(dtypes) == len(shapes):
         raise BadRequest(
             f"names, dtypes and shapes must have equal lengths, got {len(names)}, {len(dtypes)}, {len(shapes)}"
@@ -330,9 +334,11 @@ def _add_pull_route(app: FastAPI, state: EngineState) -> None:
 
     async def pull_weights(body: dict):
         local, source = body.get("local_checkpoint_dir"), body.get("source_dir")
+        if not isinstance(local, str) or not local:
+            raise BadRequest("local_checkpoint_dir must be a directory path")
+        if not isinstance(source, str) or not source:
+            raise BadRequest("source_dir must be a directory path")
         for key, v in (("local_checkpoint_dir", local), ("source_dir", source)):
-            if not isinstance(v, str) or not v:
-                raise BadRequest(f"{key} must be a directory path")
             if not disk_load_allowed(state, v):
                 return error_response(
                     f"pull_weights: {key} {v!r} is not under a --weight-load-dirs directory of this server", 403
