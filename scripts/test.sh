@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Set up (if needed) and run the test suite. Extra arguments go to pytest,
-# e.g. `bash scripts/test.sh -m "not e2e"` for the fast tests only.
+# Set up (if needed), run the checks (ruff, codespell, mypy: .pre-commit-config.yaml), then the
+# test suite. Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not e2e"` for the fast
+# tier only. SLIME_SKIP_CHECKS=1 skips the checks (the edit loop); CI always runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 OMP_WAIT_POLICY=PASSIVE
+if [ "${SLIME_SKIP_CHECKS:-0}" != 1 ] || [ "${CI:-}" = true ]; then
+  # The hooks are local (language: system): the tools come from .venv, at constraints.txt's versions.
+  PATH="$PWD/.venv/bin:$PATH" .venv/bin/pre-commit run --all-files --show-diff-on-failure
+fi
 exec .venv/bin/python -m pytest -q "$@"
