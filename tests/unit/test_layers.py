@@ -16,6 +16,7 @@ ROOT = Path(slime.__file__).parent
 # From the ground up; a module may import its own layer and the ones below it.
 LAYERS = [
     ("ground", ("slime", "slime.errors", "slime.utils", "slime.algorithms", "slime.observability")),
+    ("sandbox", ("slime.sandbox",)),
     ("engine", ("slime.engine",)),
     ("arguments", ("slime.arguments",)),
     ("data and rollout", ("slime.data", "slime.rollout", "slime.agent")),
