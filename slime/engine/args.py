@@ -31,7 +31,7 @@ MODEL_IMPLS = ("auto", "native", "sglang", "transformers")
 def server_threads(args: argparse.Namespace) -> int:
     """Torch threads of the server: `--num-threads`, else every core this process may run on (a
     server started on its own has the machine; inside a run the launcher passes the run's budget)."""
-    from slime.utils.threads import available_cores
+    from slime.runtime.threads import available_cores
 
     return args.num_threads if args.num_threads and args.num_threads > 0 else available_cores()
 
@@ -95,7 +95,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default=True,
         help="started as a command on an x86 CPU not made by Intel: start again with a one-function "
         "library preloaded that makes Intel MKL pick its matrix kernels by the CPU's instruction "
-        "sets rather than its vendor (slime.utils.mkl_vendor)",
+        "sets rather than its vendor (slime.runtime.mkl_vendor)",
     )
     p.add_argument(
         "--disable-radix-cache",

@@ -39,7 +39,7 @@ import torch
 from slime.engine.model_runner import ModelRunner
 from slime.engine.request import Req, check_stop_strings, input_logprobs
 from slime.engine.sampling import BatchSampler
-from slime.utils.core_lending import EngineLending
+from slime.runtime.core_lending import EngineLending
 
 logger = logging.getLogger(__name__)
 
