@@ -1,4 +1,4 @@
-"""Benchmark: what the MKL vendor shim (slime/utils/mkl_vendor.py) changes, side by side.
+"""Benchmark: what the MKL vendor shim (slime/runtime/mkl_vendor.py) changes, side by side.
 
     .venv/bin/python bench/mkl_vendor.py [--rounds 3] [--threads 1]
 
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from pathlib import Path
 torch.set_num_threads(__THREADS__)
-from slime.utils.mkl_vendor import loaded
+from slime.runtime.mkl_vendor import loaded
 out = {"shim": loaded()}
 
 def gflops(m, k, n, reps):
@@ -91,7 +91,7 @@ print("RESULT " + json.dumps(out))
 
 
 def run_worker(model: Path, threads: int, shim: bool) -> dict:
-    from slime.utils.mkl_vendor import preload_env
+    from slime.runtime.mkl_vendor import preload_env
 
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env.update({"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO)})
@@ -119,7 +119,7 @@ def main() -> None:
     a = p.parse_args()
 
     from slime.data.tiny_model import build_tiny_model
-    from slime.utils.mkl_vendor import cpu_info, not_applicable
+    from slime.runtime.mkl_vendor import cpu_info, not_applicable
 
     sys.path.insert(0, str(REPO / "bench"))
     from shared_prompt import MODELS

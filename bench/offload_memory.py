@@ -14,7 +14,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from slime.backends.torch.offload import TrainOffload, rss_bytes
-from slime.utils.threads import configure_torch_threads
+from slime.runtime.threads import configure_torch_threads
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ by round with a fixed seed per round:
 * slime-rl `slime train-async --use-tis`: slime's truncated importance sampling against the
   generating policy's log-probs, the correction for train_async's one-version lag;
 * TRL again with slime-rl's MKL vendor shim preloaded into its process (`trl-mkl`; only where the
-  shim applies, see slime/utils/mkl_vendor.py): slime-rl's processes get the shim by default, so this
+  shim applies, see slime/runtime/mkl_vendor.py): slime-rl's processes get the shim by default, so this
   row separates what the framework brings from what the kernel choice brings;
 * on request (`--systems ... async-plain`): train_async with `--no-lend-idle-cores
   --no-share-prompt-forward`, to measure what those two bring, side by side; `async-no-shim`:
@@ -838,7 +838,7 @@ SLIME_MODES = {
         "train-async",
         ["--train-num-threads", "1", "--sglang-num-threads", "1", "--use-tis"],
     ),
-    # without the MKL vendor shim (slime.utils.mkl_vendor): what it brings, where it applies
+    # without the MKL vendor shim (slime.runtime.mkl_vendor): what it brings, where it applies
     "slime-rl train_async --no-mkl-vendor-shim": (
         "train-async",
         ["--train-num-threads", "1", "--sglang-num-threads", "1", "--no-mkl-vendor-shim"],
@@ -893,7 +893,7 @@ def run_trl(model: Path, data_dir: Path, steps: int, seed: int, out: Path, shim:
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
     t0 = time.perf_counter()
-    from slime.utils.mkl_vendor import preload_env
+    from slime.runtime.mkl_vendor import preload_env
 
     run_trl_worker(["train", str(out / "config.json")], preload=preload_env() if shim else None)
     wall = time.perf_counter() - t0  # the whole process, as for slime-rl
@@ -975,7 +975,7 @@ def print_table(
         f"{steps} steps x {rounds} round(s), alternating; {os.cpu_count()} cores"
         f"{' (avx512_bf16)' if bf16 else ' (no avx512_bf16)'}, fp32, {JOB['threads']} threads each"
     )
-    from slime.utils.mkl_vendor import cpu_info, not_applicable
+    from slime.runtime.mkl_vendor import cpu_info, not_applicable
 
     why = not_applicable()
     print(
@@ -1072,7 +1072,7 @@ def main() -> None:
         a.steps, a.rounds, a.sft_steps = 6, 1, 20
     JOB.update(MODELS[a.model])
     if "trl-mkl" in a.systems:
-        from slime.utils.mkl_vendor import not_applicable
+        from slime.runtime.mkl_vendor import not_applicable
 
         if (why := not_applicable()) is not None:  # TRL + shim would be TRL again
             print(f"[vs_trl] trl-mkl left out: the MKL vendor shim does not apply here ({why})", flush=True)

@@ -17,7 +17,7 @@ if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
 fi
 # PyPI's torchvision/torchaudio are CUDA builds that break CPU torch imports.
 .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-# The code sandbox (--rm-type code, slime/rollout/rm_hub/sandbox_isolation.py) runs programs
+# The code sandbox (--rm-type code, slime/sandbox/bwrap.py) runs programs
 # under bubblewrap: install Debian's package when `bwrap` is missing.
 if ! command -v bwrap >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then

@@ -24,8 +24,8 @@ from slime.observability.debug_data import load_rollout_data as load_debug_rollo
 from slime.ray.engine_launch import validate_sglang_args
 from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
-from slime.rollout.rm_hub.sandbox import check_sandbox
 from slime.rollout.sglang_rollout import load_eval_prompts
+from slime.sandbox import check_sandbox
 from slime.sync.external import discover as discover_external_engines
 from slime.utils.checkpoint_layout import latest_dir
 from slime.utils.eval_config import eval_dataset_configs

@@ -2,7 +2,7 @@
 
 Used as `--custom-generate-function-path examples.coding_agent.generate.generate`. Each model
 turn stops at `</code>` (a stop string, kept in the output tokens). A turn that ends in
-`<code>PROGRAM</code>` has PROGRAM run in the framework's sandbox (`slime.rollout.rm_hub.sandbox`:
+`<code>PROGRAM</code>` has PROGRAM run in the framework's sandbox (`slime.sandbox`:
 bubblewrap namespaces, only /usr and Python visible, a throw-away scratch directory, no network,
 CPU / memory / process / output / wall-time limits) and its output appended as
 `<output>...</output>`; those tokens are the tool's, so they are masked out of the loss
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.rollout.multi_turn import Trajectory, run_multi_turn
-from slime.rollout.rm_hub.sandbox import SandboxLimits, SandboxResult, run_python
+from slime.sandbox import SandboxLimits, SandboxResult, run_python
 from slime.utils.types import Sample
 
 STOP_STRINGS = ("</code>",)

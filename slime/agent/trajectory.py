@@ -66,9 +66,126 @@ class _Segment:
     tool_calls: bool = False
     ill_formed: bool = False
 
+    @classmethod
+    def opened_by(cls, rec: TurnRecord) -> _Segment:
+        """A new segment whose prompt is `rec`'s."""
+        return cls(
+            prompt_len=len(rec.prompt_ids),
+            tokens=list(rec.prompt_ids),
+            loss_mask=[0] * len(rec.prompt_ids),
+            log_probs=[0.0] * len(rec.prompt_ids),
+            weight_versions=[],
+            turns=[],
+            last_finish=rec.finish_reason,
+        )
+
+    def add_context(self, tail: list[int]) -> None:
+        """A turn's prompt beyond the segment (tool results, user messages, template glue): loss_mask 0."""
+        if tail:
+            self.turns.append(
+                {
+                    "role": "context",
+                    "start": len(self.tokens) - self.prompt_len,
+                    "end": len(self.tokens) - self.prompt_len + len(tail),
+                }
+            )
+        self.tokens += tail
+        self.loss_mask += [0] * len(tail)
+        self.log_probs += [0.0] * len(tail)
+
+    def add_output(self, t: _Turn) -> None:
+        """A turn's output: the engine's ids, loss_mask 1 and the engine's log-probs."""
+        rec = t.record
+        start = len(self.tokens) - self.prompt_len
+        self.tokens += rec.output_ids
+        self.loss_mask += [1] * len(rec.output_ids)
+        self.log_probs += list(rec.output_log_probs) if rec.output_log_probs else [0.0] * len(rec.output_ids)
+        if rec.weight_version is not None:
+            self.weight_versions.append(str(rec.weight_version))
+        self.turns.append(
+            {
+                "role": "model",
+                "start": start,
+                "end": start + len(rec.output_ids),
+                "finish_reason": rec.finish_reason,
+                "weight_version": rec.weight_version,
+            }
+        )
+        self.last_finish = rec.finish_reason
+        self.tool_calls |= bool((t.response_message or {}).get("tool_calls"))
+        self.ill_formed |= rec.ill_formed
+
 
 def _extends(prefix: list[int], ids: list[int]) -> bool:
     return len(prefix) <= len(ids) and ids[: len(prefix)] == prefix
+
+
+def _pack_segments(turns: list[_Turn]) -> list[_Segment]:
+    """Each turn joins the longest segment whose tokens are a prefix of its prompt, else opens one."""
+    segments: list[_Segment] = []
+    for t in turns:
+        rec = t.record
+        best = None
+        for seg in segments:
+            if _extends(seg.tokens, rec.prompt_ids) and (best is None or len(seg.tokens) > len(best.tokens)):
+                best = seg
+        if best is None:
+            best = _Segment.opened_by(rec)
+            segments.append(best)
+        else:
+            best.add_context(rec.prompt_ids[len(best.tokens) :])
+        best.add_output(t)
+    return segments
+
+
+def _segment_sample(
+    seg: _Segment,
+    i: int,
+    num_segments: int,
+    sid: str,
+    base_sample: Sample,
+    reward: float | dict | None,
+    extra_metadata: dict[str, Any] | None,
+    max_sample_tokens: int,
+) -> Sample | None:
+    """Segment `i` of a session as a training sample; None when the cut to `max_sample_tokens`
+    leaves nothing of its response."""
+    tokens, mask, lps = seg.tokens, seg.loss_mask, seg.log_probs
+    truncated = seg.last_finish == "length"
+    if max_sample_tokens and len(tokens) > max_sample_tokens:
+        tokens, mask, lps = tokens[:max_sample_tokens], mask[:max_sample_tokens], lps[:max_sample_tokens]
+        truncated = True
+    if len(tokens) <= seg.prompt_len:  # nothing of the response left after the cut
+        return None
+    md = {
+        **(base_sample.metadata or {}),
+        **(extra_metadata or {}),
+        "sid": sid,
+        "segment": i,
+        "num_segments": num_segments,
+        "turns": seg.turns,
+        "truncated": truncated,
+        "use_tool": seg.tool_calls,
+        "ill_formed": seg.ill_formed,
+    }
+    return Sample(
+        index=base_sample.index,
+        group_index=base_sample.group_index,
+        rollout_id=base_sample.rollout_id if base_sample.rollout_id is not None else base_sample.index,
+        prompt=base_sample.prompt,
+        label=base_sample.label,
+        tokens=list(tokens),
+        response_length=len(tokens) - seg.prompt_len,
+        loss_mask=mask[seg.prompt_len :],
+        rollout_log_probs=lps[seg.prompt_len :],
+        weight_versions=seg.weight_versions,
+        reward=reward,
+        status=Sample.Status.COMPLETED,  # as slime: truncation is metadata["truncated"]
+        metadata=md,
+        session_id=sid,
+        custom_rm_path=base_sample.custom_rm_path,
+        train_metadata=base_sample.train_metadata,
+    )
 
 
 class TrajectoryManager:
@@ -133,97 +250,12 @@ class TrajectoryManager:
         no turns (a second call included)."""
         with self._lock:
             turns = self._turns.pop(sid, [])
-        segments: list[_Segment] = []
-        for t in turns:
-            rec = t.record
-            best = None
-            for seg in segments:
-                if _extends(seg.tokens, rec.prompt_ids) and (best is None or len(seg.tokens) > len(best.tokens)):
-                    best = seg
-            if best is None:
-                best = _Segment(
-                    prompt_len=len(rec.prompt_ids),
-                    tokens=list(rec.prompt_ids),
-                    loss_mask=[0] * len(rec.prompt_ids),
-                    log_probs=[0.0] * len(rec.prompt_ids),
-                    weight_versions=[],
-                    turns=[],
-                    last_finish=rec.finish_reason,
-                )
-                segments.append(best)
-            else:
-                tail = rec.prompt_ids[len(best.tokens) :]
-                if tail:
-                    best.turns.append(
-                        {
-                            "role": "context",
-                            "start": len(best.tokens) - best.prompt_len,
-                            "end": len(best.tokens) - best.prompt_len + len(tail),
-                        }
-                    )
-                best.tokens += tail
-                best.loss_mask += [0] * len(tail)
-                best.log_probs += [0.0] * len(tail)
-            start = len(best.tokens) - best.prompt_len
-            best.tokens += rec.output_ids
-            best.loss_mask += [1] * len(rec.output_ids)
-            best.log_probs += list(rec.output_log_probs) if rec.output_log_probs else [0.0] * len(rec.output_ids)
-            if rec.weight_version is not None:
-                best.weight_versions.append(str(rec.weight_version))
-            best.turns.append(
-                {
-                    "role": "model",
-                    "start": start,
-                    "end": start + len(rec.output_ids),
-                    "finish_reason": rec.finish_reason,
-                    "weight_version": rec.weight_version,
-                }
-            )
-            best.last_finish = rec.finish_reason
-            best.tool_calls |= bool((t.response_message or {}).get("tool_calls"))
-            best.ill_formed |= rec.ill_formed
-
-        samples = []
-        for i, seg in enumerate(segments):
-            tokens, mask, lps = seg.tokens, seg.loss_mask, seg.log_probs
-            truncated = seg.last_finish == "length"
-            if max_sample_tokens and len(tokens) > max_sample_tokens:
-                tokens, mask, lps = tokens[:max_sample_tokens], mask[:max_sample_tokens], lps[:max_sample_tokens]
-                truncated = True
-            if len(tokens) <= seg.prompt_len:  # nothing of the response left after the cut
-                continue
-            md = {
-                **(base_sample.metadata or {}),
-                **(extra_metadata or {}),
-                "sid": sid,
-                "segment": i,
-                "num_segments": len(segments),
-                "turns": seg.turns,
-                "truncated": truncated,
-                "use_tool": seg.tool_calls,
-                "ill_formed": seg.ill_formed,
-            }
-            samples.append(
-                Sample(
-                    index=base_sample.index,
-                    group_index=base_sample.group_index,
-                    rollout_id=base_sample.rollout_id if base_sample.rollout_id is not None else base_sample.index,
-                    prompt=base_sample.prompt,
-                    label=base_sample.label,
-                    tokens=list(tokens),
-                    response_length=len(tokens) - seg.prompt_len,
-                    loss_mask=mask[seg.prompt_len :],
-                    rollout_log_probs=lps[seg.prompt_len :],
-                    weight_versions=seg.weight_versions,
-                    reward=reward,
-                    status=Sample.Status.COMPLETED,  # as slime: truncation is metadata["truncated"]
-                    metadata=md,
-                    session_id=sid,
-                    custom_rm_path=base_sample.custom_rm_path,
-                    train_metadata=base_sample.train_metadata,
-                )
-            )
-        return samples
+        segments = _pack_segments(turns)
+        samples = [
+            _segment_sample(seg, i, len(segments), sid, base_sample, reward, extra_metadata, max_sample_tokens)
+            for i, seg in enumerate(segments)
+        ]
+        return [s for s in samples if s is not None]
 
 
 __all__ = ["TrajectoryManager", "TurnRecord"]

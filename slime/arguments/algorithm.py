@@ -18,6 +18,17 @@ OPD_TYPES = ("sglang", "megatron")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("algorithm")
+    _add_advantage_arguments(g)
+    _add_policy_loss_arguments(g)
+    _add_ppo_arguments(g)
+    _add_mismatch_arguments(g)
+    _add_distillation_and_custom_arguments(g)
+    _add_reference_and_critic_arguments(g)
+    _add_overlong_penalty_arguments(g)
+
+
+def _add_advantage_arguments(g: argparse._ArgumentGroup) -> None:
+    """Which advantages, and whether they are computed at all."""
     g.add_argument(
         "--advantage-estimator",
         choices=ADVANTAGE_ESTIMATORS,
@@ -38,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         dest="grpo_std_normalization",
         help="GRPO/GSPO subtract the group mean only (Dr. GRPO); slime's dest grpo_std_normalization.",
     )
+
+
+def _add_policy_loss_arguments(g: argparse._ArgumentGroup) -> None:
+    """The loss: PPO clip, KL and entropy terms, which log-probs, reward and advantage normalisation."""
     g.add_argument("--loss-type", choices=LOSS_TYPES, default="policy_loss")
     g.add_argument("--eps-clip", type=float, default=0.2)
     g.add_argument("--eps-clip-high", type=float, default=None, help="Default: --eps-clip.")
@@ -68,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--normalize-advantages", action="store_true", help="Whiten per-token advantages over the rollout (all ranks)."
     )
+
+
+def _add_ppo_arguments(g: argparse._ArgumentGroup) -> None:
+    """PPO and REINFORCE++: discount, GAE, dual clip, value clip, the KL penalty in the reward."""
     g.add_argument("--gamma", type=float, default=1.0, help="Discount (ppo GAE, reinforce_plus_plus).")
     g.add_argument("--lambd", type=float, default=1.0, help="GAE lambda (ppo).")
     g.add_argument("--eps-clip-c", type=float, default=None, help="Dual-clip PPO lower bound (> 1).")
@@ -79,6 +98,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="KL-to-reference penalty in the per-token reward (ppo, reinforce_plus_plus[_baseline]).",
     )
     g.add_argument("--use-unbiased-kl", action="store_true", help="Importance-weight the KL loss by pi/pi_old.")
+
+
+def _add_mismatch_arguments(g: argparse._ArgumentGroup) -> None:
+    """Train/rollout mismatch (TIS, built in or custom; OPSM) and a custom pg-loss reduction."""
     g.add_argument("--use-tis", action="store_true", help="Truncated importance sampling for train/rollout mismatch.")
     g.add_argument("--tis-clip", type=float, default=2.0)
     g.add_argument("--tis-clip-low", type=float, default=0.0)
@@ -100,6 +123,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--use-opsm", action="store_true", help="Off-policy sequence masking.")
     g.add_argument("--opsm-delta", type=float, default=1e-4)
+
+
+def _add_distillation_and_custom_arguments(g: argparse._ArgumentGroup) -> None:
+    """On-policy distillation, and custom loss and advantage functions."""
     g.add_argument("--use-opd", action="store_true", help="On-policy distillation (needs --opd-type).")
     g.add_argument(
         "--opd-type",
@@ -117,6 +144,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fn(args, rollout_data) setting rollout_data['advantages'] and ['returns'].",
     )
+
+
+def _add_reference_and_critic_arguments(g: argparse._ArgumentGroup) -> None:
+    """The reference model, the old actor and the ppo critic."""
     g.add_argument(
         "--ref-update-interval",
         type=int,
@@ -132,6 +163,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--critic-load", type=str, default=None, help="ppo critic backbone (default: --hf-checkpoint).")
     g.add_argument("--critic-lr", type=float, default=None, help="Default: --lr.")
     g.add_argument("--critic-lr-warmup-iters", type=int, default=0)
+
+
+def _add_overlong_penalty_arguments(g: argparse._ArgumentGroup) -> None:
+    """DAPO soft overlong penalty."""
     g.add_argument(
         "--overlong-buffer-len",
         type=int,

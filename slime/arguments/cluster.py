@@ -77,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the processes that run the model (Ray workers of a local cluster, built-in engines) so that "
         "Intel MKL, torch's CPU BLAS, picks its matrix kernels by the CPU's instruction sets rather "
         "than its vendor (fp32 matmuls ~2x faster on an AVX-512 AMD EPYC). No effect elsewhere; "
-        "slime.utils.mkl_vendor.",
+        "slime.runtime.mkl_vendor.",
     )
 
 

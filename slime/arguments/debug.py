@@ -29,6 +29,13 @@ from slime.arguments.rollout import DEFAULT_ROLLOUT_FUNCTION
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("debugging and CI checks")
+    _add_debug_run_arguments(g)
+    _add_debug_data_arguments(g)
+    _add_ci_arguments(g)
+
+
+def _add_debug_run_arguments(g: argparse._ArgumentGroup) -> None:
+    """Half a run: the engines and rollouts only, or the trainer only."""
     g.add_argument(
         "--debug-rollout-only",
         action="store_true",
@@ -41,6 +48,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=False,
         help="Run the trainer only: no engines (use with --load-debug-rollout-data).",
     )
+
+
+def _add_debug_data_arguments(g: argparse._ArgumentGroup) -> None:
+    """Rollout and train data saved for debugging, and loaded back in place of a rollout."""
     g.add_argument(
         "--save-debug-rollout-data",
         type=str,
@@ -83,6 +94,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Dump all details of training (rollout and train data, with readable .jsonl "
         "records) under this directory for post-hoc analysis.",
     )
+
+
+def _add_ci_arguments(g: argparse._ArgumentGroup) -> None:
+    """slime's CI checks, and the train/rollout mismatch metrics."""
     g.add_argument(
         "--ci-test",
         action="store_true",

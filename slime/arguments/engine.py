@@ -44,6 +44,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Engine servers: real SGLang (GPUs) or the built-in CPU engine "
         "(default: sglang when CUDA and the sglang package are present, else builtin).",
     )
+    _add_weight_sync_arguments(g)
+    _add_disk_weight_sync_arguments(g)
+    _add_router_and_request_arguments(g)
+    _add_fault_tolerance_arguments(p)
+
+
+def _add_weight_sync_arguments(g: argparse._ArgumentGroup) -> None:
+    """How weights reach the engines: the transport, full or delta, the collective's bucket size."""
     g.add_argument(
         "--update-weight-transport",
         type=str,
@@ -72,6 +80,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="buffer size for update weight, in bytes (slime's option): the bucket size of a "
         "collective weight update (one HTTP control call per bucket).",
     )
+
+
+def _add_disk_weight_sync_arguments(g: argparse._ArgumentGroup) -> None:
+    """Disk weight sync: where it writes, deltas and their checks, a post-write hook, an engine-local copy."""
     g.add_argument(
         "--update-weight-disk-dir",
         type=str,
@@ -123,6 +135,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "published deltas in place, then reloads from it. Required for --update-weight-mode=delta; "
         "optional for full disk sync.",
     )
+
+
+def _add_router_and_request_arguments(g: argparse._ArgumentGroup) -> None:
+    """External engines, the router, and the rollout client's limits on requests to them."""
     g.add_argument(
         "--rollout-external-engine-addrs",
         type=str,
@@ -177,6 +193,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Timeout in seconds of one control call to an engine (weight update, memory release, "
         "pause; slime-rl's own).",
     )
+
+
+def _add_fault_tolerance_arguments(p: argparse.ArgumentParser) -> None:
+    """Engine health checks and restarts."""
     ft = p.add_argument_group("fault tolerance")
     ft.add_argument(
         "--use-fault-tolerance",
@@ -333,6 +353,12 @@ def _finalize_weight_sync(args: argparse.Namespace) -> None:
             "--update-weight-delta-checksum blake3 needs the blake3 package, which is not installed; "
             "use xxh3-128 (slime's default) or adler32"
         )
+    _check_disk_weight_sync(args)
+    _finalize_external_engines(args)
+
+
+def _check_disk_weight_sync(args: argparse.Namespace) -> None:
+    """Disk sync and deltas: the directories they need, and what they cannot be combined with."""
     # slime's rules (slime/utils/arguments.py)
     if args.update_weight_transport == "disk" and not args.update_weight_disk_dir:
         raise SlimeError(
@@ -371,6 +397,10 @@ def _finalize_weight_sync(args: argparse.Namespace) -> None:
             "--update-weight-local-checkpoint-dir must differ from --update-weight-disk-dir (the engines "
             "patch their local copy in place)"
         )
+
+
+def _finalize_external_engines(args: argparse.Namespace) -> None:
+    """Engines this run did not launch: their addresses normalised, and what cannot go with them."""
     if args.rollout_external_engine_addrs is not None:
         args.rollout_external_engine_addrs = [normalize_engine_addr(a) for a in args.rollout_external_engine_addrs]
         if args.sglang_router_ip is not None:

@@ -86,7 +86,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "written at each --save-interval and at the end). 0: no sample log.",
     )
 
-    # slime's add_tensorboard_arguments
+    _add_tensorboard_arguments(g)
+    _add_wandb_arguments(g)
+    _add_profiling_arguments(p)
+
+
+def _add_tensorboard_arguments(g: argparse._ArgumentGroup) -> None:
+    """slime's add_tensorboard_arguments: the metrics as TensorBoard scalars."""
     g.add_argument(
         "--use-tensorboard",
         action="store_true",
@@ -106,7 +112,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="With --tb-project-name; default: the start time (YYYYmmdd_HHMMSS).",
     )
 
-    # slime's add_wandb_arguments
+
+def _add_wandb_arguments(g: argparse._ArgumentGroup) -> None:
+    """slime's add_wandb_arguments: Weights & Biases, and the extra rollout statistics logged with it."""
     g.add_argument(
         "--use-wandb", action="store_true", default=False, help="Also log the metrics to a Weights & Biases run."
     )
@@ -174,8 +182,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Resume (or create) the wandb run with this id; set to the run's id once it starts.",
     )
 
-    # torch profiler of the training ranks: Megatron-LM's options (defaults included) as slime uses
-    # them, and slime's --profile-target (slime.observability.profile_utils)
+
+def _add_profiling_arguments(p: argparse.ArgumentParser) -> None:
+    """torch profiler of the training ranks: Megatron-LM's options (defaults included) as slime uses
+    them, and slime's --profile-target (slime.observability.profile_utils)."""
     g = p.add_argument_group("profiling")
     g.add_argument(
         "--use-pytorch-profiler",

@@ -38,6 +38,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rollout-stop", type=str, nargs="+", default=None)
     g.add_argument("--rollout-stop-token-ids", type=int, nargs="+", default=None)
     g.add_argument("--rollout-skip-special-tokens", action="store_true")
+    _add_generation_arguments(g)
+    _add_sample_hook_arguments(g)
+    g.add_argument(
+        "--max-turns",
+        type=int,
+        default=8,
+        help="Multi-turn trajectories (slime.rollout.multi_turn): most model turns per sample.",
+    )
+    g.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="Multi-turn trajectories: most prompt + response tokens per sample.",
+    )
+    g.add_argument(
+        "--max-failed-sample-ratio",
+        type=float,
+        default=0.5,
+        help="Stop the run when more than this fraction of a rollout's samples FAILED "
+        "(a hook or reward that raised); failed samples are never trained on.",
+    )
+    _add_reward_arguments(p)
+
+
+def _add_generation_arguments(g: argparse._ArgumentGroup) -> None:
+    """The rollout and generate functions, dynamic sampling, partial and fully async rollouts."""
     g.add_argument("--rollout-function-path", type=str, default=DEFAULT_ROLLOUT_FUNCTION)
     g.add_argument("--custom-generate-function-path", type=str, default=None)
     g.add_argument(
@@ -81,6 +107,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "more than this many updates older than the trainer's is dropped, not trained on, and "
         "counted (rollout/fully_async/dropped_stale_groups). Default: no bound.",
     )
+
+
+def _add_sample_hook_arguments(g: argparse._ArgumentGroup) -> None:
+    """Hooks on samples and train data, and custom rollout logging."""
     g.add_argument(
         "--rollout-sample-filter-path",
         type=str,
@@ -136,26 +166,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="fn(rollout_id, args, data, extra_metrics) -> bool; True skips the default eval metrics.",
     )
-    g.add_argument(
-        "--max-turns",
-        type=int,
-        default=8,
-        help="Multi-turn trajectories (slime.rollout.multi_turn): most model turns per sample.",
-    )
-    g.add_argument(
-        "--max-total-tokens",
-        type=int,
-        default=None,
-        help="Multi-turn trajectories: most prompt + response tokens per sample.",
-    )
-    g.add_argument(
-        "--max-failed-sample-ratio",
-        type=float,
-        default=0.5,
-        help="Stop the run when more than this fraction of a rollout's samples FAILED "
-        "(a hook or reward that raised); failed samples are never trained on.",
-    )
-    _add_reward_arguments(p)
 
 
 def _add_reward_arguments(p: argparse.ArgumentParser) -> None:

@@ -22,6 +22,30 @@ LR_DECAY_STYLES = ("constant", "linear", "cosine")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    _add_checkpoint_arguments(p)
+    _add_batching_arguments(p)
+    _add_optimizer_arguments(p)
+    g = p.add_argument_group("training actors")
+    g.add_argument(
+        "--train-env-vars",
+        type=_json_object,
+        default="{}",
+        help='JSON object of environment variables for the training actors, e.g. \'{"NCCL_DEBUG": "INFO"}\'.',
+    )
+
+    g = p.add_argument_group("custom functions")
+    g.add_argument(
+        "--custom-config-path",
+        type=str,
+        default=None,
+        help="YAML mapping whose every key becomes an attribute of args (slime's), for custom functions "
+        "to read. A key that is already an attribute replaces its value, as under slime, after "
+        "every other check (named at start-up; the value must keep the argument's type).",
+    )
+
+
+def _add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
+    """Where the model comes from and where checkpoints go."""
     g = p.add_argument_group("checkpoints")
     g.add_argument("--hf-checkpoint", type=str, default=None, help="Local Hugging Face model directory.")
     g.add_argument("--ref-load", type=str, default=None, help="Reference model (default: --hf-checkpoint).")
@@ -44,6 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "schedule continues from the checkpoint's step count whatever this is (slime's).",
     )
 
+
+def _add_batching_arguments(p: argparse.ArgumentParser) -> None:
+    """Batches and micro-batches of a training step, and how often weights are synced."""
     g = p.add_argument_group("batching")
     g.add_argument("--global-batch-size", type=int, default=None, help="Samples per optimizer step.")
     g.add_argument("--micro-batch-size", type=int, default=1)
@@ -78,6 +105,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "the synchronous loop honours it too (the two share one loop).",
     )
 
+
+def _add_optimizer_arguments(p: argparse.ArgumentParser) -> None:
+    """The optimizer, its schedule, the seed and determinism, and which parameters train."""
     g = p.add_argument_group("optimizer")
     g.add_argument("--optimizer", choices=("adam",), default="adam")
     g.add_argument("--lr", type=float, default=1e-6)
@@ -135,24 +165,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs="*",
         default=None,
         help="Regexes (re.search) of parameter names to freeze; all others train.",
-    )
-
-    g = p.add_argument_group("training actors")
-    g.add_argument(
-        "--train-env-vars",
-        type=_json_object,
-        default="{}",
-        help='JSON object of environment variables for the training actors, e.g. \'{"NCCL_DEBUG": "INFO"}\'.',
-    )
-
-    g = p.add_argument_group("custom functions")
-    g.add_argument(
-        "--custom-config-path",
-        type=str,
-        default=None,
-        help="YAML mapping whose every key becomes an attribute of args (slime's), for custom functions "
-        "to read. A key that is already an attribute replaces its value, as under slime, after "
-        "every other check (named at start-up; the value must keep the argument's type).",
     )
 
 

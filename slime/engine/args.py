@@ -31,7 +31,7 @@ MODEL_IMPLS = ("auto", "native", "sglang", "transformers")
 def server_threads(args: argparse.Namespace) -> int:
     """Torch threads of the server: `--num-threads`, else every core this process may run on (a
     server started on its own has the machine; inside a run the launcher passes the run's budget)."""
-    from slime.utils.threads import available_cores
+    from slime.runtime.threads import available_cores
 
     return args.num_threads if args.num_threads and args.num_threads > 0 else available_cores()
 
@@ -41,31 +41,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         prog="python -m slime.engine.server",
         description="slime's built-in inference engine (a subset of SGLang's HTTP API, CPU).",
     )
-    p.add_argument(
-        "--model-path",
-        "--hf-checkpoint",
-        dest="model_path",
-        required=True,
-        help="local HF model directory (--hf-checkpoint is slime's name for it)",
-    )
-    p.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument(
-        "--device",
-        default=None,
-        help="cpu, cuda or cuda:N (SGLang's flag; default: cuda when torch sees a GPU, else cpu). On "
-        "CUDA the model, KV pool and forward run on the GPU (the torch path; the C kernels are "
-        "CPU-only) and --mem-fraction-static is a share of that GPU's memory",
-    )
-    p.add_argument(
-        "--num-threads",
-        type=int,
-        default=None,
-        help="torch threads of this server (default: every core this process may run on; a "
-        "training run passes its own budget)",
-    )
+    _add_model_args(p)
     p.add_argument("--random-seed", type=int, default=0, help="seed of sampling without sampling_seed")
     p.add_argument("--max-running-requests", type=int, default=256, help="rows in one batch at most")
     p.add_argument(
@@ -95,8 +71,53 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default=True,
         help="started as a command on an x86 CPU not made by Intel: start again with a one-function "
         "library preloaded that makes Intel MKL pick its matrix kernels by the CPU's instruction "
-        "sets rather than its vendor (slime.utils.mkl_vendor)",
+        "sets rather than its vendor (slime.runtime.mkl_vendor)",
     )
+    _add_kv_cache_args(p)
+    p.add_argument(
+        "--model-impl",
+        default="auto",
+        choices=list(MODEL_IMPLS),
+        help="forward implementation (SGLang's flag): native (the engine's own, Llama-family models; "
+        "'sglang' is an alias), transformers (the model's HF forward), auto (native where it covers "
+        "the model)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
+    _add_guard_args(p)
+    return p
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    """The model, where the server listens, and what it runs on."""
+    p.add_argument(
+        "--model-path",
+        "--hf-checkpoint",
+        dest="model_path",
+        required=True,
+        help="local HF model directory (--hf-checkpoint is slime's name for it)",
+    )
+    p.add_argument("--tokenizer-path", default=None, help="defaults to --model-path")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--device",
+        default=None,
+        help="cpu, cuda or cuda:N (SGLang's flag; default: cuda when torch sees a GPU, else cpu). On "
+        "CUDA the model, KV pool and forward run on the GPU (the torch path; the C kernels are "
+        "CPU-only) and --mem-fraction-static is a share of that GPU's memory",
+    )
+    p.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="torch threads of this server (default: every core this process may run on; a "
+        "training run passes its own budget)",
+    )
+
+
+def _add_kv_cache_args(p: argparse.ArgumentParser) -> None:
+    """The KV cache: prefix reuse and the token budget of the running batch."""
     p.add_argument(
         "--disable-radix-cache",
         action="store_true",
@@ -122,17 +143,6 @@ def build_arg_parser() -> argparse.ArgumentParser:
         default=None,
         help="KV token budget of the running batch (overrides --mem-fraction-static)",
     )
-    p.add_argument(
-        "--model-impl",
-        default="auto",
-        choices=list(MODEL_IMPLS),
-        help="forward implementation (SGLang's flag): native (the engine's own, Llama-family models; "
-        "'sglang' is an alias), transformers (the model's HF forward), auto (native where it covers "
-        "the model)",
-    )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error", "critical"])
-    _add_guard_args(p)
-    return p
 
 
 def _add_guard_args(p: argparse.ArgumentParser) -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from slime.utils.c_library import build_library
+from slime.runtime.c_library import build_library
 
 logger = logging.getLogger(__name__)
 

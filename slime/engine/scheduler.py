@@ -21,6 +21,9 @@ Bursts (a rollout sends all its samples at once) are coalesced: while requests s
 than one per BURST_GAP_S and the queue is longer than the running batch, the worker waits for the
 burst to land and takes it in one prefill (`_settle_burst`). Between two decode steps the worker
 checks one flag (`_interrupt`), so aborts and pauses cost nothing while there are none.
+
+What happens to the running batch itself (prefilling rows into it, recording a decode step, dropping
+finished rows, min_new_tokens suppression) is slime.engine.running_batch's.
 """
 
 from __future__ import annotations
@@ -31,33 +34,21 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from slime.engine.model_runner import ModelRunner
-from slime.engine.request import Req, check_stop_strings, input_logprobs
+from slime.engine.request import Req
+from slime.engine.running_batch import RunningBatch, add_rows, record_step, suppress_table
 from slime.engine.sampling import BatchSampler
-from slime.utils.core_lending import EngineLending
+from slime.runtime.core_lending import EngineLending
 
 logger = logging.getLogger(__name__)
 
 # burst coalescing (Scheduler._settle_burst): arrivals closer than this belong to one burst
 BURST_GAP_S = 0.002
 BURST_MAX_WAIT_S = 0.5
-
-
-@dataclass
-class _Running:
-    """The batch the worker is decoding: its KV state, rows (finished ones until compaction),
-    sampler, min_new_tokens suppression table and how many rows still generate."""
-
-    state: Any
-    rows: list[Req]
-    sampler: BatchSampler
-    suppress_ids: list | None
-    alive: int
 
 
 class _Retract(Exception):
@@ -381,42 +372,6 @@ class Scheduler:
             logger.exception("delivering %d results failed", len(reqs))
 
     # ---------------------------------------------------------------- one batch
-    def _add_rows(self, state, rows: list[Req], new: list[Req]):
-        """Prefill `new` into the batch `state` after its `rows`; deliver new rows with nothing to
-        generate. Returns (the batch's rows now, logits [k, V] of the k new rows that stay), or
-        None when the batch cannot take rows (nothing changed)."""
-        runner = self.runner
-        version = self.weight_version
-        # Requests with nothing to generate (max_new_tokens reached, e.g. 0) still get a prefill
-        # when they asked for input log-probs.
-        need_input_lp = [r.return_logprob and r.logprob_start_len >= 0 and r.input_logprobs is None for r in new]
-        max_new = max(r.params.max_new_tokens - len(r.output_ids) for r in new)
-        prompts = [r.input_ids + r.output_ids for r in new]
-        got = runner.add_rows(state, prompts, max_new, full_logits=any(need_input_lp))
-        if got is None:
-            return None
-        last, full, cached = got
-        for r, c in zip(new, cached):
-            r.weight_version = version
-            r.cached_tokens = c
-            r.kv_epoch = runner.weights_epoch
-        if full is not None:
-            for i, r in enumerate(new):
-                if need_input_lp[i]:
-                    r.input_logprobs = input_logprobs(full[i], r)
-            del full
-        done_now = [r for r in new if len(r.output_ids) >= r.params.max_new_tokens]
-        for r in done_now:
-            r.finish_reason = {"type": "length", "length": r.params.max_new_tokens}
-        if not done_now:
-            return rows + new, last
-        self._safe_deliver(done_now)
-        staying = [i for i, r in enumerate(new) if not r.finished]
-        if not rows and not staying:
-            return [], last[:0]
-        runner.select_rows(state, list(range(len(rows))) + [len(rows) + i for i in staying])
-        return rows + [new[i] for i in staying], last.index_select(0, torch.tensor(staying, dtype=torch.long))
-
     def _admit(self, batch: list[Req], rows: list[Req], alive: int) -> list[Req]:
         """Continuous batching: take waiting requests into the running batch (between decode steps)."""
         with self._cv:
@@ -436,23 +391,20 @@ class Scheduler:
         runner = self.runner
         self.batches_run += 1
         state = runner.new_batch()
-        rows, logits = self._add_rows(state, [], list(batch))
+        rows, logits = add_rows(runner, state, [], list(batch), self.weight_version, self._safe_deliver)
         if not rows:
             return
-        run = _Running(
+        run = RunningBatch(
             state,
             rows,
             BatchSampler(rows, runner.vocab_size, self.generator),
-            self._suppress_table(rows),
+            suppress_table(rows),
             alive=len(rows),
         )
         steps_since_admit = 0
         while True:
-            suppress = None
-            if run.suppress_ids is not None:
-                suppress = self._suppress_mask(run.rows, run.suppress_ids, logits.shape[1])
-            tokens_t, logprobs_t = run.sampler.sample(logits, suppress)
-            newly = self._record_step(run.rows, tokens_t.tolist(), logprobs_t.tolist())
+            tokens_t, logprobs_t = run.sampler.sample(logits, run.suppress(logits.shape[1]))
+            newly = record_step(run.rows, tokens_t.tolist(), logprobs_t.tolist(), runner.tokenizer)
             self.tokens_generated += run.alive
             if self._interrupt:
                 newly += self._handle_interrupt(run.rows)
@@ -480,47 +432,18 @@ class Scheduler:
                     steps_since_admit = 0
                     logits = self._join(run, batch, new, logits)
 
-    def _record_step(self, rows: list[Req], tokens: list[int], logprobs: list[float]) -> list[Req]:
-        """Append each running row's sampled token; returns the rows this step finished."""
-        tokenizer = self.runner.tokenizer
-        newly: list[Req] = []
-        for i, r in enumerate(rows):
-            if r.finish_reason is not None:  # finished earlier, waiting for compaction
-                continue
-            t = tokens[i]
-            r.output_ids.append(t)
-            r.output_logprobs.append(logprobs[i])
-            n = len(r.output_ids)
-            p = r.params
-            if n >= p.min_new_tokens:
-                if t in r.stop_ids:
-                    r.finish_reason = {"type": "stop", "matched": t}
-                elif p.stop:
-                    check_stop_strings(r, tokenizer)
-            if r.finish_reason is None and n >= p.max_new_tokens:
-                r.finish_reason = {"type": "length", "length": p.max_new_tokens}
-            if r.finish_reason is not None:
-                newly.append(r)
-        return newly
-
-    def _maybe_compact(self, run: _Running, tokens_t: torch.Tensor) -> torch.Tensor:
+    def _maybe_compact(self, run: RunningBatch, tokens_t: torch.Tensor) -> torch.Tensor:
         """Finished rows leave the batch when enough of them pile up: each compaction moves KV
         rows, so one at a time is slower than carrying a few dead rows along."""
         if len(run.rows) - run.alive >= self.compact_fraction * len(run.rows):
-            keep = compaction_order([r.finish_reason is None for r in run.rows])
-            self.runner.select_rows(run.state, keep)
-            run.sampler.select(keep)
-            tokens_t = tokens_t.index_select(0, torch.tensor(keep, dtype=torch.long))
-            run.rows = [run.rows[i] for i in keep]
-            if run.suppress_ids is not None:
-                run.suppress_ids = self._suppress_table(run.rows)
+            tokens_t = run.compact(self.runner, tokens_t)
         with self._cv:
             self._running = [r for r in run.rows if r.finish_reason is None]
         return tokens_t
 
-    def _join(self, run: _Running, batch: list[Req], new: list[Req], logits: torch.Tensor) -> torch.Tensor:
+    def _join(self, run: RunningBatch, batch: list[Req], new: list[Req], logits: torch.Tensor) -> torch.Tensor:
         """Prefill admitted requests into the running batch; returns the logits of every row."""
-        got = self._add_rows(run.state, run.rows, new)
+        got = add_rows(self.runner, run.state, run.rows, new, self.weight_version, self._safe_deliver)
         if got is None:  # cannot merge this cache type: back to the front of the queue
             self.continuous = False
             with self._cv:
@@ -530,14 +453,7 @@ class Scheduler:
             for r in new:
                 batch.remove(r)
             return logits
-        added = len(got[0]) - len(run.rows)
-        run.rows, new_logits = got
-        if added:
-            logits = torch.cat([logits, new_logits], dim=0)
-            run.alive += added
-            run.sampler._set_rows(run.rows)
-            run.suppress_ids = self._suppress_table(run.rows)
-        return logits
+        return run.grow(*got, logits)
 
     def _remember(self, rows: list[Req], leaving: list[Req], state) -> None:
         """Rows leaving the batch keep their KV in the prefix cache (if all of it is from the
@@ -616,30 +532,3 @@ class Scheduler:
             self._running = []
             self._cv.notify_all()
         raise _Retract()
-
-    # ---------------------------------------------------------------- min_new_tokens
-    @staticmethod
-    def _suppress_table(rows: list[Req]):
-        """Per row, the stop tokens `min_new_tokens` still forbids; None when no row is under its minimum."""
-        if not any(r.params.min_new_tokens > len(r.output_ids) for r in rows):
-            return None
-        return [sorted(r.stop_ids) for r in rows]
-
-    @staticmethod
-    def _suppress_mask(rows: list[Req], table, vocab: int) -> torch.Tensor | None:
-        mask = None
-        for i, r in enumerate(rows):
-            if len(r.output_ids) < r.params.min_new_tokens and table[i]:
-                if mask is None:
-                    mask = torch.zeros((len(rows), vocab), dtype=torch.bool)
-                mask[i, table[i]] = True
-        return mask
-
-
-def compaction_order(alive: list[bool]) -> list[int]:
-    """Which row each position takes when dead rows leave: the alive rows in the tail fill the
-    holes in front, every other alive row keeps its position (so the native KV pool copies only
-    the rows that move)."""
-    n = sum(alive)
-    tail = iter([i for i in range(n, len(alive)) if alive[i]])
-    return [i if alive[i] else next(tail) for i in range(n)]

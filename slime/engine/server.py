@@ -52,9 +52,9 @@ from slime.engine.routes.generation import add_generation_routes, generate_handl
 from slime.engine.routes.weights import add_weight_routes
 from slime.engine.state import EngineState
 from slime.errors import SlimeError
-from slime.utils.mkl_vendor import reexec_with_shim
-from slime.utils.process import start_parent_watchdog
-from slime.utils.threads import configure_torch_threads
+from slime.runtime.mkl_vendor import reexec_with_shim
+from slime.runtime.process import start_parent_watchdog
+from slime.runtime.threads import configure_torch_threads
 
 logger = logging.getLogger("slime.engine.server")
 

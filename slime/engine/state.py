@@ -16,7 +16,7 @@ from slime.engine.model_runner import ModelRunner
 from slime.engine.request import Req, parse_generate, result_of
 from slime.engine.sampling import BadRequest
 from slime.engine.scheduler import Scheduler
-from slime.utils.core_lending import EngineLending
+from slime.runtime.core_lending import EngineLending
 
 
 def _machine_memory_bytes() -> int:

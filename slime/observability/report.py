@@ -266,6 +266,34 @@ def _sample_logs(run_dir: Path, notes: list[str], max_rollouts: int | None, max_
     return logs
 
 
+def _read_records(run_dir: Path, metrics_path: Path, args_files: list[Path], notes: list[str]) -> list[dict[str, Any]]:
+    """The metrics rows of the run (none yet is a note, as is a directory that is no run's)."""
+    if not metrics_path.is_file() and not args_files:
+        notes.append(
+            f"{run_dir} is not a run directory: it has no {METRICS_FILE} and no args.json "
+            "(a run's --run-dir has both). Showing what is there."
+        )
+    records: list[dict[str, Any]] = []
+    if metrics_path.is_file():
+        records, more = read_metrics_lenient(metrics_path)
+        notes += more
+        if not records:
+            notes.append(f"{METRICS_FILE} has no metrics rows yet: no curves")
+    elif args_files:
+        notes.append(f"no {METRICS_FILE} yet (the run has not finished a step): no curves")
+    return records
+
+
+def _recorded_facts(run_dir: Path, notes: list[str]) -> tuple[dict[str, Any], str]:
+    """(the machine and software facts of the run, where they come from): the run's own record,
+    else this machine's now."""
+    facts_file = run_dir / RUN_FACTS_FILE
+    facts = _read_json(facts_file, notes) if facts_file.is_file() else None
+    if not isinstance(facts, dict):
+        return run_facts(), "this machine when the report was written (the run recorded none)"
+    return facts, f"recorded by the run ({RUN_FACTS_FILE})"
+
+
 def collect(
     run_dir: str | Path, *, max_rollouts: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES
 ) -> dict[str, Any]:
@@ -280,19 +308,7 @@ def collect(
     notes: list[str] = []
     metrics_path = run_dir / METRICS_FILE
     args_files = sorted(run_dir.glob("args*.json"))
-    if not metrics_path.is_file() and not args_files:
-        notes.append(
-            f"{run_dir} is not a run directory: it has no {METRICS_FILE} and no args.json "
-            "(a run's --run-dir has both). Showing what is there."
-        )
-    records: list[dict[str, Any]] = []
-    if metrics_path.is_file():
-        records, more = read_metrics_lenient(metrics_path)
-        notes += more
-        if not records:
-            notes.append(f"{METRICS_FILE} has no metrics rows yet: no curves")
-    elif args_files:
-        notes.append(f"no {METRICS_FILE} yet (the run has not finished a step): no curves")
+    records = _read_records(run_dir, metrics_path, args_files, notes)
     series, _ = _series(records)
     panels = panel_keys(list(series))
     if records and not panels["eval"]:
@@ -316,11 +332,7 @@ def collect(
         obj = _read_json(f, notes)
         if isinstance(obj, dict):
             args_json[f.name] = obj
-    facts_file = run_dir / RUN_FACTS_FILE
-    facts = _read_json(facts_file, notes) if facts_file.is_file() else None
-    facts_source = f"recorded by the run ({RUN_FACTS_FILE})"
-    if not isinstance(facts, dict):
-        facts, facts_source = run_facts(), "this machine when the report was written (the run recorded none)"
+    facts, facts_source = _recorded_facts(run_dir, notes)
 
     rollouts = _sample_logs(run_dir, notes, max_rollouts, max_bytes)
     if (run_dir / SAMPLES_DIR).is_dir() and not rollouts:

@@ -32,9 +32,9 @@ import aiohttp
 from aiohttp import web
 
 from slime.engine.guard import Policy, Refused, check_headers
+from slime.runtime.process import pid_alive
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY, is_admin_path
 from slime.utils.http_utils import ROUTING_KEY_HEADER
-from slime.utils.process import pid_alive
 
 logger = logging.getLogger("slime.dispatcher")
 _CONNECT_ERRORS = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError)

@@ -33,10 +33,10 @@ from slime.arguments.engine import sglang_installed
 from slime.engine.args import check_passthrough_args, passthrough_value, passthrough_without
 from slime.errors import SlimeError
 from slime.ray.engine_process import EngineProcess
+from slime.runtime.core_lending import ENV_LEND_FILE
+from slime.runtime.cores import pin_to_cores
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
 from slime.utils.checkpoint_layout import weight_snapshot_dir
-from slime.utils.core_lending import ENV_LEND_FILE
-from slime.utils.cores import pin_to_cores
 from slime.utils.net import free_port
 
 # Set by the framework from slime's own arguments; a --sglang-<one of these> is an error.

@@ -24,9 +24,9 @@ from pathlib import Path
 import httpx
 
 from slime.errors import SlimeError
-from slime.utils.mkl_vendor import preload_env
+from slime.runtime.mkl_vendor import preload_env
+from slime.runtime.threads import thread_env
 from slime.utils.net import free_port
-from slime.utils.threads import thread_env
 
 # The directory holding the `slime` package: child processes import this very copy of it.
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -128,7 +128,7 @@ class EngineProcess:
         mkl_vendor_shim: bool = True,
     ) -> EngineProcess:
         """Launch the built-in engine, `python -m slime.engine.server` (returns at once; see
-        `wait_until_healthy`). `mkl_vendor_shim`: preload `slime.utils.mkl_vendor`'s shim where it
+        `wait_until_healthy`). `mkl_vendor_shim`: preload `slime.runtime.mkl_vendor`'s shim where it
         applies (built on this node, which is the engine's)."""
         if port is None:
             port = free_port(host)

@@ -1,7 +1,7 @@
 """Ray start-up and placement: which bundle each trainer rank and engine lives in.
 
 On a CPU machine a "GPU" slot is one worker process; bundles hold logical CPUs. Actual
-thread counts are set explicitly per process (`slime.utils.threads`), because Ray's CPU
+thread counts are set explicitly per process (`slime.runtime.threads`), because Ray's CPU
 resources are only bookkeeping, and oversubscribed cores were measured to make torch ~30x slower.
 """
 
@@ -19,10 +19,10 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, Place
 
 from slime.engine.args import passthrough_value
 from slime.errors import SlimeError
-from slime.utils.core_lending import Lender, lending_file
-from slime.utils.cores import format_cores, node_cores, split_cores
-from slime.utils.mkl_vendor import cpu_info, preload_env
-from slime.utils.threads import available_cores
+from slime.runtime.core_lending import Lender, lending_file
+from slime.runtime.cores import format_cores, node_cores, split_cores
+from slime.runtime.mkl_vendor import cpu_info, preload_env
+from slime.runtime.threads import available_cores
 
 logger = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 120
@@ -372,7 +372,7 @@ def _assign_cores(
 
 
 def plan_core_lending(args: Namespace, actors: list[ProcessPlace], engines: list[ProcessPlace]) -> list[str | None]:
-    """Disaggregated on the CPU (`slime.utils.core_lending`): each built-in engine lends its pinned
+    """Disaggregated on the CPU (`slime.runtime.core_lending`): each built-in engine lends its pinned
     cores, while it is idle, to one trainer rank on its node (the node's ranks in turn). Sets each
     rank's `lenders`; returns each engine's file (None: it lends nothing). Colocated, each side
     already has every core while the other waits; an SGLang engine's slots are GPUs."""

@@ -33,10 +33,10 @@ from slime.arguments.engine import DEFAULT_ROUTER_POLICY, ROUTER_POLICIES
 from slime.engine.args import check_passthrough_args
 from slime.errors import SlimeError
 from slime.ray.engine_process import child_env
+from slime.runtime.process import pid_alive
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
 from slime.utils.http_utils import ROUTING_KEY_HEADER
 from slime.utils.net import free_port
-from slime.utils.process import pid_alive
 
 logger = logging.getLogger(__name__)
 

@@ -109,6 +109,51 @@ class Trajectory:
         self._append(Turn("env", start, start + len(token_ids)), list(token_ids), text, 0, [0.0] * len(token_ids))
 
 
+@dataclass
+class _Room:
+    """What the trajectory may still add: the response budget (model and environment tokens
+    together), and prompt plus response within `max_total_tokens`."""
+
+    sample: Sample
+    response_budget: int | None
+    max_total_tokens: int | None
+
+    def left(self) -> int | None:
+        """Tokens the trajectory may still add (None: no limit but the engine's context length)."""
+        limits = [] if self.response_budget is None else [int(self.response_budget) - self.sample.response_length]
+        if self.max_total_tokens is not None:
+            limits.append(self.max_total_tokens - len(self.sample.tokens))
+        return min(limits) if limits else None
+
+    def exhausted(self) -> bool:
+        left = self.left()
+        return left is not None and left <= 0
+
+
+def _stop(sample: Sample, status: Sample.Status, reason: str) -> Sample:
+    sample.status = status
+    sample.metadata["stop_reason"] = reason
+    return sample
+
+
+async def _model_turn(
+    args: Namespace,
+    sample: Sample,
+    sampling_params: dict[str, Any],
+    room_left: int | None,
+    max_new_tokens_per_turn: int | None,
+) -> dict[str, Any]:
+    """One `/generate` call on the whole sequence so far, capped by the room left and the per-turn cap."""
+    params = dict(sampling_params)
+    caps = [c for c in (room_left, max_new_tokens_per_turn) if c is not None]
+    params["max_new_tokens"] = min(caps) if caps else None
+    return await post(
+        engine_url(args),
+        {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True},
+        headers=session_headers(sample.session_id),
+    )
+
+
 async def run_multi_turn(
     args: Namespace,
     sample: Sample,
@@ -138,62 +183,40 @@ async def run_multi_turn(
         raise ValueError(f"max_turns must be >= 1, got {max_turns}")
     if max_total_tokens is None:
         max_total_tokens = args.max_total_tokens
-    response_budget = sampling_params.get("max_new_tokens", 1024)  # None: only the engine's context bounds it
+    # a response budget of None: only the engine's context bounds it
+    room = _Room(sample, sampling_params.get("max_new_tokens", 1024), max_total_tokens)
     if sample.session_id is None:  # one routing key per trajectory: all its turns go to one engine
         sample.session_id = uuid.uuid4().hex
     traj = Trajectory(sample, prompt_ids_of(state, sample), max_turns)
 
-    def room() -> int | None:
-        """Tokens the trajectory may still add (None: no limit but the engine's context length)."""
-        limits = [] if response_budget is None else [int(response_budget) - sample.response_length]
-        if max_total_tokens is not None:
-            limits.append(max_total_tokens - len(sample.tokens))
-        return min(limits) if limits else None
-
-    def out_of_room() -> bool:
-        left = room()
-        return left is not None and left <= 0
-
-    def stop(status: Sample.Status, reason: str) -> Sample:
-        sample.status = status
-        sample.metadata["stop_reason"] = reason
-        return sample
-
     while True:
-        if out_of_room():
-            return stop(Sample.Status.TRUNCATED, "max_tokens")
+        if room.exhausted():
+            return _stop(sample, Sample.Status.TRUNCATED, "max_tokens")
         if state.aborted:  # a partial rollout is collecting: send nothing new
-            return stop(Sample.Status.ABORTED, "abort")
-        params = dict(sampling_params)
-        caps = [c for c in (room(), max_new_tokens_per_turn) if c is not None]
-        params["max_new_tokens"] = min(caps) if caps else None
-        output = await post(
-            engine_url(args),
-            {"input_ids": list(sample.tokens), "sampling_params": params, "return_logprob": True},
-            headers=session_headers(sample.session_id),
-        )
+            return _stop(sample, Sample.Status.ABORTED, "abort")
+        output = await _model_turn(args, sample, sampling_params, room.left(), max_new_tokens_per_turn)
         text = traj.add_model_turn(output)
         finish = traj.turns[-1].finish_reason
         if finish == "abort":
-            return stop(Sample.Status.ABORTED, "abort")
+            return _stop(sample, Sample.Status.ABORTED, "abort")
         # with no limit of ours, a turn cut by length (not by the per-turn cap) filled the context
-        if finish == "length" and (out_of_room() or (room() is None and not max_new_tokens_per_turn)):
-            return stop(Sample.Status.TRUNCATED, "max_tokens")
+        if finish == "length" and (room.exhausted() or (room.left() is None and not max_new_tokens_per_turn)):
+            return _stop(sample, Sample.Status.TRUNCATED, "max_tokens")
         observation = env_step(text, traj)
         if inspect.isawaitable(observation):
             observation = await observation
         if observation is None:
-            return stop(Sample.Status.COMPLETED, "env_done")
+            return _stop(sample, Sample.Status.COMPLETED, "env_done")
         if traj.turns_left == 0:  # no model turn would read it: not appended
-            return stop(Sample.Status.TRUNCATED, "max_turns")
+            return _stop(sample, Sample.Status.TRUNCATED, "max_turns")
         ids = (
             list(observation)
             if isinstance(observation, list)
             else tokenizer.encode(observation, add_special_tokens=False)
         )
-        left = room()
+        left = room.left()
         if left is not None and len(ids) >= left:  # the observation would leave no room for another model turn
             ids = ids[: max(0, left)]
             traj.add_env_turn(ids, tokenizer.decode(ids))
-            return stop(Sample.Status.TRUNCATED, "max_tokens")
+            return _stop(sample, Sample.Status.TRUNCATED, "max_tokens")
         traj.add_env_turn(ids, observation if isinstance(observation, str) else tokenizer.decode(ids))

@@ -137,9 +137,7 @@ async def abort(args: Namespace, rollout_id: int) -> list[list[Sample]]:
             continue
         for task in done:
             group = task.result()
-            for smp in group:
-                if smp.response and "start_rollout_id" not in smp.metadata:
-                    smp.metadata["start_rollout_id"] = rollout_id
+            _mark_partial_start([group], rollout_id)
             collected.append(group)
     if args.partial_rollout:
         logger.info("collected %d partial samples for the data buffer", sum(len(g) for g in collected))
@@ -215,11 +213,24 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
     metrics["rollout/dynamic_filter/generated_groups"] = float(generated)
     metrics["rollout/buffer/resumed_groups"] = float(resumed)
     kept.sort(key=lambda g: g[0].group_index if g and g[0].group_index is not None else -1)
-    leftover = surplus + tail
-    for g in tail:  # where a partial response began (slime's metadata)
+    _mark_partial_start(tail, rollout_id)
+    metrics.update(_return_leftover(args, data_source, surplus + tail))
+    await _process_all_samples(args, rollout_id, kept + surplus + dropped, data_source)
+    return RolloutFnTrainOutput(samples=kept, metrics=metrics)
+
+
+def _mark_partial_start(groups: list[list[Sample]], rollout_id: int) -> None:
+    """Where a partial response began (slime's metadata): the rollout that started it."""
+    for g in groups:
         for smp in g:
             if smp.response and "start_rollout_id" not in smp.metadata:
                 smp.metadata["start_rollout_id"] = rollout_id
+
+
+def _return_leftover(args: Namespace, data_source: Any, leftover: list[list[Sample]]) -> dict[str, float]:
+    """Groups generated but not needed (the surplus and the aborted tail): back into the Data
+    Buffer with `--partial-rollout`, else discarded; returns the metrics that count them."""
+    metrics: dict[str, float] = {}
     if args.partial_rollout and hasattr(data_source, "add_samples"):
         data_source.add_samples(leftover)
         metrics["rollout/buffer/returned_groups"] = float(len(leftover))
@@ -227,8 +238,7 @@ async def generate_rollout_async(args: Namespace, rollout_id: int, data_source: 
         metrics["rollout/partial/discarded_groups"] = float(len(leftover))
     if hasattr(data_source, "get_buffer_length"):
         metrics["rollout/buffer/size"] = float(data_source.get_buffer_length())
-    await _process_all_samples(args, rollout_id, kept + surplus + dropped, data_source)
-    return RolloutFnTrainOutput(samples=kept, metrics=metrics)
+    return metrics
 
 
 async def _process_all_samples(args: Namespace, rollout_id: int, groups: list[list[Sample]], data_source: Any) -> None:

@@ -84,7 +84,7 @@ class Probe:
         return os.environ.get("RAY_AUTH_MODE")
 
     def shim(self):
-        from slime.utils.mkl_vendor import loaded
+        from slime.runtime.mkl_vendor import loaded
         return loaded()
 
 probe_actor = Probe.remote()
@@ -141,8 +141,8 @@ def test_local_cluster_has_token_auth_and_listens_on_loopback_only():
     proc = _run(_DRIVER)
     res = _result(proc)
     assert res["mode_token"] and res["worker_mode"] == "token"
-    # the MKL vendor shim reaches the workers exactly where it applies (slime.utils.mkl_vendor)
-    from slime.utils.mkl_vendor import not_applicable
+    # the MKL vendor shim reaches the workers exactly where it applies (slime.runtime.mkl_vendor)
+    from slime.runtime.mkl_vendor import not_applicable
 
     assert res["worker_shim"] == (not_applicable() is None)
     # A client without the token, or with a wrong one, is refused; with the token it gets in.

@@ -137,10 +137,10 @@ def test_sigterm_answers_in_flight_requests(tiny_model_dir, tmp_path):
 
 
 def test_engines_get_the_mkl_vendor_shim_where_it_applies(tiny_model_dir, tmp_path):
-    """A launched engine has the shim preloaded exactly where slime.utils.mkl_vendor says it
+    """A launched engine has the shim preloaded exactly where slime.runtime.mkl_vendor says it
     applies, not with mkl_vendor_shim=False; started by hand (no preload in its environment) the
     server starts itself again with it, in the same process id."""
-    from slime.utils.mkl_vendor import loaded, not_applicable
+    from slime.runtime.mkl_vendor import loaded, not_applicable
     from slime.utils.net import free_port
 
     applies = not_applicable() is None

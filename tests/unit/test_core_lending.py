@@ -1,4 +1,4 @@
-"""Idle engine cores lent to the trainer (slime.utils.core_lending): the placement's pairing, the
+"""Idle engine cores lent to the trainer (slime.runtime.core_lending): the placement's pairing, the
 engine's idle/busy byte, and the trainer's check points re-pinning it and changing its threads in
 the thread that computes."""
 
@@ -18,7 +18,7 @@ from slime.engine.request import Req
 from slime.engine.sampling import SamplingParams
 from slime.engine.scheduler import Scheduler
 from slime.ray.placement_group import ProcessPlace, plan_core_lending
-from slime.utils.core_lending import IDLE, CoreBorrower, EngineLending, Lender, decoder_layers, lending_file
+from slime.runtime.core_lending import IDLE, CoreBorrower, EngineLending, Lender, decoder_layers, lending_file
 
 BASE = ["--rollout-batch-size", "2", "--num-rollout", "1"]
 TWO_CORES = len(os.sched_getaffinity(0)) >= 2
@@ -136,8 +136,8 @@ def test_the_trainer_takes_idle_cores_and_threads_in_its_compute_thread_and_give
     a, b = sorted(os.sched_getaffinity(0))[:2]
     script = textwrap.dedent(f"""
         import os, torch, threading
-        from slime.utils.cores import pin_to_cores
-        from slime.utils.core_lending import CoreBorrower, EngineLending, Lender
+        from slime.runtime.cores import pin_to_cores
+        from slime.runtime.core_lending import CoreBorrower, EngineLending, Lender
         pin_to_cores([{a}]); torch.set_num_threads(1)
         engine = EngineLending({str(tmp_path / "e.idle")!r})
         b = CoreBorrower(({a},), 1, [Lender(engine.path, ({b},))])

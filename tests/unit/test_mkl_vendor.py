@@ -1,4 +1,4 @@
-"""The MKL vendor shim (slime.utils.mkl_vendor): where it applies, what it preloads, its check,
+"""The MKL vendor shim (slime.runtime.mkl_vendor): where it applies, what it preloads, its check,
 and `slime serve`'s start with it. The processes of a run that get it are covered in
 tests/engine/test_engine_process.py (engines) and tests/e2e/test_ray_auth.py (Ray workers)."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from slime.utils import mkl_vendor
+from slime.runtime import mkl_vendor
 
 ROOT = Path(__file__).resolve().parents[2]
 AMD = {"vendor_id": "AuthenticAMD", "flags": "fpu sse2 avx avx2 fma avx512f"}
@@ -65,7 +65,7 @@ def test_a_shim_that_fails_its_check_is_not_used(monkeypatch, tmp_path, caplog, 
     monkeypatch.setattr(mkl_vendor, "not_applicable", lambda info=None: None)
     monkeypatch.setattr(mkl_vendor, "_shim", mkl_vendor._UNSET)
     monkeypatch.setattr(mkl_vendor, "_CHECK", check)
-    with caplog.at_level(logging.WARNING, logger="slime.utils.mkl_vendor"):
+    with caplog.at_level(logging.WARNING, logger="slime.runtime.mkl_vendor"):
         assert mkl_vendor.shim_library() is None
     assert f"failed its check ({why}" in caplog.text
     assert not list(tmp_path.glob("*.checked"))  # nothing cached: the next machine state checks again
@@ -77,7 +77,7 @@ def test_a_shim_that_fails_its_check_is_not_used(monkeypatch, tmp_path, caplog, 
 
 _PROBE = textwrap.dedent("""
     import torch
-    from slime.utils.mkl_vendor import loaded
+    from slime.runtime.mkl_vendor import loaded
     torch.manual_seed(1)
     a, b = torch.randn(512, 384), torch.randn(384, 640)
     print(loaded(), (a @ b - (a.double() @ b.double()).float()).abs().max().item())

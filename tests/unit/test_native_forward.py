@@ -15,7 +15,7 @@ from slime.engine.hf_forward import HFForward
 from slime.engine.model_runner import column_major_linears
 from slime.engine.native_forward import NativeForward, native_unsupported
 from slime.engine.prefix_cache import PrefixCache
-from slime.engine.scheduler import compaction_order
+from slime.engine.running_batch import compaction_order
 
 VOCAB = 97
 

@@ -13,7 +13,7 @@ import torch
 from slime.arguments import parse_args
 from slime.errors import SlimeError
 from slime.ray.placement_group import _assign_cores, check_fits, num_bundles
-from slime.utils.cores import format_cores, pin_to_cores, split_cores
+from slime.runtime.cores import format_cores, pin_to_cores, split_cores
 
 BASE = ["--rollout-batch-size", "2", "--num-rollout", "1"]
 

@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 
 from slime.errors import SlimeError
-from slime.rollout.rm_hub import async_rm, sandbox_isolation
+from slime.rollout.rm_hub import async_rm
 from slime.rollout.rm_hub.code import grade_code
-from slime.rollout.rm_hub.sandbox import SandboxLimits, SandboxUnavailable, check_sandbox, isolation, run_python
-from slime.rollout.rm_hub.sandbox_isolation import python_paths
-from slime.rollout.rm_hub.sandbox_seccomp import seccomp_program
+from slime.sandbox import SandboxLimits, SandboxUnavailable, check_sandbox, isolation, run_python
+from slime.sandbox import bwrap as sandbox_isolation
+from slime.sandbox.bwrap import python_paths
+from slime.sandbox.seccomp import seccomp_program
 from slime.utils.types import Sample
 from tests.helpers import alive, descendants, make_args
 
@@ -351,8 +352,7 @@ def test_seccomp_refuses_kernel_interfaces():
 def test_sleeper_dies_when_its_parent_is_killed(tmp_path):
     script = tmp_path / "parent.py"
     script.write_text(
-        "from slime.rollout.rm_hub.sandbox import run_python\n"
-        "run_python('import time; time.sleep(120)', timeout_s=120, cpu_s=120)\n"
+        "from slime.sandbox import run_python\nrun_python('import time; time.sleep(120)', timeout_s=120, cpu_s=120)\n"
     )
     parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
@@ -401,7 +401,7 @@ def test_missing_bubblewrap_refuses_with_the_install_command(monkeypatch, tmp_pa
     problem = sandbox_isolation.isolation_problem.__wrapped__()
     assert "bubblewrap" in problem and "apt-get install -y bubblewrap" in problem
     monkeypatch.setattr(sandbox_isolation, "isolation_problem", lambda: problem)
-    monkeypatch.setattr("slime.rollout.rm_hub.sandbox.isolation_problem", lambda: problem)
+    monkeypatch.setattr("slime.sandbox.run.isolation_problem", lambda: problem)
     with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap.*--sandbox-allow-unisolated"):
         check_sandbox(allow_unisolated=False)
     with pytest.raises(SandboxUnavailable):

@@ -56,6 +56,9 @@ from slime.observability.ci_checks import check_logprob_diff, check_train_step, 
 from slime.observability.debug_data import save_train_data
 from slime.observability.profile_utils import TrainProfiler
 from slime.observability.sample_log import write_advantages
+from slime.runtime.core_lending import CoreBorrower, Lender
+from slime.runtime.cores import pin_to_cores
+from slime.runtime.threads import configure_torch_threads
 from slime.sync.disk import DiskWeightSync
 from slime.sync.distributed import DistributedWeightSync
 from slime.sync.shm import SharedMemoryWeightSync
@@ -63,11 +66,8 @@ from slime.sync.tensor import dedupe_tied, engine_sequence_log_probs
 from slime.utils.accelerator import check_bf16
 from slime.utils.api_keys import register as register_keys
 from slime.utils.checkpoint_layout import write_weight_snapshot
-from slime.utils.core_lending import CoreBorrower, Lender
-from slime.utils.cores import pin_to_cores
 from slime.utils.misc import load_function
 from slime.utils.seqlen_balancing import balanced_order
-from slime.utils.threads import configure_torch_threads
 
 logger = logging.getLogger(__name__)
 

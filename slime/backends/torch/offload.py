@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from slime.utils.memory import rss_bytes, trim_heap
+from slime.runtime.memory import rss_bytes, trim_heap
 
 
 def _make_resizable(optimizers: Iterable[torch.optim.Optimizer]) -> None:

@@ -8,7 +8,7 @@ from fastapi import FastAPI
 from slime.engine.http import error_response, route
 from slime.engine.sampling import BadRequest
 from slime.engine.state import EngineState
-from slime.utils.memory import trim_heap
+from slime.runtime.memory import trim_heap
 
 PAUSE_MODES = ("abort", "retract", "in_place")
 

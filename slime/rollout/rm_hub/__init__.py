@@ -12,8 +12,8 @@ parsing, sympy / math-verify run in worker processes (`grader_pool`) for at most
 `--math-grader-timeout` seconds, on grader threads the event loop awaits. A refused or timed-out
 grade scores 0 and its reason goes to `sample.metadata["reward_error"]` (`dapo` reads 300
 characters with string rules only: nothing to bound).
-`code` runs in the bubblewrap sandbox (`sandbox`, `sandbox_isolation`, `sandbox_seccomp`) and
-test code reports success only by a per-run token (`sandbox_test_driver`).
+`code` runs in the bubblewrap sandbox (`slime.sandbox`) and test code reports success only by a
+per-run token (`slime.sandbox.test_driver`).
 
 Adversarial list: what a policy was tried with, through this API, and scores 0 or is refused
 (tests/unit/test_sandbox.py, tests/unit/test_bounded_graders.py): exits before the tests

@@ -5,7 +5,7 @@ whole response). The tests come from `metadata["tests"]`, else from the label:
 
 * a string: Python test code (asserts). A driver in the sandbox runs the program as `__main__`,
   then the tests against its names, and reports success only with a random token made for the run,
-  written after the last test (`sandbox_test_driver`): a program that exits before the tests, hooks
+  written after the last test (`slime.sandbox.test_driver`): a program that exits before the tests, hooks
   `atexit` or the exception hook, patches builtins or returns objects that equal everything
   scores 0;
 * a list of `{"input": stdin, "output": expected stdout}` cases: each runs the program alone;
@@ -24,11 +24,9 @@ import asyncio
 import re
 import secrets
 import threading
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
-from slime.rollout.rm_hub.sandbox import SandboxLimits, run_python
+from slime.sandbox import SandboxLimits, driver_source, run_python
 
 _FENCE_PY = re.compile(r"```python\s*(.*?)```", re.IGNORECASE | re.DOTALL)
 _FENCE_ANY = re.compile(r"```(?:py)?\s*(.*?)```", re.IGNORECASE | re.DOTALL)
@@ -62,12 +60,7 @@ def _tests_of(sample: Any) -> Any:
     )
 
 
-@lru_cache(maxsize=1)
-def _driver_source() -> str:
-    return (Path(__file__).with_name("sandbox_test_driver.py")).read_text(encoding="utf-8")
-
-
-_MARK = "@@slime-tests-passed "  # as sandbox_test_driver.MARK
+_MARK = "@@slime-tests-passed "  # as slime.sandbox.test_driver.MARK
 
 
 def run_tests(code: str, tests: str, limits: SandboxLimits | None = None, **overrides: Any) -> tuple[float, str]:
@@ -75,7 +68,7 @@ def run_tests(code: str, tests: str, limits: SandboxLimits | None = None, **over
     run's token after the last test."""
     token = secrets.token_hex(16)
     result = run_python(
-        _driver_source(),
+        driver_source(),
         stdin=token,
         files={"solution.py": code, "tests.py": tests},
         limits=limits,

@@ -32,7 +32,7 @@ import sys
 import threading
 from pathlib import Path
 
-from slime.utils.c_library import build_library, cpu_info
+from slime.runtime.c_library import build_library, cpu_info
 
 logger = logging.getLogger(__name__)
 

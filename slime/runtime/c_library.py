@@ -5,7 +5,7 @@ A source is compiled with the system C compiler (`$CC`, default `gcc`; about a s
 the flags, the compiler and this CPU's feature flags, so a change to any of them builds anew and
 concurrent builds cannot clash (each writes a temp file, then renames it). Used by the engine's
 kernels (slime.engine.kernels, slime.engine.weight_copy) and the MKL vendor shim
-(slime.utils.mkl_vendor).
+(slime.runtime.mkl_vendor).
 """
 
 from __future__ import annotations

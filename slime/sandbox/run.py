@@ -2,7 +2,7 @@
 
     result = run_python(code, stdin="...", limits=SandboxLimits(timeout_s=5))
 
-The isolation is bubblewrap's (see `sandbox_isolation`): new user/mount/PID/network namespaces,
+The isolation is bubblewrap's (see `bwrap`): new user/mount/PID/network namespaces,
 user `nobody` without capabilities, a seccomp filter, a read-only root showing only `/usr` and the
 Python installation, one scratch tmpfs (`/sandbox`, also `/tmp`) of `scratch_mb`, no network.
 Limits, all in `SandboxLimits`:
@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from slime.errors import SlimeError
-from slime.rollout.rm_hub.sandbox_isolation import (
+from slime.sandbox.bwrap import (
     SCRATCH,
     PidsCgroup,
     bwrap_command,
@@ -53,7 +53,7 @@ from slime.rollout.rm_hub.sandbox_isolation import (
     needs_pids_cgroup,
     python_paths,
 )
-from slime.rollout.rm_hub.sandbox_seccomp import seccomp_program
+from slime.sandbox.seccomp import seccomp_program
 
 
 class SandboxUnavailable(SlimeError):

@@ -2,7 +2,7 @@
 
 The sandboxed program runs under bubblewrap (`bwrap`, Debian's `bubblewrap` package) in new
 user, mount, PID, network, IPC, UTS and cgroup namespaces, as user `nobody` with no capabilities,
-`no_new_privs` and the seccomp filter of `sandbox_seccomp`; it cannot create user namespaces
+`no_new_privs` and the seccomp filter of `seccomp`; it cannot create user namespaces
 itself. Its root file system is an empty read-only tmpfs with only these mounted read-only:
 `/usr` (and the `/bin`, `/lib*` links or directories), the Python installation that runs it, a
 fresh `/proc` (its own processes only) and a minimal `/dev`. Its one writable place is
@@ -29,7 +29,7 @@ import uuid
 from functools import lru_cache
 from pathlib import Path
 
-from slime.rollout.rm_hub.sandbox_seccomp import seccomp_program
+from slime.sandbox.seccomp import seccomp_program
 
 INSTALL_HINT = (
     "apt-get update && apt-get install -y bubblewrap   (Debian/Ubuntu; `bash scripts/setup.sh` does it as root)"

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from slime.utils.cores import pin_to_cores
+from slime.runtime.cores import pin_to_cores
 
 IDLE, BUSY = b"\x01", b"\x00"
 ENV_LEND_FILE = "SLIME_LEND_CORES_FILE"  # the launcher names an engine's file here

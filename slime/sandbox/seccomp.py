@@ -202,7 +202,3 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
     prog.append(_insn(_RET_K, 0, 0, _RET_ALLOW))
     prog.append(_insn(_RET_K, 0, 0, _RET_EPERM))
     return b"".join(prog)
-
-
-def blocked_syscalls() -> tuple[str, ...]:
-    return _BLOCKED
