@@ -45,8 +45,8 @@ PARTS = [
     ("log-softmax / entropy", ("slime/algorithms/losses.py", "compute_log_probs")),
     ("log-softmax / entropy", ("slime/algorithms/losses.py", "compute_entropy")),
     ("micro-batches", ("slime/backends/torch/batching.py", "build_micro_batch")),
-    ("rollout data, advantages, metrics", ("slime/backends/torch/actor.py", "_prepare_rl_data")),
-    ("rollout data, advantages, metrics", ("slime/backends/torch/actor.py", "_reused_forward_metrics")),
+    ("rollout data, advantages, metrics", ("slime/backends/torch/rollout_batch.py", "prepare_rl_batch")),
+    ("rollout data, advantages, metrics", ("slime/backends/torch/rollout_batch.py", "reused_forward_metrics")),
 ]
 
 

@@ -552,7 +552,8 @@ def slime_check_case(batch: dict, options: list[str], data_file: Path, advantage
 
     from slime.arguments import parse_args
     from slime.backends.torch.batching import build_micro_batch, response_log_probs
-    from slime.backends.torch.loss import compute_advantages_and_returns, policy_loss
+    from slime.backends.torch.loss import policy_loss
+    from slime.backends.torch.rollout_batch import RolloutBatch, compute_advantages_and_returns
     from slime.rollout.train_data import post_process_rewards
     from slime.utils.types import Sample
 
@@ -592,16 +593,19 @@ def slime_check_case(batch: dict, options: list[str], data_file: Path, advantage
     masks = [[1] * len(c) for c in batch["completion_ids"]]
     rollout = {"log_probs": old, "rewards": advantages_override or normalised, "loss_masks": masks}
     compute_advantages_and_returns(args, rollout)
-    data = {
-        "tokens": [a + b for a, b in zip(batch["prompt_ids"], batch["completion_ids"])],
-        "response_lengths": [len(c) for c in batch["completion_ids"]],
-        "loss_masks": masks,
-        "old_log_probs": old,
-        "advantages": rollout["advantages"],
-    }
+    data = RolloutBatch(
+        indices=list(range(n)),
+        tokens=[a + b for a, b in zip(batch["prompt_ids"], batch["completion_ids"])],
+        response_lengths=[len(c) for c in batch["completion_ids"]],
+        loss_masks=masks,
+        rewards=list(rollout["rewards"]),
+        rollout_mask_sums=[float(len(m)) for m in masks],
+        old_log_probs=old,
+        advantages=list(rollout["advantages"]),
+    )
     model = AutoModelForCausalLM.from_pretrained(batch["model"], dtype=torch.float32)
     model.train()
-    mb = build_micro_batch(data, list(range(n)), packed=False)
+    mb = build_micro_batch(data.sequences, list(range(n)), packed=False)
     log_probs, entropy = response_log_probs(model, mb, args.rollout_temperature, with_entropy=True)
     reduce_kw = dict(
         calculate_per_token_loss=args.calculate_per_token_loss,

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from slime.arguments import parse_args
+from slime.sync.syncer import CollectiveSyncer, SharedMemorySyncer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -70,7 +71,7 @@ def test_logprob_parity_after_sync(engine, tiny_model_dir, tmp_path):
 
     metrics = actor.update_weights([engine.url], weight_version="1")
     assert metrics["perf/update_weights_time"] > 0 and metrics["perf/weight_sync_bytes"] > 0
-    assert actor._shm is not None and actor._dist_sync is None
+    assert isinstance(actor.syncer, SharedMemorySyncer)  # the shared-memory buffer, no collective group
     assert actor.check_weight_parity(engine.url, seq) < 1e-4
 
     # And the engine's own generation log-probs now come from the new weights.
@@ -84,8 +85,8 @@ def test_logprob_parity_after_sync(engine, tiny_model_dir, tmp_path):
     data = {"tokens": [full], "response_lengths": [len(out["output_ids"])], "loss_masks": [[1] * 6]}
     trainer_lp = torch.cat(actor._forward_only(data, [0], actor.model))
     assert (engine_lp - trainer_lp).abs().mean() < 1e-4
-    path = actor._shm.path
-    actor._shm.close()
+    path = actor.syncer.shm.path
+    actor.syncer.close()
     import os
 
     assert not os.path.exists(path)
@@ -129,4 +130,5 @@ def test_distributed_update_serves_the_trainers_new_weights(engine, tiny_model_d
             t = int(model(input_ids=torch.tensor([ids + want])).logits[0, -1].argmax())
             want.append(t)
     assert out["output_ids"] == want
-    actor._dist_sync.close()
+    assert isinstance(actor.syncer, CollectiveSyncer)
+    actor.syncer.close()

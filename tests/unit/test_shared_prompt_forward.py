@@ -84,7 +84,7 @@ def test_logits_and_gradients_equal_one_forward_per_sample(tiny_model_dir):
 def test_not_shared_while_gradient_checkpointing(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from slime.backends.torch.actor import enable_activation_checkpointing
+    from slime.backends.torch.models import enable_activation_checkpointing
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     enable_activation_checkpointing(model)

@@ -14,6 +14,7 @@ import torch
 
 from slime.arguments import parse_args
 from slime.backends.torch.actor import TrainActor
+from slime.backends.torch.rollout_batch import can_reuse_training_forward
 
 N = 8
 
@@ -156,9 +157,9 @@ def test_options_that_need_the_old_log_probs_keep_one_batched_pass(tiny_model_di
 def test_dropout_keeps_the_separate_pass(tiny_model_dir, tmp_path):
     """In train mode dropout would make the training forward differ from the old policy's."""
     actor = _actor(tiny_model_dir, tmp_path, ONE_STEP, True)
-    assert actor._can_reuse_training_forward(1, False)
+    assert can_reuse_training_forward(actor.args, actor.model, actor.old_actor, 1, False)
     actor.model.config.attention_dropout = 0.1
-    assert not actor._can_reuse_training_forward(1, False)
+    assert not can_reuse_training_forward(actor.args, actor.model, actor.old_actor, 1, False)
 
 
 # ---- the lean step's pieces (issue 16, item 2), each against the plain way computed here ----------

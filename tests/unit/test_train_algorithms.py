@@ -9,6 +9,7 @@ import torch
 from slime.arguments import parse_args
 from slime.backends.torch.actor import TrainActor
 from slime.backends.torch.optim import lr_at
+from slime.backends.torch.rollout_batch import prepare_rl_batch
 from slime.errors import SlimeError
 
 DATA = {
@@ -195,11 +196,11 @@ def test_ppo_advantages_are_gae_of_critic_values(tiny_model_dir, tmp_path):
     actor = _actor(tiny_model_dir, tmp_path, "--advantage-estimator", "ppo", "--micro-batch-size", "4")
     data = _copy(DATA)
     mine = list(range(4))
-    actor._prepare_rl_data(data, mine)
+    batch, _ = prepare_rl_batch(actor._batch_models(), data, mine)
     values = actor.critic.values(data, mine)
     for i in mine:
         want = DATA["rewards"][i] - values[i]
-        torch.testing.assert_close(data["advantages"][i], want, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(batch.advantages[i], want, rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ reference, old actor, schedule

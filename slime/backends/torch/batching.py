@@ -14,7 +14,6 @@ rollout temperature exactly as the engine does when it reports sampling log-prob
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 from collections.abc import Sequence
@@ -173,15 +172,6 @@ def _forward_parameters(cls: type) -> frozenset[str]:
         return frozenset()
 
 
-def training_precision(args: Any) -> contextlib.AbstractContextManager:
-    """Megatron's `--bf16` / `--fp16` (mixed precision): the training forward and backward compute
-    in that dtype (torch autocast on CPU) while parameters, gradients and the optimizer state stay
-    fp32 (the master weights). Neither: fp32 throughout."""
-    if args.bf16 or args.fp16:
-        return torch.autocast("cpu", dtype=torch.bfloat16 if args.bf16 else torch.float16)
-    return contextlib.nullcontext()
-
-
 def make_micro_batch(
     data: dict[str, Any], indices: Sequence[int], pad_id: int = 0, share_prompts: bool = False
 ) -> MicroBatch:
@@ -303,12 +293,19 @@ def response_log_probs(
 
 
 def pack(
-    per_sample: Sequence[Sequence[float]] | Sequence[Tensor] | dict,
+    per_sample: Sequence[Sequence[float]] | Sequence[Tensor],
     indices: Sequence[int],
     dtype: torch.dtype = torch.float32,
 ) -> Tensor:
-    """Samples ``indices`` of a per-sample column, concatenated into one flat tensor: one ``cat`` for
-    tensors, one ``tensor`` call for Python lists (no per-sample tensor ops)."""
+    """Samples ``indices`` of a per-sample column (a list: one entry per sample), concatenated into
+    one flat tensor: one ``cat`` for tensors, one ``tensor`` call for Python lists (no per-sample
+    tensor ops)."""
+    if not isinstance(per_sample, (list, tuple)):
+        raise TypeError(
+            f"pack: a per-sample column must be a list with one entry per sample, got "
+            f"{type(per_sample).__name__}"
+            + (" (keyed by sample: build it as a list)" if isinstance(per_sample, dict) else "")
+        )
     parts = [per_sample[i] for i in indices]
     if not parts:
         return torch.zeros(0, dtype=dtype)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from argparse import Namespace
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from transformers import AutoModel
 from slime.algorithms.losses import reduce_loss, value_loss_clipped
 from slime.backends.torch.batching import build_micro_batch, pack, plan_micro_batches
 from slime.backends.torch.optim import build_optimizer
+from slime.backends.torch.rollout_batch import RolloutBatch
 
 
 class ValueModel(nn.Module):
@@ -54,15 +56,16 @@ class Critic:
             self.model.parameters(), args, lr=args.critic_lr, warmup=args.critic_lr_warmup_iters
         )
 
-    def _plan(self, data: dict[str, Any], indices: list[int]) -> list[list[int]]:
+    def _plan(self, data: Mapping[str, Any], indices: list[int]) -> list[list[int]]:
         a = self.args
         return plan_micro_batches(
             data, indices, a.micro_batch_size, a.max_tokens_per_gpu if a.use_dynamic_batch_size else None
         )
 
     @torch.no_grad()
-    def values(self, data: dict[str, Any], indices: list[int]) -> list[torch.Tensor]:
-        """Per-sample values of the response tokens (the "old" values of this rollout)."""
+    def values(self, data: Mapping[str, Any], indices: list[int]) -> list[torch.Tensor]:
+        """Per-sample values of the response tokens (the "old" values of this rollout); `data`: the
+        columns micro-batches are built from (`RolloutBatch.sequences`)."""
         self.model.eval()
         out: list[torch.Tensor] = []
         for mb_idx in self._plan(data, indices):
@@ -72,15 +75,16 @@ class Critic:
         self.model.train()
         return out
 
-    def train_step(self, data: dict[str, Any], indices: list[int], reduce_kw: dict[str, Any]) -> dict[str, float]:
-        """One optimizer step of the clipped value loss against ``data['returns']``."""
+    def train_step(self, batch: RolloutBatch, positions: list[int], reduce_kw: dict[str, Any]) -> dict[str, float]:
+        """One optimizer step of the clipped value loss against the batch's returns (samples `positions`)."""
         stats: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        for mb_idx in self._plan(data, indices):
-            mb = build_micro_batch(data, mb_idx, self.args.use_dynamic_batch_size)
+        columns = batch.sequences
+        for mb_idx in self._plan(columns, positions):
+            mb = build_micro_batch(columns, mb_idx, self.args.use_dynamic_batch_size)
             values = mb.forward(self.model)[mb.rows, mb.cols]
             loss_t, clip_t = value_loss_clipped(
-                values, pack(data["values"], mb.indices), pack(data["returns"], mb.indices), self.args.value_clip
+                values, pack(batch.values, mb.indices), pack(batch.returns, mb.indices), self.args.value_clip
             )
             loss = reduce_loss(loss_t, mb.response_lengths, mb.loss_masks, **reduce_kw)
             clipfrac = reduce_loss(clip_t, mb.response_lengths, mb.loss_masks, **reduce_kw)

@@ -1,9 +1,7 @@
-"""Trainer-side RL math, wired to the arguments (slime's ``megatron_utils/loss.py`` for the torch backend).
-
-* :func:`compute_advantages_and_returns`: once per rollout, per-token advantages (and returns for the
-  critic) from the rank's samples, for every ``--advantage-estimator``, then OPD and whitening;
-* :func:`policy_loss`: one micro-batch's PPO / GSPO / CISPO loss with TIS (or ``--custom-tis-function-path``),
-  OPSM, entropy and KL terms, ``pg_loss`` reduced by ``--custom-pg-loss-reducer-function-path`` if given.
+"""The trainer's policy loss, wired to the arguments (slime's ``megatron_utils/loss.py`` for the torch
+backend): one micro-batch's PPO / GSPO / CISPO loss with TIS (or ``--custom-tis-function-path``),
+OPSM, entropy and KL terms, ``pg_loss`` reduced by ``--custom-pg-loss-reducer-function-path`` if given.
+The per-rollout advantages and returns are computed with the batch (`slime.backends.torch.rollout_batch`).
 
 Formulas live in ``slime/algorithms``; this module only decides which ones apply.
 """
@@ -17,85 +15,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from slime.algorithms.advantages import (
-    expand_to_tokens,
-    gae_advantages_and_returns,
-    masked_whiten,
-    opd_penalize_advantages,
-    ppo_token_rewards,
-    reinforce_plus_plus_baseline_advantages,
-    reinforce_plus_plus_returns,
-)
 from slime.algorithms.kl import compute_approx_kl
 from slime.algorithms.losses import cispo_loss, opsm_mask, ppo_clip_from_kl, reduce_loss, sequence_ppo_kl, tis_weights
 from slime.algorithms.mismatch import mismatch_metrics
 from slime.backends.torch.batching import MicroBatch, pack
+from slime.backends.torch.rollout_batch import RolloutBatch
 from slime.errors import SlimeError
 from slime.utils.misc import load_function
 
 
-def compute_advantages_and_returns(
-    args: Namespace, rollout_data: dict[str, Any], all_reduce_sum: Callable[[Tensor], Tensor] | None = None
-) -> None:
-    """Fill ``rollout_data['advantages']``, ``['returns']`` (and ``['kl']``, ``['opd_reverse_kl']``).
-
-    ``rollout_data`` holds this rank's samples as lists: ``rewards`` (already group-normalised on
-    the rollout side for grpo / gspo / rloo / reinforce_plus_plus_baseline), ``log_probs`` (old
-    policy), ``ref_log_probs``, ``values`` (ppo), ``teacher_log_probs`` (OPD), ``loss_masks``.
-    """
-    log_probs: list[Tensor] = rollout_data["log_probs"]
-    lengths = [lp.numel() for lp in log_probs]
-    masks = list(pack(rollout_data["loss_masks"], range(len(lengths))).split(lengths))
-    rewards = [float(r) for r in rollout_data["rewards"]]
-    if args.kl_coef != 0.0:
-        kl = [
-            compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, rollout_data["ref_log_probs"])
-        ]
-    else:
-        kl = list(torch.zeros(sum(lengths)).split(lengths))
-    rollout_data["kl"] = kl
-
-    est = args.advantage_estimator
-    if args.custom_advantage_function_path is not None:
-        load_function(args.custom_advantage_function_path, arg_name="--custom-advantage-function-path")(
-            args, rollout_data
-        )
-        advantages, returns = rollout_data["advantages"], rollout_data["returns"]
-    elif est in ("grpo", "gspo", "cispo", "rloo"):
-        advantages = expand_to_tokens(torch.tensor(rewards), lengths)
-        returns = advantages
-    elif est == "reinforce_plus_plus":
-        advantages = reinforce_plus_plus_returns(rewards, kl, masks, args.kl_coef, args.gamma)
-        returns = advantages
-    elif est == "reinforce_plus_plus_baseline":
-        advantages = reinforce_plus_plus_baseline_advantages(rewards, kl, args.kl_coef)
-        returns = advantages
-    elif est == "ppo":
-        token_rewards = ppo_token_rewards(rewards, kl, args.kl_coef)
-        advantages, returns = gae_advantages_and_returns(token_rewards, rollout_data["values"], args.gamma, args.lambd)
-    else:  # the parser's choices make this unreachable
-        raise SlimeError(f"--advantage-estimator {est} is not supported")
-
-    if args.use_opd:
-        teacher = rollout_data.get("teacher_log_probs")
-        if teacher is None:
-            raise SlimeError(
-                "--use-opd --opd-type sglang needs samples with teacher_log_probs "
-                "(set them in a --custom-rm-path or generate hook)"
-            )
-        advantages, rollout_data["opd_reverse_kl"] = opd_penalize_advantages(
-            advantages, log_probs, teacher, args.opd_kl_coef
-        )
-    if args.normalize_advantages and advantages:
-        flat = masked_whiten(torch.cat(advantages), torch.cat(masks), all_reduce_sum=all_reduce_sum)
-        advantages = list(torch.split(flat, [a.numel() for a in advantages]))
-    rollout_data["advantages"] = advantages
-    rollout_data["returns"] = returns
-
-
 def policy_loss(
     args: Namespace,
-    data: dict[str, Any],
+    batch: RolloutBatch,
     mb: MicroBatch,
     log_probs: Tensor,
     entropy: Tensor,
@@ -115,13 +46,13 @@ def policy_loss(
         return lambda x: reduce_loss(x, lengths, masks, sample_denoms=sample_denoms, **reduce_kw)
 
     reduce = reducer(mb.loss_masks)
-    if "advantages" not in data:
+    if batch.advantages is None:
         raise SlimeError(
             "--loss-type policy_loss needs advantages; with --disable-compute-advantages-and-returns "
             "set rollout_data['advantages'] in --rollout-data-postprocess-path"
         )
-    old = pack(data["old_log_probs"], mb.indices) if "old_log_probs" in data else log_probs.detach()
-    adv = pack(data["advantages"], mb.indices)
+    old = pack(batch.old_log_probs, mb.indices) if batch.old_log_probs is not None else log_probs.detach()
+    adv = pack(batch.advantages, mb.indices)
     if args.advantage_estimator == "gspo":  # sequence-level ratio
         ppo_kl = sequence_ppo_kl(log_probs, old, lengths, mb.loss_masks)
     else:
@@ -137,31 +68,14 @@ def policy_loss(
         metrics["train/opsm_clipfrac"] = reduce(1.0 - keep)
     pg_masks = mb.loss_masks
     if args.use_tis:
-        if "rollout_log_probs" not in data:
-            raise SlimeError("--use-tis needs rollout log-probs, but the rollout function returned none")
-        # The trainer's log-probs of the old policy (the current ones, detached, when the old policy
-        # is the engine's own: --use-rollout-logprobs).
-        train_lp = pack(data["train_log_probs"], mb.indices) if "train_log_probs" in data else log_probs.detach()
-        rollout_lp = pack(data["rollout_log_probs"], mb.indices)
-        if args.custom_tis_function_path is not None:
-            pg, pg_masks, tis_metrics = _custom_tis(args, pg, train_lp, rollout_lp, mb)
+        pg, pg_masks, tis_metrics = _importance_sampling(args, batch, mb, log_probs, ppo_kl, pg, reducer)
+        if pg_masks is not mb.loss_masks:
             # slime: rejected tokens leave the numerators of everything reduced below; the
             # denominators stay those of the delivered masks (sample_denoms / num_tokens).
             reduce = reducer(pg_masks)
-        else:
-            w, tis_metrics = tis_weights(train_lp, rollout_lp, args.tis_clip, args.tis_clip_low)
-            pg = pg * w
-        # mismatch metrics over the tokens before any rejection, as slime
-        metrics.update({f"train/{k}": reducer(mb.loss_masks)(v) for k, v in tis_metrics.items()})
-        metrics["train/ois"] = reducer(mb.loss_masks)(torch.exp(-ppo_kl.detach()))
+        metrics.update(tis_metrics)
     if args.get_mismatch_metrics:  # train/mis_*: diagnostics only, the loss is unchanged
-        if "rollout_log_probs" not in data:
-            raise SlimeError("--get-mismatch-metrics needs rollout log-probs, but the rollout function returned none")
-        # the trainer's log-probs of the weights that sampled (as the TIS weights use them)
-        key = next((k for k in ("train_log_probs", "mismatch_log_probs") if k in data), None)
-        train_lp = pack(data[key], mb.indices) if key else log_probs.detach()
-        mis = mismatch_metrics(train_lp, pack(data["rollout_log_probs"], mb.indices), lengths, mb.loss_masks)
-        metrics.update({f"train/{k}": reducer(mb.loss_masks)(v) for k, v in mis.items()})
+        metrics.update(_mismatch_metrics(batch, mb, log_probs, reducer(mb.loss_masks)))
     if args.custom_pg_loss_reducer_function_path is not None:
         pg_loss = _custom_pg_reduce(args, pg, pg_masks, mb, reduce_kw)
     else:
@@ -178,12 +92,52 @@ def policy_loss(
     )
     if args.use_kl_loss:
         ratio = torch.exp(log_probs - old) if args.use_unbiased_kl else None
-        kl_loss = reduce(
-            compute_approx_kl(log_probs, pack(data["ref_log_probs"], mb.indices), args.kl_loss_type, ratio)
-        )
+        kl_loss = reduce(compute_approx_kl(log_probs, pack(batch.ref_log_probs, mb.indices), args.kl_loss_type, ratio))
         loss = loss + args.kl_loss_coef * kl_loss
         metrics["train/kl_loss"] = kl_loss
     return loss, metrics
+
+
+def _importance_sampling(
+    args: Namespace,
+    batch: RolloutBatch,
+    mb: MicroBatch,
+    log_probs: Tensor,
+    ppo_kl: Tensor,
+    pg: Tensor,
+    reducer: Callable[[list[Tensor]], Callable[[Tensor], Tensor]],
+) -> tuple[Tensor, list[Tensor], dict[str, Tensor]]:
+    """``--use-tis``: the per-token loss weighted by the truncated importance weights (or
+    ``--custom-tis-function-path``'s loss and masks), and the metrics of the weights."""
+    if batch.rollout_log_probs is None:
+        raise SlimeError("--use-tis needs rollout log-probs, but the rollout function returned none")
+    # The trainer's log-probs of the old policy (the current ones, detached, when the old policy
+    # is the engine's own: --use-rollout-logprobs).
+    train_lp = pack(batch.train_log_probs, mb.indices) if batch.train_log_probs is not None else log_probs.detach()
+    rollout_lp = pack(batch.rollout_log_probs, mb.indices)
+    pg_masks = mb.loss_masks
+    if args.custom_tis_function_path is not None:
+        pg, pg_masks, tis_metrics = _custom_tis(args, pg, train_lp, rollout_lp, mb)
+    else:
+        w, tis_metrics = tis_weights(train_lp, rollout_lp, args.tis_clip, args.tis_clip_low)
+        pg = pg * w
+    # mismatch metrics over the tokens before any rejection, as slime
+    metrics = {f"train/{k}": reducer(mb.loss_masks)(v) for k, v in tis_metrics.items()}
+    metrics["train/ois"] = reducer(mb.loss_masks)(torch.exp(-ppo_kl.detach()))
+    return pg, pg_masks, metrics
+
+
+def _mismatch_metrics(
+    batch: RolloutBatch, mb: MicroBatch, log_probs: Tensor, reduce: Callable[[Tensor], Tensor]
+) -> dict[str, Tensor]:
+    """``--get-mismatch-metrics``: the trainer's log-probs of the weights that sampled (as the TIS
+    weights use them) against the engine's."""
+    if batch.rollout_log_probs is None:
+        raise SlimeError("--get-mismatch-metrics needs rollout log-probs, but the rollout function returned none")
+    own = next((c for c in (batch.train_log_probs, batch.mismatch_log_probs) if c is not None), None)
+    train_lp = pack(own, mb.indices) if own is not None else log_probs.detach()
+    mis = mismatch_metrics(train_lp, pack(batch.rollout_log_probs, mb.indices), mb.response_lengths, mb.loss_masks)
+    return {f"train/{k}": reduce(v) for k, v in mis.items()}
 
 
 def _custom_tis(

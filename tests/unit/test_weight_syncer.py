@@ -1,0 +1,78 @@
+"""The trainer's weight syncer: chosen once by transport, one interface for all of them."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from slime.errors import SlimeError
+from slime.sync.shm import SharedMemoryWeightSync
+from slime.sync.syncer import (
+    SYNCERS,
+    CollectiveSyncer,
+    DiskSyncer,
+    IpcSyncer,
+    SharedMemorySyncer,
+    make_syncer,
+    select_syncer,
+    transport_for,
+)
+from slime.utils.checkpoint_layout import weight_snapshot_version
+from tests.helpers import make_args
+
+CPU_STATE = {"w": torch.zeros(2)}
+CUDA_STATE = {"w": SimpleNamespace(is_cuda=True)}  # only `is_cuda` is read to choose
+
+
+@pytest.mark.parametrize(
+    "argv, state, transport, cls",
+    [
+        (["--update-weight-transport", "disk", "--update-weight-disk-dir", "/tmp/w"], CPU_STATE, "disk", DiskSyncer),
+        ([], CPU_STATE, "collective", CollectiveSyncer),  # nccl, not colocated
+        (["--colocate"], CUDA_STATE, "ipc", IpcSyncer),
+    ],
+)
+def test_transport_picks_its_syncer(argv, state, transport, cls):
+    args = make_args(*argv)
+    assert transport_for(args, state) == transport
+    syncer = select_syncer(args, state)
+    assert type(syncer) is cls and syncer.transport == transport
+    syncer.reset()  # nothing set up yet: nothing to undo
+    syncer.close()
+
+
+@pytest.mark.skipif(not SharedMemoryWeightSync.available(), reason="no writable /dev/shm")
+def test_colocated_on_the_cpu_with_the_builtin_engine_is_shared_memory():
+    args = make_args("--colocate")
+    assert transport_for(args, CPU_STATE) == "shm"
+    syncer = select_syncer(args, CPU_STATE)
+    assert isinstance(syncer, SharedMemorySyncer) and syncer.shm.path is None  # the buffer comes with the first sync
+    syncer.close()
+
+
+def test_every_transport_has_a_syncer():
+    assert set(SYNCERS) == {"disk", "shm", "ipc", "collective"}
+
+
+def test_an_unknown_transport_is_refused_naming_the_option():
+    args = make_args()
+    with pytest.raises(SlimeError, match=r"transport 'carrier-pigeon' is unknown \(--update-weight-transport 'nccl'\)"):
+        make_syncer("carrier-pigeon", args)
+    args.update_weight_transport = "tensor"  # past the parser's check
+    with pytest.raises(SlimeError, match="--update-weight-transport 'tensor' has no weight syncer"):
+        select_syncer(args, CPU_STATE)
+
+
+def test_fault_tolerance_snapshots_what_was_synced(tmp_path):
+    args = make_args("--use-fault-tolerance", "--run-dir", str(tmp_path))
+    pushed = []
+
+    class Recording(CollectiveSyncer):
+        def push(self, engine_urls, state, weight_version):
+            pushed.append((engine_urls, weight_version))
+            return {"perf/x": 1.0}
+
+    assert Recording(args).sync(["http://e:1"], CPU_STATE, "7") == {"perf/x": 1.0}
+    assert pushed == [(["http://e:1"], "7")] and weight_snapshot_version(tmp_path) == "7"
