@@ -35,6 +35,7 @@ from slime.engine.client import set_default_timeout as set_engine_timeout
 from slime.observability.ci_checks import check_logprob_diff
 from slime.observability.profile_utils import TrainProfiler
 from slime.runtime.core_lending import Lender
+from slime.runtime.threads import configure_torch_threads
 from slime.sync.syncer import WeightSyncer, select_syncer, transport_for
 from slime.sync.tensor import engine_sequence_log_probs
 from slime.utils.accelerator import check_bf16
