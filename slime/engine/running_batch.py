@@ -66,14 +66,14 @@ def add_rows(
     new: list[Req],
     version: str,
     deliver: Callable[[list[Req]], None],
-):
+) -> tuple[list[Req], torch.Tensor] | None:
     """Prefill `new` into the batch `state` after its `rows`; `deliver` new rows with nothing to
     generate. Returns (the batch's rows now, logits [k, V] of the k new rows that stay), or
     None when the batch cannot take rows (nothing changed)."""
     # Requests with nothing to generate (max_new_tokens reached, e.g. 0) still get a prefill
     # when they asked for input log-probs.
     need_input_lp = [r.return_logprob and r.logprob_start_len >= 0 and r.input_logprobs is None for r in new]
-    max_new = max(r.params.max_new_tokens - len(r.output_ids) for r in new)
+    max_new = max(r.max_new_tokens - len(r.output_ids) for r in new)
     prompts = [r.input_ids + r.output_ids for r in new]
     got = runner.add_rows(state, prompts, max_new, full_logits=any(need_input_lp))
     if got is None:
@@ -88,9 +88,9 @@ def add_rows(
             if need_input_lp[i]:
                 r.input_logprobs = input_logprobs(full[i], r)
         del full
-    done_now = [r for r in new if len(r.output_ids) >= r.params.max_new_tokens]
+    done_now = [r for r in new if len(r.output_ids) >= r.max_new_tokens]
     for r in done_now:
-        r.finish_reason = {"type": "length", "length": r.params.max_new_tokens}
+        r.finish_reason = {"type": "length", "length": r.max_new_tokens}
     if not done_now:
         return rows + new, last
     deliver(done_now)
@@ -117,8 +117,8 @@ def record_step(rows: list[Req], tokens: list[int], logprobs: list[float], token
                 r.finish_reason = {"type": "stop", "matched": t}
             elif p.stop:
                 check_stop_strings(r, tokenizer)
-        if r.finish_reason is None and n >= p.max_new_tokens:
-            r.finish_reason = {"type": "length", "length": p.max_new_tokens}
+        if r.finish_reason is None and n >= r.max_new_tokens:
+            r.finish_reason = {"type": "length", "length": r.max_new_tokens}
         if r.finish_reason is not None:
             newly.append(r)
     return newly

@@ -171,7 +171,7 @@ class Scheduler:
             # already delivered, so it is no longer load
             running = [r for r in self._running if r.finish_reason is None]
         reqs = waiting + running
-        load = {
+        load: dict[str, int | float] = {
             "num_reqs": len(reqs),
             "num_tokens": sum(r.num_tokens() for r in reqs),
             "num_waiting_reqs": len(waiting),
@@ -391,7 +391,9 @@ class Scheduler:
         runner = self.runner
         self.batches_run += 1
         state = runner.new_batch()
-        rows, logits = add_rows(runner, state, [], list(batch), self.weight_version, self._safe_deliver)
+        got = add_rows(runner, state, [], list(batch), self.weight_version, self._safe_deliver)
+        assert got is not None, "an empty batch always takes its first rows"
+        rows, logits = got
         if not rows:
             return
         run = RunningBatch(

@@ -96,6 +96,8 @@ class DiskWeightSync:
             if re.fullmatch(r"weight_v\d{6}", old.name) and old.is_dir():
                 shutil.rmtree(old, ignore_errors=True)
         if self.mode == "delta":
+            if self.base_checkpoint is None:
+                raise SlimeError("delta weight sync needs the engines' starting checkpoint (--hf-checkpoint)")
             self.snapshot = {n: t.clone() for n, t in read_checkpoint(self.base_checkpoint).items()}
             self._each(engine_urls, lambda c: c._call("POST", "/pull_weights", self._pull_body(0)))
         self.started = True
@@ -120,12 +122,18 @@ class DiskWeightSync:
         return out
 
     # ------------------------------------------------------------------ write
+    def _held(self) -> dict[str, torch.Tensor]:
+        """Delta mode's snapshot of what the engines hold (taken at start)."""
+        assert self.snapshot is not None, "delta weight sync writes only after it started"
+        return self.snapshot
+
     def _new_values(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The trainer's weights under the snapshot's names and dtypes (tied names included)."""
-        missing = [n for n in self.snapshot if n not in state]
+        held = self._held()
+        missing = [n for n in held if n not in state]
         if missing:
             raise SlimeError(f"delta weight sync: the trainer has no weight {missing[:3]} that --hf-checkpoint has")
-        return {n: state[n].detach().to(self.snapshot[n].dtype).contiguous() for n in self.snapshot}
+        return {n: state[n].detach().to(held[n].dtype).contiguous() for n in held}
 
     def write_full(self, state: dict[str, torch.Tensor]) -> tuple[Path, int]:
         self.version += 1
@@ -156,6 +164,7 @@ class DiskWeightSync:
     def write_delta(self, state: dict[str, torch.Tensor]) -> tuple[Path, int, int]:
         """(version dir, bytes written, tensors changed)."""
         new = self._new_values(state)
+        held = self._held()
         base = self.version
         self.version += 1
         vdir = fmt.version_dir(self.disk_dir, self.version)
@@ -164,7 +173,7 @@ class DiskWeightSync:
         tmp.mkdir(parents=True)
 
         def one(name: str):
-            a, b = _u8(new[name]), _u8(self.snapshot[name])
+            a, b = _u8(new[name]), _u8(held[name])
             raw = fmt.encode(self.encoding, a, b)
             if raw is None:
                 return name, None, None

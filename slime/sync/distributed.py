@@ -22,6 +22,7 @@ import logging
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from typing import Any
 
 import torch
 
@@ -148,7 +149,7 @@ class DistributedWeightSync:
         try:
             for b, names in enumerate(groups):
                 last = b == len(groups) - 1
-                meta = dict(
+                meta: dict[str, Any] = dict(
                     names=names,
                     dtypes=[dtype_name(tensors[n].dtype) for n in names],
                     shapes=[list(tensors[n].shape) for n in names],

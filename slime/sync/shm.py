@@ -113,10 +113,12 @@ class SharedMemoryWeightSync:
         if self._bytes is None or layout != self._layout:
             self._allocate(size)
             self._layout = layout
+        buf = self._bytes
+        assert buf is not None, "allocated above"
         for name, dt, shape, off in layout:
             t = tensors[name]
             n = t.numel() * t.element_size()
-            self._bytes[off : off + n].view(dt).view(shape).copy_(t)
+            buf[off : off + n].view(dt).view(shape).copy_(t)
         return {
             "path": self.path,
             "size": self._size,
