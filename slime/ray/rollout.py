@@ -44,6 +44,7 @@ from slime.utils.api_keys import register as register_keys
 from slime.utils.async_utils import run
 from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, halt_point, weight_snapshot_dir, weight_snapshot_version
 from slime.utils.http_utils import configure as configure_requests
+from slime.utils.http_utils import server_lost
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -91,6 +92,21 @@ class EngineActor:
             self.process = None
 
 
+class RolloutFailed(SlimeError):
+    """Too many of a rollout's samples FAILED. `server_lost`: some of them failed because the engine
+    or router their request went to was unreachable, hung or answered 5xx."""
+
+    def __init__(self, message: str, server_lost: bool = False):
+        super().__init__(message)
+        self.server_lost = server_lost
+
+
+def rollout_lost_server(e: BaseException) -> bool:
+    """Whether a rollout's error comes from an engine or router that is gone or broken (what
+    --use-fault-tolerance would have restarted), told by the error's type, never by its text."""
+    return e.server_lost if isinstance(e, RolloutFailed) else server_lost(e)
+
+
 def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: float) -> None:
     """Stop the run when too many of a rollout's samples FAILED (a broken hook or reward service).
 
@@ -105,9 +121,10 @@ def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: fl
     ratio = len(failed) / len(samples)
     if ratio > max_ratio or len(failed) == len(samples):
         first = failed[0].metadata.get("error", "no error recorded")
-        raise SlimeError(
+        raise RolloutFailed(
             f"rollout {rollout_id}: {len(failed)} of {len(samples)} samples FAILED ({ratio:.0%}), more than "
-            f"--max-failed-sample-ratio {max_ratio:g} allows; first error: {first}"
+            f"--max-failed-sample-ratio {max_ratio:g} allows; first error: {first}",
+            server_lost=any(s.metadata.get("server_lost") for s in failed),
         )
     logger.warning(
         "rollout %d: %d of %d samples FAILED (first: %s)",
@@ -361,8 +378,7 @@ class RolloutManager:
         try:
             data, metrics = self._generate(rollout_id)
         except SlimeError as e:
-            lost_engine = any(s in str(e) for s in ("Cannot connect", "failed after", "Server disconnected"))
-            if self.args.use_fault_tolerance or not lost_engine:
+            if self.args.use_fault_tolerance or not rollout_lost_server(e):
                 raise
             raise SlimeError(
                 f"{e} (an engine or the router that dies is not restarted: run with "
