@@ -31,9 +31,10 @@ from slime.ray.engine_launch import (
     start_engine,
 )
 from slime.ray.engine_watcher import EngineWatcher
-from slime.ray.placement_group import Placement, thread_budget
+from slime.ray.placement_group import Placement, ProcessPlace, thread_budget
 from slime.ray.router import start_router
 from slime.rollout.base_types import unwrap_eval_output, unwrap_train_output
+from slime.rollout.generation import set_engine_urls
 from slime.rollout.sample_hooks import set_current_rollout_id
 from slime.rollout.train_data import (
     eval_metrics,
@@ -55,9 +56,14 @@ logger = logging.getLogger(__name__)
 class EngineActor:
     """Owns one engine server process; Ray decides where it runs."""
 
-    def __init__(self, args: Namespace, rank: int, num_threads: int, base_gpu_id: int = 0) -> None:
-        self.args, self.rank, self.num_threads = args, rank, num_threads
+    def __init__(
+        self, args: Namespace, rank: int, num_threads: int, base_gpu_id: int = 0, place: ProcessPlace | None = None
+    ) -> None:
+        self.args, self.rank = args, rank
         self.base_gpu_id = base_gpu_id  # the engine's first GPU slot (its bundle), for SGLang
+        # the placement's cores, threads and lending file for this engine (without one: the thread budget)
+        self.place = place
+        self.num_threads = place.threads if place is not None else num_threads
         self.process = None
 
     def start(self, port: int | None = None) -> str:
@@ -69,6 +75,8 @@ class EngineActor:
             base_gpu_id=self.base_gpu_id,
             log_path=log_path,
             port=port,
+            cores=self.place.cores if self.place is not None else None,
+            lend_file=self.place.lend_file if self.place is not None else None,
         )
         sglang = self.args.rollout_backend == "sglang"
         self.process.wait_until_healthy(timeout=SGLANG_LAUNCH_TIMEOUT_S if sglang else BUILTIN_LAUNCH_TIMEOUT_S)
@@ -193,7 +201,8 @@ class RolloutManager:
     def init(self) -> None:
         args, placement = self.args, self.placement
         if args.debug_train_only:  # no engines: rollouts are loaded (--load-debug-rollout-data) or need none
-            self.engine_urls = args.rollout_engine_urls = []
+            self.engine_urls = []
+            set_engine_urls(self.engine_urls)
             self.load_hooks()
             resume_data(self.data_source, args)
             return
@@ -209,12 +218,14 @@ class RolloutManager:
                 self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
             else:
                 host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
+            # where slime's hooks send /generate: slime writes these too (slime/ray/rollout.py, the router it starts)
             args.sglang_router_ip, args.sglang_router_port = host, int(port)
         elif args.sglang_router_ip is None:
+            places = placement.engines or [None] * len(placement.engine_bundles)
             self.engines = [
                 EngineActor.options(
                     num_cpus=placement.engine_cpus, scheduling_strategy=placement.strategy(bundle)
-                ).remote(args, rank, engine_threads, base_gpu_id=bundle)
+                ).remote(args, rank, engine_threads, base_gpu_id=bundle, place=places[rank])
                 for rank, bundle in enumerate(placement.engine_bundles)
             ]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
@@ -240,11 +251,12 @@ class RolloutManager:
             elif self.router is not None:
                 # An engine that dies is removed from the router; retried requests go to live ones.
                 self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
+            # where slime's hooks send /generate: slime writes these too (slime/ray/rollout.py, the router it starts)
             args.sglang_router_ip, args.sglang_router_port = host, int(port)
         else:  # an external router/engine the user runs
             self.engines, self.router = [], None
             self.engine_urls = [f"http://{args.sglang_router_ip}:{args.sglang_router_port}"]
-        args.rollout_engine_urls = list(self.engine_urls)  # where a partial rollout sends its aborts
+        set_engine_urls(self.engine_urls)  # where this process's rollouts send their aborts
         # every request from this process (hooks' post(url, payload) included) to these servers
         # carries the run's key, and to no other address
         register_keys(
@@ -307,7 +319,7 @@ class RolloutManager:
             len(self.engine_urls) - 1,
         )
         self.engine_urls = [u for u in self.engine_urls if u != url]
-        self.args.rollout_engine_urls = list(self.engine_urls)
+        set_engine_urls(self.engine_urls)
 
     # ------------------------------------------------------------------ fault tolerance
     def _start_router(self, port: int | None = None):

@@ -166,6 +166,22 @@ def engine_url(args: Namespace, endpoint: str = "generate") -> str:
     return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/{endpoint}"
 
 
+# Every engine this process's rollouts talk to, kept up to date by the rollout manager (an engine
+# the router dropped is gone from it): a rollout function's signature (slime's) has no place for it.
+_engine_urls: list[str] = []
+
+
+def set_engine_urls(urls: list[str]) -> None:
+    """Set by the rollout manager once its engines run, and whenever one is removed."""
+    global _engine_urls
+    _engine_urls = list(urls)
+
+
+def engine_urls(args: Namespace) -> list[str]:
+    """Where an abort goes: each engine the rollout manager set, else the --sglang-router-ip address."""
+    return list(_engine_urls) or [engine_url(args, "").rstrip("/")]
+
+
 def prompt_ids_of(state: GenerateState, sample: Sample) -> list[int]:
     if sample.tokens:
         return list(sample.tokens[: len(sample.tokens) - sample.response_length])
