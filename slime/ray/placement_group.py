@@ -21,6 +21,7 @@ from slime.engine.args import passthrough_value
 from slime.errors import SlimeError
 from slime.utils.core_lending import Lender, lending_file
 from slime.utils.cores import format_cores, node_cores, split_cores
+from slime.utils.misc import HUB_ENV
 from slime.utils.mkl_vendor import cpu_info, preload_env
 from slime.utils.threads import available_cores
 
@@ -28,8 +29,7 @@ logger = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 120
 
 WORKER_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
+    **HUB_ENV,
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_WAIT_POLICY": "PASSIVE",
 }
