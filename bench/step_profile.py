@@ -1,4 +1,4 @@
-"""Benchmark: where a training step's time goes, in-process and through Ray (issue 16, item 2).
+"""Benchmark: where a training step's time goes, in-process and through Ray.
 
     .venv/bin/python bench/step_profile.py [--steps 20] [--against REV] [--ray-steps 30]
 

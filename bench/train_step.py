@@ -1,6 +1,6 @@
 """Benchmark: one training step of the default job's RL stage, in-process (no Ray, no engine), with
 the old log-probs taken from the training forward (one forward, the default when a rollout makes
-one optimizer step) beside the separate no-grad pass forced on (issue 16, item 1).
+one optimizer step) beside the separate no-grad pass forced on.
 
     .venv/bin/python bench/train_step.py [--steps 20] [--threads 2]
 

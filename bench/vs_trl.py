@@ -1,4 +1,4 @@
-"""Benchmark: slime-rl against Hugging Face TRL's `GRPOTrainer`, side by side (issue 16, item 3).
+"""Benchmark: slime-rl against Hugging Face TRL's `GRPOTrainer`, side by side, on the same job.
 
     .venv/bin/python bench/vs_trl.py [--quick] [--steps 200] [--rounds 2]
     .venv/bin/python bench/vs_trl.py --check          # loss / advantage consistency on one batch, then exit
@@ -78,7 +78,7 @@ INSTALL_HOWTO = (
 CHECK_TOL = 1e-5
 TRL_MKL_SUFFIX = " + MKL vendor shim"
 
-# The shared job (issue 16): the default job's RL stage; `--model 25m` changes the model and the batch.
+# The job both systems run: the default job's RL stage; `--model 25m` changes the model and the batch.
 JOB = dict(
     prompts=32,
     samples=8,
@@ -93,7 +93,7 @@ JOB = dict(
     clip_grad=1.0,
     threads=2,
 )
-# The issue's second row: a ~25M-parameter Qwen2-style model (random init, the default job's tokenizer),
+# The second comparison (`--model 25m`): a ~25M-parameter Qwen2-style model (random init, the default job's tokenizer),
 # 8 prompts x 8 samples, 32 new tokens. No SFT stage (it would take longer than the benchmark): the row
 # is about speed; its held-out accuracy stays ~0 for every system.
 MODEL_25M = dict(
@@ -1050,7 +1050,7 @@ def main() -> None:
         choices=sorted(MODELS),
         default="tiny",
         help="tiny: the default job's model after SFT, 32 prompts x 8, 8 new tokens; 25m: a ~25M "
-        "Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens (the issue's two rows)",
+        "Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens",
     )
     p.add_argument("--check", action="store_true", help="only the loss/advantage consistency check")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The GPU check of issue 19, run by `scripts/gpu_check.sh` (one command, one summary table).
+"""The GPU check, run by `scripts/gpu_check.sh` (one command, one summary table): what runs on a
+CUDA GPU, checked in one go.
 
 On a randomly initialised Qwen2-style model built on the spot (by default Qwen2-0.5B's body:
 hidden 896, 24 layers, 14/2 heads, MLP 4864; the vocabulary is the tiny model's byte-level one):

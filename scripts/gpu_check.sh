@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 19: trainer steps, the built-in engine and a CUDA-IPC weight update on
+# The GPU check: trainer steps, the built-in engine and a CUDA-IPC weight update on
 # one CUDA GPU, in under 8 minutes, ending with one summary table (scripts/gpu_check.py says what
 # each check does). Run from anywhere:
 #

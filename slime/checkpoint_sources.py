@@ -57,6 +57,7 @@ def resolve_checkpoints(args: Namespace, config: dict) -> list[str]:
             f"--load {args.load} holds no checkpoint yet: starting at rollout 0 from --ref-load "
             f"{args.ref_load} (--save writes there as the run goes)"
         )
+        # argument resolution, as slime's own (slime/utils/arguments.py rewrites --load the same way)
         args.load = None
     if args.load:  # a half-written or foreign checkpoint stops here, naming what is wrong
         check_complete(latest_dir(args.load), f"--load {args.load}", needs=_resume_needs(args))
@@ -67,7 +68,7 @@ def resolve_checkpoints(args: Namespace, config: dict) -> list[str]:
             f"--ref-load {args.ref_load} is a Megatron-LM torch_dist checkpoint, which the fsdp backend "
             f"does not read; its shapes match --hf-checkpoint, whose Hugging Face weights are used"
         )
-        args.ref_load = args.hf_checkpoint
+        args.ref_load = args.hf_checkpoint  # argument resolution, as for --load above
     return notes
 
 

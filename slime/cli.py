@@ -8,6 +8,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from slime.utils.misc import set_hub_env
+
 USAGE = """usage: slime <command> [args]
 
 commands:
@@ -27,6 +29,7 @@ commands:
 def main(argv: Sequence[str] | None = None) -> int:
     argv_given = argv
     argv = list(sys.argv[1:] if argv is None else argv)
+    set_hub_env()  # before any command imports transformers
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2

@@ -73,6 +73,7 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
         resumed_at = actor_model.init() if actor_model else 0  # the --load checkpoint's rollout + 1, else 0
         ray.get(rollout_ready)
         if args.start_rollout_id is None:  # slime's rule: unset, the loop starts where the checkpoint left off
+            # written into args as slime does (slime/ray/placement_group.py create_training_models)
             args.start_rollout_id = resumed_at
         return _loop(args, rollout_manager, actor_model, metrics_log, max_lag)
     finally:

@@ -97,8 +97,6 @@ def finalize(args: argparse.Namespace) -> None:
             f"--rollout-num-gpus-per-engine ({args.rollout_num_gpus_per_engine})"
         )
     args.num_engines = args.rollout_num_gpus // args.rollout_num_gpus_per_engine
-    # each engine's cores and threads, filled in by the placement (slime/ray/placement_group.py)
-    args.engine_cores = args.engine_threads = args.engine_lend_files = None
     if args.colocate and args.actor_num_nodes > 1 and args.actor_num_gpus_per_node % args.rollout_num_gpus_per_engine:
         raise SlimeError(
             f"--colocate over --actor-num-nodes {args.actor_num_nodes}: an engine is one process on one node, but "

@@ -243,8 +243,6 @@ def default_rollout_backend() -> str:
 def finalize(args: argparse.Namespace) -> None:
     if (args.sglang_router_ip is None) != (args.sglang_router_port is None):
         raise SlimeError("--sglang-router-ip and --sglang-router-port must be given together")
-    # Filled in by the rollout manager once engines run: every live engine (where aborts go).
-    args.rollout_engine_urls = None
     if args.rollout_backend is None:
         args.rollout_backend = default_rollout_backend()
     _finalize_weight_sync(args)

@@ -8,14 +8,12 @@ parses and `args` carries what slime's would, and then sorted by what it does on
 
 * `NOT_USED`: GPU-only or Megatron-only (FP8/INT4, MTP, routing replay, DeepGEMM, NIXL, memory
   snapshots, Megatron plugins ...): accepted and named once at start-up, never silently dropped;
-* `NOT_BUILT`: options that issues still open build (weight-sync modes and placement; fault
-  tolerance and debugging): setting one stops with "not built yet", naming the issue;
 * `NOT_SUPPORTED`: features outside this wave (SGLang server groups / PD disaggregation,
   multimodal data, slime's external rollout buffer): setting one stops with "not supported yet".
 
 slime's options that are Megatron-LM's too (`--no-save-optim`, `--mtp-num-layers`, ...) are added
 with Megatron's and take slime's default (`set_slime_defaults`). Every other slime option is
-either defined by slime-rl or in exactly one of the three tables
+either defined by slime-rl or in exactly one of the two tables
 (tests/unit/test_slime_arguments.py checks it), so an option added to the data cannot slip
 through as silently accepted.
 """
@@ -33,7 +31,6 @@ from slime.arguments.from_data import add_options
 from slime.errors import SlimeError
 
 DATA = Path(__file__).with_name("slime_upstream.json")
-MODES_ISSUE = "'Every way slime places and overlaps training and rollout'"
 
 _MEGATRON = "a Megatron-LM training feature; the fsdp backend trains without it"
 _GPU = "GPU-only; nothing to do on this backend"
@@ -71,8 +68,6 @@ NOT_USED: dict[str, str] = {
     "--http-proxy": "rollout requests go to loopback engines here",
     "--use-distributed-post": "rollout requests are posted from the rollout manager here",
 }
-
-NOT_BUILT: dict[str, str] = {}
 
 NOT_SUPPORTED: dict[str, str] = {
     "--sglang-config": "SGLang server groups (prefill/decode disaggregation, several models) are not supported yet",
@@ -123,12 +118,10 @@ def set_slime_defaults(p: argparse.ArgumentParser, megatron_added: set[str]) -> 
 
 
 def check_given(given: Sequence[str]) -> None:
-    """Stop on the first slime option set that is not built or not supported here."""
+    """Stop on the first slime option set that is not supported here."""
     for option in given:
         if option in NOT_SUPPORTED:
             raise SlimeError(f"{option}: {NOT_SUPPORTED[option]}")
-        if option in NOT_BUILT:
-            raise SlimeError(f"{option} is not built yet (issue {NOT_BUILT[option]})")
 
 
 def unused_note(args: argparse.Namespace) -> str | None:

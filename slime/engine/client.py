@@ -13,7 +13,7 @@ import httpx
 from safetensors.torch import save
 
 from slime.utils.api_keys import is_admin_path, key_for
-from slime.utils.http_utils import HTTPRequestError, _error_message
+from slime.utils.http_utils import EngineRequestFailed, EngineTimeout, EngineUnreachable, _error_message
 
 DEFAULT_TIMEOUT_S = 600.0  # one call's limit unless the client is given one (set_default_timeout)
 CONNECT_TIMEOUT_S = 10.0
@@ -78,10 +78,12 @@ class EngineClient:
                     timeout=timeout or self._client.timeout,
                     headers=self._auth(path),
                 )
+        except httpx.TimeoutException as e:
+            raise EngineTimeout(f"{method} {url} failed: {type(e).__name__}: {e}", None, url) from e
         except httpx.HTTPError as e:
-            raise HTTPRequestError(f"{method} {url} failed: {type(e).__name__}: {e}", None, url) from e
+            raise EngineUnreachable(f"{method} {url} failed: {type(e).__name__}: {e}", None, url) from e
         if resp.status_code >= 400:
-            raise HTTPRequestError(
+            raise EngineRequestFailed(
                 f"{method} {url}: HTTP {resp.status_code}: {_error_message(resp.status_code, resp.text)}",
                 resp.status_code,
                 url,

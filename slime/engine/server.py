@@ -55,6 +55,7 @@ from slime.errors import SlimeError
 from slime.runtime.mkl_vendor import reexec_with_shim
 from slime.runtime.process import start_parent_watchdog
 from slime.runtime.threads import configure_torch_threads
+from slime.utils.misc import set_hub_env
 
 logger = logging.getLogger("slime.engine.server")
 
@@ -127,8 +128,7 @@ def main(argv: list[str] | None = None, from_command_line: bool | None = None) -
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    set_hub_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.parent_pid:
         start_parent_watchdog(args.parent_pid)

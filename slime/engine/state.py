@@ -19,14 +19,6 @@ from slime.engine.scheduler import Scheduler
 from slime.runtime.core_lending import EngineLending
 
 
-def _machine_memory_bytes() -> int:
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemTotal in /proc/meminfo")
-
-
 def kv_token_budget(args: argparse.Namespace, runner: ModelRunner) -> int | None:
     """`--max-total-tokens`, or what `--mem-fraction-static` of the device's memory leaves for the
     KV cache after the weights (SGLang's rule: the GPU's memory on CUDA, RAM on the CPU); None: no

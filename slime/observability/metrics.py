@@ -206,7 +206,6 @@ class MetricsLogger:
         self._file = open(self.path, "a", encoding="utf-8")
         self._writer = None
         self._wandb = wandb
-        self.last_global_step: int | None = None
         if use_tensorboard:
             from torch.utils.tensorboard import SummaryWriter  # imported lazily: slow import
 
@@ -274,7 +273,6 @@ class MetricsLogger:
                 self._writer.flush()
             if self._wandb is not None:
                 self._wandb.log(global_step, scalars)
-            self.last_global_step = global_step
         if self.console:
             print(self.summary_line(record, nonfinite), flush=True)
         return record

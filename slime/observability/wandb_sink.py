@@ -201,6 +201,7 @@ class WandbSink:
         except Exception as e:
             raise SlimeError(f"--use-wandb: wandb.init failed ({mode} mode): {type(e).__name__}: {e}") from e
 
+        # slime does the same (slime/observability/wandb_utils.py): hooks read the run's id from args
         args.wandb_run_id = run.id
         if mode != "disabled":
             run_file.write_text(

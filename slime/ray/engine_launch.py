@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 from argparse import Namespace
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,19 +80,20 @@ def start_engine(
     base_gpu_id: int,
     log_path: str | os.PathLike,
     port: int | None = None,
+    cores: Sequence[int] | None = None,
+    lend_file: str | None = None,
 ) -> EngineProcess:
     """Launch engine `rank` with `--rollout-backend`'s server; returns at once (see wait_until_healthy).
     `port`: the port of the engine it replaces (a restart keeps the engine's address).
 
-    Runs in the engine's Ray actor, on the engine's node: the placement's cores for engine `rank`
-    (`args.engine_cores`) bind this process and so the server it starts; their count is its threads
-    (the built-in engine only: an SGLang server's slots are GPUs)."""
+    Runs in the engine's Ray actor, on the engine's node: the placement's `cores` for this engine
+    bind this process and so the server it starts, which runs `num_threads` threads (the placement's
+    count for those cores, else the thread budget) and lends its cores through `lend_file` while it
+    idles (the built-in engine only: an SGLang server's slots are GPUs)."""
     if args.rollout_backend == "sglang":
         return _start_sglang_server(args, rank, base_gpu_id, log_path, port=port)
-    if args.engine_cores and args.engine_cores[rank]:
-        pin_to_cores(args.engine_cores[rank])
-    if args.engine_threads:
-        num_threads = args.engine_threads[rank]
+    if cores:
+        pin_to_cores(cores)
     spec = launch_spec(args, rank)
     threads = passthrough_value(spec.extra, "--num-threads")  # the user's thread count wins
     extra = passthrough_without(spec.extra, {"--num-threads"})
@@ -101,8 +103,8 @@ def start_engine(
         dirs = [d for d in (args.update_weight_disk_dir, args.update_weight_local_checkpoint_dir) if d]
         extra = _last_weight_load_dirs(extra + ["--weight-load-dirs", *map(str, dirs)])
     env = key_env(args)
-    if args.engine_lend_files and args.engine_lend_files[rank]:  # its cores go to a trainer rank while it idles
-        env[ENV_LEND_FILE] = args.engine_lend_files[rank]
+    if lend_file:  # its cores go to a trainer rank while it idles
+        env[ENV_LEND_FILE] = lend_file
     return EngineProcess.start(
         args.hf_checkpoint,
         host=spec.host,

@@ -26,6 +26,7 @@ import httpx
 from slime.errors import SlimeError
 from slime.runtime.mkl_vendor import preload_env
 from slime.runtime.threads import thread_env
+from slime.utils.misc import HUB_ENV
 from slime.utils.net import free_port
 
 # The directory holding the `slime` package: child processes import this very copy of it.
@@ -48,8 +49,9 @@ def _tail(path: Path | None, n_lines: int = 40) -> str:
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """This process's environment for a child that imports `slime` from the same place."""
-    env = dict(os.environ)
+    """This process's environment for a child that imports `slime` from the same place (with
+    `HUB_ENV` unless this environment says otherwise: the child reads it at its start)."""
+    env = {**HUB_ENV, **os.environ}
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra or {})
@@ -154,10 +156,7 @@ class EngineProcess:
         if not mkl_vendor_shim:
             cmd.append("--no-mkl-vendor-shim")
         extra_env = {**thread_env(num_threads), **preload_env(mkl_vendor_shim), **(env or {})}
-        child = child_env(extra_env)
-        child.setdefault("HF_HUB_OFFLINE", "1")
-        child.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-        return cls.spawn(cmd, host, port, log_path, child)
+        return cls.spawn(cmd, host, port, log_path, child_env(extra_env))
 
     def wait_until_healthy(self, timeout: float = 120.0, interval: float = 0.1) -> EngineProcess:
         deadline = time.monotonic() + timeout

@@ -23,13 +23,13 @@ from slime.runtime.core_lending import Lender, lending_file
 from slime.runtime.cores import format_cores, node_cores, split_cores
 from slime.runtime.mkl_vendor import cpu_info, preload_env
 from slime.runtime.threads import available_cores
+from slime.utils.misc import HUB_ENV
 
 logger = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 120
 
 WORKER_ENV = {
-    "HF_HUB_OFFLINE": "1",
-    "HF_HUB_DISABLE_TELEMETRY": "1",
+    **HUB_ENV,
     "TOKENIZERS_PARALLELISM": "false",
     "OMP_WAIT_POLICY": "PASSIVE",
 }
@@ -192,6 +192,7 @@ class ProcessPlace:
     node_cores: tuple[int, ...]
     threads: int
     lenders: list[Lender] = field(default_factory=list)  # a trainer rank: engines whose idle cores it borrows
+    lend_file: str | None = None  # an engine: the file through which it lends its cores while idle
 
     def describe(self) -> str:
         where = f"node {self.node_ip} ({self.node_id[:8]})"
@@ -288,8 +289,8 @@ def create_placement(args: Namespace) -> Placement:
     bundles ordered by node as slime orders them; trainer ranks take the first, engines the rest
     (colocated: the same ones). Each process gets a share of its node's cores (`ProcessPlace`):
     disaggregated, all processes of a node split its cores; colocated, each side splits them (the
-    two sides take turns). The plan is printed; the engines' part goes into `args.engine_cores`
-    (read where each engine starts, `slime.ray.engine_launch.start_engine`)."""
+    two sides take turns). The plan is printed; the rollout manager hands each engine its place
+    (`ProcessPlace`: cores, threads, lending file), read where it starts (`slime.ray.engine_launch.start_engine`)."""
     n = num_bundles(args)
     pg = placement_group([{"CPU": 1} for _ in range(n)], strategy="PACK")
     if not ray.wait([pg.ready()], timeout=PLACEMENT_TIMEOUT_S)[0]:
@@ -324,9 +325,7 @@ def create_placement(args: Namespace) -> Placement:
     cores = _node_cores(sorted({bundle_node[b] for b in range(n)}), local=not os.environ.get("RAY_ADDRESS"))
     places = _assign_cores(args, units, bundle_node, ips, cores)
     placement.actors, placement.engines = places[:actors], places[actors:]
-    args.engine_cores = [list(p.cores) if p.cores else None for p in placement.engines]
-    args.engine_threads = [p.threads for p in placement.engines]
-    args.engine_lend_files = plan_core_lending(args, placement.actors, placement.engines)
+    plan_core_lending(args, placement.actors, placement.engines)
     print("[slime] placement (on CPU a 'GPU' slot is a share of a node's cores):", flush=True)
     for line in placement.summary():
         print(f"[slime]   {line}", flush=True)
@@ -374,8 +373,9 @@ def _assign_cores(
 def plan_core_lending(args: Namespace, actors: list[ProcessPlace], engines: list[ProcessPlace]) -> list[str | None]:
     """Disaggregated on the CPU (`slime.runtime.core_lending`): each built-in engine lends its pinned
     cores, while it is idle, to one trainer rank on its node (the node's ranks in turn). Sets each
-    rank's `lenders`; returns each engine's file (None: it lends nothing). Colocated, each side
-    already has every core while the other waits; an SGLang engine's slots are GPUs."""
+    rank's `lenders` and each lending engine's `lend_file`; returns each engine's file (None: it
+    lends nothing). Colocated, each side already has every core while the other waits; an SGLang
+    engine's slots are GPUs."""
     files: list[str | None] = [None] * len(engines)
     if args.colocate or args.rollout_backend == "sglang" or not args.lend_idle_cores:
         return files
@@ -383,7 +383,7 @@ def plan_core_lending(args: Namespace, actors: list[ProcessPlace], engines: list
         ranks = [a for a in actors if a.node_id == node and a.cores]
         mine = [e for e, p in enumerate(engines) if p.node_id == node and p.cores]
         for i, e in enumerate(mine if ranks else []):
-            files[e] = lending_file(args.run_dir, e)
+            files[e] = engines[e].lend_file = lending_file(args.run_dir, e)
             ranks[i % len(ranks)].lenders.append(Lender(files[e], tuple(engines[e].cores)))
     return files
 

@@ -31,9 +31,10 @@ from slime.ray.engine_launch import (
     start_engine,
 )
 from slime.ray.engine_watcher import EngineWatcher
-from slime.ray.placement_group import Placement, thread_budget
+from slime.ray.placement_group import Placement, ProcessPlace, thread_budget
 from slime.ray.router import start_router
 from slime.rollout.base_types import unwrap_eval_output, unwrap_train_output
+from slime.rollout.generation import set_engine_urls
 from slime.rollout.sample_hooks import set_current_rollout_id
 from slime.rollout.train_data import (
     eval_metrics,
@@ -44,6 +45,7 @@ from slime.utils.api_keys import register as register_keys
 from slime.utils.async_utils import run
 from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, halt_point, weight_snapshot_dir, weight_snapshot_version
 from slime.utils.http_utils import configure as configure_requests
+from slime.utils.http_utils import server_lost
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
@@ -54,9 +56,14 @@ logger = logging.getLogger(__name__)
 class EngineActor:
     """Owns one engine server process; Ray decides where it runs."""
 
-    def __init__(self, args: Namespace, rank: int, num_threads: int, base_gpu_id: int = 0) -> None:
-        self.args, self.rank, self.num_threads = args, rank, num_threads
+    def __init__(
+        self, args: Namespace, rank: int, num_threads: int, base_gpu_id: int = 0, place: ProcessPlace | None = None
+    ) -> None:
+        self.args, self.rank = args, rank
         self.base_gpu_id = base_gpu_id  # the engine's first GPU slot (its bundle), for SGLang
+        # the placement's cores, threads and lending file for this engine (without one: the thread budget)
+        self.place = place
+        self.num_threads = place.threads if place is not None else num_threads
         self.process = None
 
     def start(self, port: int | None = None) -> str:
@@ -68,6 +75,8 @@ class EngineActor:
             base_gpu_id=self.base_gpu_id,
             log_path=log_path,
             port=port,
+            cores=self.place.cores if self.place is not None else None,
+            lend_file=self.place.lend_file if self.place is not None else None,
         )
         sglang = self.args.rollout_backend == "sglang"
         self.process.wait_until_healthy(timeout=SGLANG_LAUNCH_TIMEOUT_S if sglang else BUILTIN_LAUNCH_TIMEOUT_S)
@@ -91,6 +100,21 @@ class EngineActor:
             self.process = None
 
 
+class RolloutFailed(SlimeError):
+    """Too many of a rollout's samples FAILED. `server_lost`: some of them failed because the engine
+    or router their request went to was unreachable, hung or answered 5xx."""
+
+    def __init__(self, message: str, server_lost: bool = False):
+        super().__init__(message)
+        self.server_lost = server_lost
+
+
+def rollout_lost_server(e: BaseException) -> bool:
+    """Whether a rollout's error comes from an engine or router that is gone or broken (what
+    --use-fault-tolerance would have restarted), told by the error's type, never by its text."""
+    return e.server_lost if isinstance(e, RolloutFailed) else server_lost(e)
+
+
 def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: float) -> None:
     """Stop the run when too many of a rollout's samples FAILED (a broken hook or reward service).
 
@@ -105,9 +129,10 @@ def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: fl
     ratio = len(failed) / len(samples)
     if ratio > max_ratio or len(failed) == len(samples):
         first = failed[0].metadata.get("error", "no error recorded")
-        raise SlimeError(
+        raise RolloutFailed(
             f"rollout {rollout_id}: {len(failed)} of {len(samples)} samples FAILED ({ratio:.0%}), more than "
-            f"--max-failed-sample-ratio {max_ratio:g} allows; first error: {first}"
+            f"--max-failed-sample-ratio {max_ratio:g} allows; first error: {first}",
+            server_lost=any(s.metadata.get("server_lost") for s in failed),
         )
     logger.warning(
         "rollout %d: %d of %d samples FAILED (first: %s)",
@@ -176,7 +201,8 @@ class RolloutManager:
     def init(self) -> None:
         args, placement = self.args, self.placement
         if args.debug_train_only:  # no engines: rollouts are loaded (--load-debug-rollout-data) or need none
-            self.engine_urls = args.rollout_engine_urls = []
+            self.engine_urls = []
+            set_engine_urls(self.engine_urls)
             self.load_hooks()
             resume_data(self.data_source, args)
             return
@@ -192,12 +218,14 @@ class RolloutManager:
                 self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
             else:
                 host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)
+            # where slime's hooks send /generate: slime writes these too (slime/ray/rollout.py, the router it starts)
             args.sglang_router_ip, args.sglang_router_port = host, int(port)
         elif args.sglang_router_ip is None:
+            places = placement.engines or [None] * len(placement.engine_bundles)
             self.engines = [
                 EngineActor.options(
                     num_cpus=placement.engine_cpus, scheduling_strategy=placement.strategy(bundle)
-                ).remote(args, rank, engine_threads, base_gpu_id=bundle)
+                ).remote(args, rank, engine_threads, base_gpu_id=bundle, place=places[rank])
                 for rank, bundle in enumerate(placement.engine_bundles)
             ]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
@@ -223,11 +251,12 @@ class RolloutManager:
             elif self.router is not None:
                 # An engine that dies is removed from the router; retried requests go to live ones.
                 self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
+            # where slime's hooks send /generate: slime writes these too (slime/ray/rollout.py, the router it starts)
             args.sglang_router_ip, args.sglang_router_port = host, int(port)
         else:  # an external router/engine the user runs
             self.engines, self.router = [], None
             self.engine_urls = [f"http://{args.sglang_router_ip}:{args.sglang_router_port}"]
-        args.rollout_engine_urls = list(self.engine_urls)  # where a partial rollout sends its aborts
+        set_engine_urls(self.engine_urls)  # where this process's rollouts send their aborts
         # every request from this process (hooks' post(url, payload) included) to these servers
         # carries the run's key, and to no other address
         register_keys(
@@ -290,7 +319,7 @@ class RolloutManager:
             len(self.engine_urls) - 1,
         )
         self.engine_urls = [u for u in self.engine_urls if u != url]
-        self.args.rollout_engine_urls = list(self.engine_urls)
+        set_engine_urls(self.engine_urls)
 
     # ------------------------------------------------------------------ fault tolerance
     def _start_router(self, port: int | None = None):
@@ -361,8 +390,7 @@ class RolloutManager:
         try:
             data, metrics = self._generate(rollout_id)
         except SlimeError as e:
-            lost_engine = any(s in str(e) for s in ("Cannot connect", "failed after", "Server disconnected"))
-            if self.args.use_fault_tolerance or not lost_engine:
+            if self.args.use_fault_tolerance or not rollout_lost_server(e):
                 raise
             raise SlimeError(
                 f"{e} (an engine or the router that dies is not restarted: run with "

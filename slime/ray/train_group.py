@@ -111,6 +111,3 @@ class RayTrainGroup:
         if offloaded:
             self.offload()
         return path
-
-    def weights_checksum(self) -> float:
-        return self._all("weights_checksum")[0]

@@ -29,7 +29,7 @@ from slime.rollout.sample_hooks import (
     apply_hook,
     current_rollout_id,
 )
-from slime.utils.http_utils import post, session_headers
+from slime.utils.http_utils import post, server_lost, session_headers
 from slime.utils.misc import load_function
 from slime.utils.processing_utils import load_processor
 from slime.utils.types import Sample
@@ -164,6 +164,22 @@ def sampling_params_from_args(args: Namespace, *, evaluation: bool) -> dict[str,
 
 def engine_url(args: Namespace, endpoint: str = "generate") -> str:
     return f"http://{args.sglang_router_ip}:{args.sglang_router_port}/{endpoint}"
+
+
+# Every engine this process's rollouts talk to, kept up to date by the rollout manager (an engine
+# the router dropped is gone from it): a rollout function's signature (slime's) has no place for it.
+_engine_urls: list[str] = []
+
+
+def set_engine_urls(urls: list[str]) -> None:
+    """Set by the rollout manager once its engines run, and whenever one is removed."""
+    global _engine_urls
+    _engine_urls = list(urls)
+
+
+def engine_urls(args: Namespace) -> list[str]:
+    """Where an abort goes: each engine the rollout manager set, else the --sglang-router-ip address."""
+    return list(_engine_urls) or [engine_url(args, "").rstrip("/")]
 
 
 def prompt_ids_of(state: GenerateState, sample: Sample) -> list[int]:
@@ -303,11 +319,15 @@ async def _generate_group_batched(
         _apply_output(sample, prompt_ids, output)
 
 
-def _mark_failed(sample: Sample, where: str, error: BaseException) -> None:
-    """A hook or reward that raised: the sample is FAILED (kept, never trained on), with the reason."""
+def _mark_failed(sample: Sample, where: str, error: BaseException, *, generating: bool = False) -> None:
+    """A hook or reward that raised: the sample is FAILED (kept, never trained on), with the reason.
+    A generate call (`generating`) that failed because its engine or router is gone or broken also
+    sets `metadata["server_lost"]`, so the rollout manager can say that a restart would have helped."""
     sample.status = Sample.Status.FAILED
     sample.metadata["error"] = f"{where}: {type(error).__name__}: {error}"
     sample.metadata["traceback"] = traceback.format_exc()
+    if generating and server_lost(error):
+        sample.metadata["server_lost"] = True
 
 
 def _ensure_tokens(state: GenerateState, sample: Sample) -> None:
@@ -410,7 +430,7 @@ async def _call_generate_hook(
         return result
     except Exception as e:
         logger.exception("generate function %s failed for sample %s", path, sample.index)
-        _mark_failed(sample, f"--custom-generate-function-path {path}", e)
+        _mark_failed(sample, f"--custom-generate-function-path {path}", e, generating=True)
         _ensure_tokens(state, sample)
         return sample
 
@@ -430,7 +450,7 @@ async def _default_generate_one(
         return await generate(args, sample, sampling_params, evaluation=evaluation)
     except Exception as e:
         logger.exception("generate failed for sample %s", sample.index)
-        _mark_failed(sample, "generate", e)
+        _mark_failed(sample, "generate", e, generating=True)
         _ensure_tokens(GenerateState(args), sample)
         return sample
 
@@ -528,7 +548,7 @@ async def generate_and_rm_group(
             except Exception as e:  # one bad group must not kill the rollout; it is marked and counted
                 logger.exception("generate failed for group %s", group[0].group_index)
                 for s in todo:
-                    _mark_failed(s, "generate", e)
+                    _mark_failed(s, "generate", e, generating=True)
                     _ensure_tokens(state, s)
     # --rollout-sample-hook-path on what was generated now (not on samples finished before), before rewards
     hooked = dict(zip(map(id, generated), await _hook_samples(args, generated, evaluation)))

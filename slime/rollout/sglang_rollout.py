@@ -47,6 +47,7 @@ from slime.rollout.generation import (
     _maybe_await,
     context_limit,
     engine_url,
+    engine_urls,
     fit_context,
     generate,
     generate_and_rm,
@@ -112,7 +113,7 @@ async def _dynamic_filter(args: Namespace, fn: Any, group: list[Sample]) -> Dyna
 async def abort_engines(args: Namespace) -> None:
     """Stop every engine's in-flight requests; they answer at once with their partial output
     (`finish_reason` abort). Requests not yet sent are stopped by `GenerateState.aborted`."""
-    urls = args.rollout_engine_urls or [engine_url(args, "").rstrip("/")]
+    urls = engine_urls(args)
     results = await asyncio.gather(
         *(post(f"{u}/abort_request", {"abort_all": True}) for u in urls), return_exceptions=True
     )

@@ -31,12 +31,52 @@ _sessions: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, tuple[aiohttp.Cl
 
 
 class HTTPRequestError(SlimeError):
-    """The server answered with a 4xx (a bad request), or retries were exhausted."""
+    """A request that failed; the base of the three kinds below, which callers tell apart by type."""
 
     def __init__(self, message: str, status: int | None = None, url: str | None = None):
         super().__init__(message)
         self.status = status
         self.url = url
+
+
+class EngineUnreachable(HTTPRequestError):
+    """No answer came back: the connection was refused, reset or dropped (the server is down or died)."""
+
+
+class EngineTimeout(HTTPRequestError):
+    """The server took the connection but did not answer within the time limit (hung or overloaded)."""
+
+
+class EngineRequestFailed(HTTPRequestError):
+    """The server answered with an error status (`status`): a 4xx at once (the request is bad), a 5xx
+    once the attempts are used up."""
+
+    def __init__(self, message: str, status: int, url: str | None = None):
+        super().__init__(message, status, url)
+
+
+def server_lost(exc: BaseException | None) -> bool:
+    """Whether `exc`, or an exception it was raised from, says the server is gone or broken
+    (unreachable, silent past the timeout, or answering 5xx) rather than that the request was bad."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, (EngineUnreachable, EngineTimeout)):
+            return True
+        if isinstance(exc, EngineRequestFailed) and exc.status >= 500:
+            return True
+        exc = exc.__cause__
+    return False
+
+
+def _failure(method: str, url: str, attempts: int, last: BaseException | None) -> HTTPRequestError:
+    """The error for a request whose every attempt failed, typed by how the last attempt failed."""
+    message = f"{method} {url} failed after {attempts} attempts: {last}"
+    if isinstance(last, EngineRequestFailed):
+        return EngineRequestFailed(message, last.status, url)
+    if isinstance(last, TimeoutError):  # aiohttp's own timeouts subclass it too
+        return EngineTimeout(message, None, url)
+    return EngineUnreachable(message, None, url)
 
 
 async def _session_keeper(session: aiohttp.ClientSession):
@@ -144,14 +184,13 @@ async def _request(
                     await asyncio.sleep(backoff)
                     waited, backoff = waited + backoff, min(backoff * 2, _BACKOFF_MAX_S)
                     continue
-                if resp.status >= 500:
-                    last = HTTPRequestError(
+                if resp.status >= 400:
+                    error = EngineRequestFailed(
                         f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}", resp.status, url
                     )
-                elif resp.status >= 400:
-                    raise HTTPRequestError(
-                        f"{method} {url}: HTTP {resp.status}: {_error_message(resp.status, text)}", resp.status, url
-                    )
+                    if resp.status < 500:  # the request itself is bad: another attempt would fail alike
+                        raise error
+                    last = error
                 else:
                     return _decode(body)
         except HTTPRequestError:
@@ -162,9 +201,7 @@ async def _request(
         if attempt < attempts:
             logger.debug("%s %s failed (%s); retry %d/%d", method, url, last, attempt, attempts - 1)
             await asyncio.sleep(retry_delay(attempt, retry_interval))
-    raise HTTPRequestError(
-        f"{method} {url} failed after {attempts} attempts: {last}", getattr(last, "status", None), url
-    )
+    raise _failure(method, url, attempts, last)
 
 
 def _encode(payload: Any) -> bytes:
@@ -209,10 +246,11 @@ async def post(
     --sglang-router-request-timeout-secs) are retried (`max_retries` attempts in all, default
     --rollout-request-max-retries, waits backing off from 0.1 s up to `retry_interval`, default
     --rollout-request-retry-interval); a 503 for a full engine queue is waited out with backoff (up to
-    `QUEUE_FULL_WAIT_S`) without using up an attempt; a 4xx raises `HTTPRequestError` at once with
-    the server's message. `headers` are sent with every attempt (e.g. `session_headers(session_id)`
-    for router session affinity); requests to the run's own servers also carry its key
-    (`slime.utils.api_keys`).
+    `QUEUE_FULL_WAIT_S`) without using up an attempt; a 4xx raises `EngineRequestFailed` at once with
+    the server's message. Attempts used up raise `EngineUnreachable`, `EngineTimeout` or
+    `EngineRequestFailed` (a 5xx) by how the last one failed; all are `HTTPRequestError`s. `headers`
+    are sent with every attempt (e.g. `session_headers(session_id)` for router session affinity);
+    requests to the run's own servers also carry its key (`slime.utils.api_keys`).
     """
     return await _request(
         "POST",

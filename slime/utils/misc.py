@@ -4,12 +4,24 @@ from __future__ import annotations
 
 import base64
 import importlib
+import os
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from slime.errors import SlimeError
+
+# Models and tokenizers are local directories: nothing is fetched from a hub. huggingface_hub reads
+# these once, at its own import, so each process gets them where it starts (`set_hub_env` before it
+# imports transformers, or in the environment it is started with), never from importing slime.
+HUB_ENV = {"HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}
+
+
+def set_hub_env() -> None:
+    """At a process's start: `HUB_ENV` into its environment, values the user set kept."""
+    for key, value in HUB_ENV.items():
+        os.environ.setdefault(key, value)
 
 
 def load_function(path: str, *, arg_name: str | None = None) -> Callable[..., Any]:

@@ -44,6 +44,7 @@ def test_each_engine_lends_its_cores_to_one_trainer_rank_on_its_node(tmp_path):
     ]
     files = plan_core_lending(args, actors, engines)
     assert files == [lending_file(str(tmp_path), e) for e in range(3)] + [None, None]  # other node; unpinned
+    assert [e.lend_file for e in engines] == files  # what each engine's actor is handed
     assert [[(l.path, l.cores) for l in a.lenders] for a in actors] == [
         [(files[0], (2,)), (files[2], (4,))],
         [(files[1], (3,))],
@@ -60,7 +61,7 @@ def test_nothing_is_lent_colocated_with_sglang_or_when_switched_off(argv, tmp_pa
     args = parse_args(BASE + ["--run-dir", str(tmp_path)] + argv)
     actors, engines = [_place("trainer rank 0", "a", (0,))], [_place("engine 0", "a", (1,))]
     assert plan_core_lending(args, actors, engines) == [None]
-    assert actors[0].lenders == []
+    assert actors[0].lenders == [] and engines[0].lend_file is None
 
 
 def test_the_engine_is_idle_only_while_its_queue_is_empty(tmp_path):

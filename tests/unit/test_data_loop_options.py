@@ -14,7 +14,7 @@ import pytest
 
 from slime.arguments import build_parser, parse_args
 from slime.arguments.training import custom_config_note
-from slime.arguments.upstream import NOT_BUILT
+from slime.arguments.upstream import NOT_SUPPORTED
 from slime.data.data_source import DataSource, RolloutDataSource, RolloutDataSourceWithBuffer, resume, resume_rollout_id
 from slime.errors import SlimeError
 from slime.utils.checkpoint_layout import ROLLOUT_STATE_FILE, TRACKER, iter_dir
@@ -42,7 +42,7 @@ def test_options_have_slimes_dest_default_and_action():
     for option, (dest, default, kind) in SLIME_FACTS.items():
         action = actions[option]
         assert option not in parser.slime_names, f"{option} is defined by slime-rl, not added from data"
-        assert option not in NOT_BUILT
+        assert option not in NOT_SUPPORTED
         assert action.dest == dest and getattr(args, dest) == default, option
         assert type(action).__name__ == {"store": "_StoreAction", "store_false": "_StoreFalseAction"}[kind]
     assert actions["--start-rollout-id"].type is int

@@ -301,11 +301,15 @@ def test_offload_frees_memory_measured_as_rss(tmp_path):
             off.onload()
 
 
-def test_a_run_wide_namespace_without_placement_keeps_the_engine_thread_budget():
-    """args made without a placement (tests, tools): start_engine keeps the budget it was given."""
+def test_the_placement_travels_in_its_own_object_not_in_args():
+    """Each engine's cores, threads and lending file reach its actor in its `ProcessPlace`, and the
+    engines' addresses stay with the rollout manager: none of it is written into the run's args
+    (each Ray actor holds its own copy of them); args made without a placement (tests, tools) keep
+    the thread budget start_engine is given."""
     a = parse_args(BASE)
-    assert a.engine_cores is None and a.engine_threads is None
     assert isinstance(a, Namespace)
+    for name in ("engine_cores", "engine_threads", "engine_lend_files", "rollout_engine_urls"):
+        assert not hasattr(a, name), name
 
 
 def test_offload_takes_optimizer_state_read_from_a_checkpoint(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from slime.arguments import build_parser, parse_args, startup_notes
-from slime.arguments.upstream import NOT_BUILT, NOT_SUPPORTED, NOT_USED, slime_data, slime_options
+from slime.arguments.upstream import NOT_SUPPORTED, NOT_USED, slime_data, slime_options
 from slime.errors import SlimeError
 
 ROOT = Path(__file__).parents[2]
@@ -42,7 +42,7 @@ def test_the_data_is_slimes_parser():
 def test_every_slime_option_is_defined_here_or_sorted_exactly_once():
     own = _own_options()
     megatron = build_parser().megatron_names
-    tables = (NOT_USED, NOT_BUILT, NOT_SUPPORTED)
+    tables = (NOT_USED, NOT_SUPPORTED)
     for name in slime_options():
         homes = int(name in own) + int(name in megatron) + sum(name in t for t in tables)
         assert homes == 1, (
@@ -113,22 +113,6 @@ def test_options_not_built_or_not_supported_stop_at_parsing(argv, needle):
     with pytest.raises(SlimeError) as e:
         parse_args(BASE + argv)
     assert needle in str(e.value)
-
-
-def test_an_option_in_the_not_built_table_stops_at_parsing_naming_its_issue(monkeypatch):
-    """The not-built mechanism itself, independent of which options are still in the table: a
-    slime option put there (here one that is otherwise accepted) stops parsing, naming the issue;
-    the table's own options do too."""
-    from slime.arguments import upstream
-
-    assert parse_args(BASE + ["--allgather-cp"]).allgather_cp is True
-    monkeypatch.setitem(upstream.NOT_BUILT, "--allgather-cp", "'A test issue'")
-    with pytest.raises(SlimeError, match=r"^--allgather-cp is not built yet \(issue 'A test issue'\)$"):
-        parse_args(BASE + ["--allgather-cp"])
-    for option in list(NOT_BUILT):
-        if option != "--allgather-cp" and slime_options()[option].get("action") in ("_StoreTrueAction",):
-            with pytest.raises(SlimeError, match="is not built yet"):
-                parse_args(BASE + [option])
 
 
 def test_typos_of_slime_options_still_get_did_you_mean():

@@ -65,7 +65,3 @@ def math_verify_reward_checked(response: str, label, timeout: float | None = Non
         return 0.0, None
     gold = str(label).strip()
     return grader_pool.run_screened(_verify_unbounded, given, gold, timeout=timeout, refused_value=0.0)
-
-
-def math_verify_reward(response: str, label) -> float:
-    return math_verify_reward_checked(response, label)[0]
