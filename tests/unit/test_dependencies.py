@@ -35,6 +35,11 @@ INDIRECT = {
     "uvloop": "uvicorn's event loop",
     "tensorboard": "torch.utils.tensorboard (--use-tensorboard)",
     "pytest-timeout": "a pytest plugin (the `timeout` ini option and marks)",
+    # the checks scripts/test.sh runs before the suite (.pre-commit-config.yaml)
+    "ruff": "lint, format and import order",
+    "mypy": "type checks of the typed packages",
+    "codespell": "spelling",
+    "pre-commit": "runs the three above",
 }
 
 
