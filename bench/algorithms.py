@@ -92,7 +92,7 @@ def main() -> None:
         t1 = time.time()
         try:
             train(args)
-        except Exception as e:  # one failing estimator must not lose the others' results
+        except Exception as e:  # noqa: BLE001 - one failing estimator must not lose the others' results
             results.append((est, f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"))
             print(f"{est}: FAILED ({e})", flush=True)
             continue

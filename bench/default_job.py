@@ -54,7 +54,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=1)
     n = p.parse_args().runs
     results = []
-    for i in range(n):
+    for _ in range(n):
         with tempfile.TemporaryDirectory() as d:
             results.append(run_once(Path(d)))
     print(f"default job, {os.cpu_count()} cores, {n} run(s)")

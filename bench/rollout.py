@@ -156,7 +156,7 @@ def run_engine(
                 "return_logprob": True,
                 "sampling_params": {"max_new_tokens": m, "temperature": 1.0, "ignore_eos": True},
             }
-            for p, ms in zip(prompts, lengths)
+            for p, ms in zip(prompts, lengths, strict=True)
             for m in ms
         ]
         cpu0 = _cpu_seconds(eng.pid)
@@ -225,7 +225,7 @@ def run_vllm(vllm_python: str, model_dir: Path, dtype: str, threads: int, prompt
                 "ignore_eos": True,
                 "logprobs": 1,
             }
-            for p, ms in zip(prompts, lengths)
+            for p, ms in zip(prompts, lengths, strict=True)
             for m in ms
         ]
         wall, outs = asyncio.run(_send_all(url + "/v1/completions", bodies))
@@ -302,7 +302,7 @@ def run_hf(model_dir: Path, dtype: str, threads: int, prompts, lengths, batch_si
         warnings.simplefilter("ignore")
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).eval()
     pad = model.config.pad_token_id
-    rows = [(p, m) for p, ms in zip(prompts, lengths) for m in ms]  # samples of a prompt stay together
+    rows = [(p, m) for p, ms in zip(prompts, lengths, strict=True) for m in ms]  # samples of a prompt stay together
 
     def batch_inputs(chunk):
         width = max(len(p) for p, _ in chunk)
@@ -420,7 +420,7 @@ def measure_dtype(a: argparse.Namespace, model_dir: Path, dtype: str, prompts, l
                     run_vllm(a.vllm_python, model_dir, dtype, a.threads, prompts, lengths, a.max_running)["tok_s"]
                 )
                 _log(f"  [{rep + 1}/{a.repeats}] vLLM {dtype}: {runs['vllm'][-1]:.0f} tok/s")
-            except Exception as err:  # e.g. vLLM's CPU attention has no kernel for head_dim 16
+            except Exception as err:  # noqa: BLE001 - recorded; e.g. vLLM's CPU attention has no kernel for head_dim 16
                 vllm_error = _vllm_error(model_dir, dtype, err)
                 _log(f"  vLLM {dtype}: failed: {vllm_error}")
         if a.steady_seqs:

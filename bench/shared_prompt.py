@@ -96,8 +96,8 @@ def main() -> None:
                 diff = (shared.response_logits(model) - plain.response_logits(model)).abs().max().item()
             assert diff < 1e-5, f"{name}: the two ways' logits differ by {diff}"
             tokens = sum(len(t) for t in data["tokens"])
-            distinct = {tuple(t[: len(t) - r]) for t, r in zip(data["tokens"], data["response_lengths"])}
-            prompt_tokens = sum(len(t) - r for t, r in zip(data["tokens"], data["response_lengths"]))
+            distinct = {tuple(t[: len(t) - r]) for t, r in zip(data["tokens"], data["response_lengths"], strict=True)}
+            prompt_tokens = sum(len(t) - r for t, r in zip(data["tokens"], data["response_lengths"], strict=True))
             # per prompt: each distinct prompt once, and no response's last token
             shared_tokens = tokens - prompt_tokens + sum(len(d) for d in distinct) - n
             for threads in [int(t) for t in a.threads.split(",")]:

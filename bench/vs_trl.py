@@ -244,7 +244,7 @@ def _trl_train(cfg: dict) -> None:
 
     def boxed_reward(completions, label, **_):
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
-        return [1.0 if (_boxed(t) or "").strip() == str(y).strip() else 0.0 for t, y in zip(texts, label)]
+        return [1.0 if (_boxed(t) or "").strip() == str(y).strip() else 0.0 for t, y in zip(texts, label, strict=True)]
 
     gen: dict[str, list[float]] = {"seconds": [], "tokens": []}
 
@@ -513,7 +513,7 @@ def make_check_batch(
             [{"role": "user", "content": row["prompt"]}], add_generation_prompt=True, tokenize=False
         )
         ids = tok(text, add_special_tokens=False)["input_ids"]
-        for s in range(samples):
+        for _ in range(samples):
             n = int(torch.randint(1, max_new + 1, (1,), generator=gen))
             prompt_ids.append(ids)
             completion_ids.append(torch.randint(0, len(tok), (n,), generator=gen).tolist())
@@ -524,7 +524,7 @@ def make_check_batch(
             else:
                 rewards.append(float(torch.rand((), generator=gen) < 0.5))
     data = {
-        "tokens": [a + b for a, b in zip(prompt_ids, completion_ids)],
+        "tokens": [a + b for a, b in zip(prompt_ids, completion_ids, strict=True)],
         "response_lengths": [len(c) for c in completion_ids],
         "loss_masks": [[1] * len(c) for c in completion_ids],
     }
@@ -595,7 +595,7 @@ def slime_check_case(batch: dict, options: list[str], data_file: Path, advantage
     compute_advantages_and_returns(args, rollout)
     data = RolloutBatch(
         indices=list(range(n)),
-        tokens=[a + b for a, b in zip(batch["prompt_ids"], batch["completion_ids"])],
+        tokens=[a + b for a, b in zip(batch["prompt_ids"], batch["completion_ids"], strict=True)],
         response_lengths=[len(c) for c in batch["completion_ids"]],
         loss_masks=masks,
         rewards=list(rollout["rewards"]),
@@ -935,7 +935,7 @@ def heldout_accuracy(model_dir: Path, eval_file: Path, new_tokens: int) -> float
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
     answers = tok.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
-    return sum(grade_math(a, str(r["label"])) for a, r in zip(answers, rows)) / len(rows)
+    return sum(grade_math(a, str(r["label"])) for a, r in zip(answers, rows, strict=True)) / len(rows)
 
 
 def summarise(runs: list[dict], acc_before: float) -> list[dict]:

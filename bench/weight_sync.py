@@ -172,7 +172,7 @@ def load_only(model_dir: Path, state: dict, repeats: int) -> tuple[float, float]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         runner = ModelRunner(str(model_dir))
-    named = {k: v for k, v in dedupe_tied(state).items()}
+    named = dict(dedupe_tied(state))
     lib = weight_copy._load()
     fast, slow = [], []
     try:

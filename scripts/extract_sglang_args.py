@@ -98,7 +98,7 @@ def _literal(node, default=_MISSING):
         return ast.literal_eval(node)
     except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         if default is _MISSING:
-            raise Undetermined(ast.unparse(node))
+            raise Undetermined(ast.unparse(node)) from None
         return default
 
 
@@ -175,7 +175,9 @@ def read_custom_actions(path: Path) -> dict[str, int | str | None]:
                 args = item.args
                 positional = args.posonlyargs + args.args
                 defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
-                pairs = list(zip(positional, defaults)) + list(zip(args.kwonlyargs, args.kw_defaults))
+                pairs = list(zip(positional, defaults, strict=True)) + list(
+                    zip(args.kwonlyargs, args.kw_defaults, strict=True)
+                )
                 for arg, value in pairs:
                     if arg.arg == "nargs" and value is not None:
                         default = _literal(value)
@@ -223,7 +225,7 @@ def field_shape(type_node, arg: dict, custom_actions, note) -> tuple[str | None,
         if extra is not None and not _is_none(extra):
             if not isinstance(extra, ast.Dict):
                 raise Undetermined(f"action_kwargs={ast.unparse(extra)}")
-            for key, value in zip(extra.keys, extra.values):
+            for key, value in zip(extra.keys, extra.values, strict=True):
                 if key is not None and _literal(key, None) == "nargs":
                     nargs_node = value
         return _action_shape(arg["action"], nargs_node, custom_actions, note)

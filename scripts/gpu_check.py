@@ -415,7 +415,8 @@ def run(a: argparse.Namespace, rows: list[dict], facts: dict) -> None:
             return lp[pos, torch.tensor(seq[start:], device=dev)].cpu()
 
         diffs = []
-        for o, p in zip(outs[: a.parity_sequences], prompts):
+        # only the first --parity-sequences outputs are checked, each against its prompt
+        for o, p in zip(outs[: a.parity_sequences], prompts, strict=False):
             out_ids = list(o["output_ids"])
             mine = torch.tensor([float(x[0]) for x in o["meta_info"]["output_token_logprobs"]])
             diffs.append((mine - hf_log_probs(hf, p + out_ids, len(p))).abs())

@@ -85,7 +85,7 @@ def _release(rollout_manager, actor_model: RayTrainGroup | None, placement) -> N
     """Stop engines, kill this stage's actors and free its placement group."""
     try:
         ray.get(rollout_manager.dispose.remote(), timeout=60)
-    except Exception:  # the manager may already be dead; its engines exit with their owner
+    except Exception:  # noqa: BLE001 - cleanup: the manager may already be dead; its engines exit with their owner
         pass
     for actor in [*(actor_model.actors if actor_model else []), rollout_manager]:
         ray.kill(actor)
@@ -239,7 +239,7 @@ def _get_rollout_metrics(metrics_ref, data_ref) -> dict[str, float]:
         # Both refs carry the same error; consume the second so Ray does not report it again.
         try:
             ray.get(data_ref)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the same error as the one re-raised below
             pass
         raise
 

@@ -217,13 +217,13 @@ async def run_team(args: Namespace, base_group: list[Sample], agents: tuple[Agen
             outputs = await _generate_turns(args, contexts, state.sampling_params, session)
             group = [
                 turn_sample(base, agent.role, r, len(agents), text, ids, out)
-                for base, text, ids, out in zip(base_group, texts, contexts, outputs)
+                for base, text, ids, out in zip(base_group, texts, contexts, outputs, strict=True)
             ]
-            for t, out in zip(transcripts, outputs):
+            for t, out in zip(transcripts, outputs, strict=True):
                 t[agent.role] = visible_text(tok, out["output_ids"])
             groups.append(group)
         await _reward_team(args, groups)
-    except Exception as e:  # one broken prompt must not end the rollout: its samples are FAILED
+    except Exception as e:  # noqa: BLE001 - one broken prompt must not end the rollout: its samples are FAILED
         return failed_groups(base_group, first_context, e, agents)
     return groups
 

@@ -57,7 +57,9 @@ def calculator(arguments: str) -> str:
 
     try:
         value = ev(ast.parse(str(json.loads(arguments)["expression"]), mode="eval").body)
-    except Exception as e:  # the model's mistake: the tool says so, as a real tool would
+    # the model's mistake (not JSON, no "expression", not arithmetic, 1/0, nested too deep): the
+    # tool says so, as a real tool would
+    except (ValueError, KeyError, TypeError, SyntaxError, ArithmeticError, RecursionError) as e:
         return f"error: {type(e).__name__}"
     return str(int(value)) if float(value).is_integer() else str(value)
 
@@ -76,7 +78,7 @@ def expression_of(arguments: str) -> str | None:
     """The call's expression without spaces (None when the arguments are not `{"expression": ...}`)."""
     try:
         return "".join(str(json.loads(arguments)["expression"]).split())
-    except Exception:
+    except (ValueError, KeyError, TypeError, RecursionError):  # not JSON, or not an object with "expression"
         return None
 
 

@@ -42,7 +42,7 @@ class AppHandle:
             return
         try:
             asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(timeout=10)
-        except Exception:
+        except Exception:  # noqa: BLE001 - best effort: the loop is stopped below either way
             pass
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)
@@ -72,7 +72,7 @@ def run_app_in_thread(
             site = web.TCPSite(runner, host, port)
             loop.run_until_complete(site.start())
             box.update(loop=loop, runner=runner, port=site._server.sockets[0].getsockname()[1])  # type: ignore
-        except BaseException as e:
+        except BaseException as e:  # noqa: BLE001 - handed to the starting thread, which raises it
             box["error"] = e
             started.set()
             return

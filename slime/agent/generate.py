@@ -171,7 +171,7 @@ async def generate(
         reward = server.agent(server.base_url, sid, sample)
         if inspect.isawaitable(reward):
             reward = await reward
-    except Exception as e:  # the turns so far are still the model's own: keep them (below)
+    except Exception as e:  # noqa: BLE001 - a failing agent: the turns so far are still the model's own (below)
         error = e
     samples = await adapter.finish_session(sid, base_sample=sample, reward=reward)
     if error is not None:

@@ -117,7 +117,7 @@ def masked_mean(x: Tensor, mask: Tensor, dim: int | tuple[int, ...] | None = Non
 
 def _packed_mask(loss_masks: Sequence[Tensor | Sequence[int]], lengths: list[int], device) -> Tensor:
     """The masks as one packed boolean ``[total_tokens]`` tensor, each checked against its length."""
-    for i, (m, n) in enumerate(zip(loss_masks, lengths)):
+    for i, (m, n) in enumerate(zip(loss_masks, lengths, strict=True)):
         shape = tuple(m.shape) if isinstance(m, Tensor) else (len(m),)
         if shape != (n,):
             raise ValueError(f"loss mask {i} has shape {shape}, expected ({n},)")

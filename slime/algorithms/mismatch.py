@@ -16,6 +16,11 @@ from torch import Tensor
 SAFETY_BOUND = 20.0  # slime's clamp on log-ratios before exp
 
 
+def _seq_mean(x: Tensor, mask: Tensor, count: Tensor) -> Tensor:
+    """The masked mean of one sequence's `x`, repeated at each of its tokens."""
+    return ((x * mask).sum() / count).expand_as(x)
+
+
 def mismatch_metrics(
     train_log_probs: Tensor, rollout_log_probs: Tensor, response_lengths: Sequence[int], loss_masks: Sequence[Tensor]
 ) -> dict[str, Tensor]:
@@ -35,11 +40,7 @@ def mismatch_metrics(
     for train, rollout, mask in zip(train_parts, rollout_parts, loss_masks, strict=True):
         mask = torch.as_tensor(mask, dtype=torch.float32)
         count = mask.sum().clamp_min(1)
-
-        def seq_mean(x: Tensor) -> Tensor:
-            return ((x * mask).sum() / count).expand_as(x)
-
-        mean_train, mean_rollout = seq_mean(train), seq_mean(rollout)
+        mean_train, mean_rollout = _seq_mean(train, mask, count), _seq_mean(rollout, mask, count)
         add("training_log_ppl", -mean_train)
         add("training_ppl", torch.exp(-mean_train))
         add("rollout_log_ppl", -mean_rollout)
@@ -52,7 +53,7 @@ def mismatch_metrics(
         add("log_ppl_abs_diff", log_ppl_diff.abs())
         add("ppl_ratio", torch.exp(log_ppl_diff))
         rho = torch.exp(log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-        add("chi2_token", seq_mean(rho.square()) - 1.0)
+        add("chi2_token", _seq_mean(rho.square(), mask, count) - 1.0)
         seq_log_ratio = (log_ratio * mask).sum().clamp(-SAFETY_BOUND, SAFETY_BOUND)
         add("chi2_seq", torch.exp(2.0 * seq_log_ratio).expand_as(train) - 1.0)
     return {f"mis_{k}": torch.cat(v) for k, v in out.items()}

@@ -128,7 +128,7 @@ def _resolve_datasets(args: argparse.Namespace) -> None:
         for name in names:
             if names.count(name) > 1:
                 raise SlimeError(f"--eval-prompt-data names {name!r} twice (results are reported by name)")
-        args.eval_datasets = [resolve_eval_dataset(args, n, p) for n, p in zip(names, pairs[1::2])]
+        args.eval_datasets = [resolve_eval_dataset(args, n, p) for n, p in zip(names, pairs[1::2], strict=True)]
     args.eval_prompt_data = [x for c in args.eval_datasets for x in (c.name, c.path)] or None
     if args.eval_interval is not None and not args.eval_datasets:
         raise SlimeError(

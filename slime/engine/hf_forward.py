@@ -160,7 +160,9 @@ class HFForward:
             idx = torch.tensor(src, dtype=torch.long)
             _take_rows(state, idx)  # repeated indices copy the shared rows
             first_row = {u: src.index(u) for u in set(src)}
-            state.cached = [len(p) if first_row[u] != row else 0 for row, (p, u) in enumerate(zip(prompts, src))]
+            state.cached = [
+                len(p) if first_row[u] != row else 0 for row, (p, u) in enumerate(zip(prompts, src, strict=True))
+            ]
             return last.index_select(0, idx), (None if all_logits is None else all_logits.index_select(0, idx)), state
         return self._prefill_plain(prompts, max_new, full_logits)
 
@@ -207,7 +209,7 @@ class HFForward:
     def _prefill_from_entry(self, prompt, m, entry, max_new):
         """Prefill `prompt[m:]` on top of the cached KV of `prompt[:m]` (one row)."""
         cache = self._new_cache()
-        for layer, (k, v) in enumerate(zip(entry.keys, entry.values)):
+        for layer, (k, v) in enumerate(zip(entry.keys, entry.values, strict=True)):
             cache.update(k[:, :m].unsqueeze(0), v[:, :m].unsqueeze(0), layer)
         n = len(prompt)
         mask = torch.zeros((1, n + max(max_new, 0) + 1), dtype=torch.long)
@@ -242,7 +244,7 @@ class HFForward:
                 return t
             return torch.cat([t.new_zeros((*t.shape[:-2], n, t.shape[-1])), t], dim=-2)
 
-        for a, b in zip(layers_a, layers_b):
+        for a, b in zip(layers_a, layers_b, strict=True):
             a.keys = torch.cat([pad_left(a.keys, width - la), pad_left(b.keys, width - lb)], dim=0)
             a.values = torch.cat([pad_left(a.values, width - la), pad_left(b.values, width - lb)], dim=0)
         room = max(state.mask.shape[1] - la, other.mask.shape[1] - lb)

@@ -160,7 +160,7 @@ class KVPool:
         values = [new((new_slots, kv, new_cap, d), dtype=self.dtype) for _ in range(self.num_layers)]
         if used_slots and used_len:
             for old, fresh in zip(
-                self.positions(used_len, used_slots), self._views(keys, values, used_len, used_slots)
+                self.positions(used_len, used_slots), self._views(keys, values, used_len, used_slots), strict=True
             ):
                 fresh.copy_(old)
         self.keys, self.values, self.slots, self.capacity = keys, values, new_slots, new_cap
@@ -279,11 +279,15 @@ class NativeForward:
         for j in computed:
             m, entry = hits.get(j, (0, None))
             if entry is not None:
-                for layer, (k, v) in enumerate(zip(entry.keys, entry.values)):
+                for layer, (k, v) in enumerate(zip(entry.keys, entry.values, strict=True)):
                     batch.pool.write(layer, base + j, k[:, :m], v[:, :m])
             starts.append(m)
         last_c, full_c = self.extend(
-            batch, [base + j for j in computed], [prompts[j][m:] for j, m in zip(computed, starts)], starts, full_logits
+            batch,
+            [base + j for j in computed],
+            [prompts[j][m:] for j, m in zip(computed, starts, strict=True)],
+            starts,
+            full_logits,
         )
         pos = {j: i for i, j in enumerate(computed)}
         dups = [j for j in range(n_new) if source[j] != j]

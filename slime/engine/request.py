@@ -333,5 +333,5 @@ def result_of(r: Req, tokenizer, weight_version: str) -> dict:
 def _logprob_triples(logprobs, ids, tokenizer, with_text: bool) -> list[list]:
     """SGLang's `[logprob, token_id, token_text or None]` per token."""
     if with_text:
-        return [[lp, t, tokenizer.decode([t])] for lp, t in zip(logprobs, ids)]
-    return [[lp, t, None] for lp, t in zip(logprobs, ids)]
+        return [[lp, t, tokenizer.decode([t])] for lp, t in zip(logprobs, ids, strict=True)]
+    return [[lp, t, None] for lp, t in zip(logprobs, ids, strict=True)]

@@ -79,7 +79,7 @@ def add_rows(
     if got is None:
         return None
     last, full, cached = got
-    for r, c in zip(new, cached):
+    for r, c in zip(new, cached, strict=True):
         r.weight_version = version
         r.cached_tokens = c
         r.kv_epoch = runner.weights_epoch

@@ -191,7 +191,9 @@ class BatchSampler:
         self.top_p = torch.tensor([p.top_p for p in ps], dtype=torch.float32)
         self.min_p = torch.tensor([p.min_p for p in ps], dtype=torch.float32)
         sampled = [not p.greedy for p in ps]
-        self.need_filter = any(s and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0) for s, p in zip(sampled, ps))
+        self.need_filter = any(
+            s and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0) for s, p in zip(sampled, ps, strict=True)
+        )
         self.seeded = [i for i, r in enumerate(rows) if r.generator is not None]
 
     def select(self, keep: list[int]) -> None:

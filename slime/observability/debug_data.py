@@ -155,7 +155,7 @@ def _readable_train_record(sample: dict[str, Any]) -> dict[str, Any]:
         if key == "tokens":
             out["num_tokens"] = len(value)
         elif isinstance(value, list) and value and isinstance(value[0], float) and len(value) == len(mask):
-            kept = [v for v, m in zip(value, mask) if m]
+            kept = [v for v, m in zip(value, mask, strict=True) if m]
             out[f"{key}_mean"] = sum(kept) / len(kept) if kept else None
         elif key != "loss_mask":
             out[key] = value

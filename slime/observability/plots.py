@@ -53,7 +53,7 @@ def global_steps(records: Sequence[dict[str, Any]]) -> list[int | None]:
 def _series(records, xs, key: str) -> tuple[list[int], list[float]]:
     """(x, y) of ``key`` over the records that have a finite value for it, sorted by x."""
     pts = []
-    for r, x in zip(records, xs):
+    for r, x in zip(records, xs, strict=True):
         v = r.get(key)
         if x is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             continue
@@ -66,7 +66,7 @@ def _stage_starts(records, xs) -> list[tuple[int, str]]:
     """(first x, stage name) for each stage change, in order."""
     starts: list[tuple[int, str]] = []
     prev: Any = object()
-    for r, x in zip(records, xs):
+    for r, x in zip(records, xs, strict=True):
         stage = r.get("stage")
         if x is None or stage is None:
             continue

@@ -139,7 +139,7 @@ def _series(records: list[dict[str, Any]]) -> tuple[dict[str, list[list[Any]]], 
     """key -> [[x, y, rollout_id, stage], ...] over the records with a finite number for key."""
     xs = global_steps(records)
     series: dict[str, list[list[Any]]] = {}
-    for r, x in zip(records, xs):
+    for r, x in zip(records, xs, strict=True):
         if x is None:
             continue
         for k, v in r.items():
@@ -454,7 +454,7 @@ def report_run(run_dir: str | Path) -> Path | None:
     to write it is a warning, never the end of a run."""
     try:
         out, _ = write_report(run_dir)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - printed; a report never ends a run
         print(f"[slime] report not written ({type(e).__name__}: {e})", flush=True)
         return None
     print(f"[slime] report:  {out.resolve()}", flush=True)

@@ -110,7 +110,7 @@ def _tokenizer(path: str | None):
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(path)
-    except Exception as e:  # the log still holds the ids
+    except Exception as e:  # noqa: BLE001 - any loading failure: the log still holds the ids
         logger.warning("sample log: no tokenizer from %s (%s: %s); token strings left out", path, type(e).__name__, e)
         return None
 
@@ -120,7 +120,7 @@ def _token_strings(tokenizer: Any, ids: list[int]) -> list[str] | None:
         return None if tokenizer is None else []
     try:
         return [str(t) for t in tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)]
-    except Exception:
+    except Exception:  # noqa: BLE001 - ids this tokenizer cannot decode: the log still holds the ids
         return None
 
 
@@ -129,7 +129,7 @@ def _reward(args: Namespace, s: Sample) -> float | None:
         return None
     try:
         return _finite(s.get_reward_value(args))
-    except Exception:  # a dict reward without --reward-key's entry
+    except (KeyError, TypeError, ValueError):  # a dict reward without --reward-key's entry, or not a number
         return None
 
 
@@ -181,7 +181,7 @@ def run_facts() -> dict[str, Any]:
         try:
             if torch.cuda.is_available():
                 gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        except Exception:
+        except Exception:  # noqa: BLE001 - a broken CUDA setup: the facts say no GPUs, the run goes on
             gpus = None
     return {
         "versions": versions,
@@ -251,7 +251,7 @@ def write_rollout_samples(args: Namespace, groups: list[list[Sample]], rollout_i
             "groups": _groups_payload(args, groups, limit),
         }
         _atomic_write_json(path, payload)
-    except Exception as e:  # the log is for people; a failure to write it never stops training
+    except Exception as e:  # noqa: BLE001 - the log is for people; a failure to write it never stops training
         logger.warning("sample log of rollout %s not written (%s: %s)", rollout_id, type(e).__name__, e)
         return None
     return path
@@ -294,7 +294,7 @@ def write_eval_samples(args: Namespace, results: dict[str, Any], rollout_id: int
                 "groups": groups_out,
             },
         )
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - as above: a failure to write the log never stops training
         logger.warning("sample log of evaluation %s not written (%s: %s)", rollout_id, type(e).__name__, e)
         return None
     return path

@@ -229,7 +229,7 @@ class RolloutManager:
                 for rank, bundle in enumerate(placement.engine_bundles)
             ]
             self.engine_urls = ray.get([e.start.remote() for e in self.engines])
-            self._engine_of = dict(zip(self.engine_urls, self.engines))
+            self._engine_of = dict(zip(self.engine_urls, self.engines, strict=True))
             self.router = None
             if len(self.engine_urls) == 1:
                 host, port = self.engine_urls[0].removeprefix("http://").rsplit(":", 1)

@@ -38,7 +38,7 @@ class RayTrainGroup:
                 actor.pin_cores.remote(
                     list(p.cores) if p and p.cores else None, threads[rank], p.lenders if p else None
                 )
-                for rank, (actor, p) in enumerate(zip(self.actors, places))
+                for rank, (actor, p) in enumerate(zip(self.actors, places, strict=True))
             ]
         )
         self.engine_urls: list[str] = []

@@ -170,7 +170,7 @@ class AsyncRolloutWorker:
                     self.raise_if_failed()
                     raise SlimeError(
                         f"fully async rollout: the rollout worker has stopped with {len(out)} of {n} groups taken"
-                    )
+                    ) from None
         self.raise_if_failed()
         return out
 

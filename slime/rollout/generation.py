@@ -315,7 +315,7 @@ async def _generate_group_batched(
         "return_logprob": True,
     }
     outputs = await post(engine_url(args), payload, headers=session_headers(group[0].session_id))
-    for sample, output in zip(group, outputs):
+    for sample, output in zip(group, outputs, strict=True):
         _apply_output(sample, prompt_ids, output)
 
 
@@ -385,7 +385,7 @@ async def _reward(args: Namespace, samples: list[Sample]) -> None:
             for s in todo:
                 _mark_failed(s, "reward (--group-rm)", e)
             return
-        for s, r in zip(todo, rewards):
+        for s, r in zip(todo, rewards, strict=True):
             s.reward = r
         return
 
@@ -486,12 +486,14 @@ async def generate_and_rm(
         if todo:
             try:
                 rewards = list(await batched_async_rm(args, todo))
+                if len(rewards) != len(todo):
+                    raise ValueError(f"returned {len(rewards)} rewards for {len(todo)} samples")
             except Exception as e:
                 logger.exception("reward failed for the samples of %s", sample.index)
                 for s in todo:
                     _mark_failed(s, "reward", e)
                 return result
-            for s, r in zip(todo, rewards):
+            for s, r in zip(todo, rewards, strict=True):
                 s.reward = r
         return result
     if result.status not in (Sample.Status.ABORTED, Sample.Status.FAILED) and result.reward is None:
@@ -534,7 +536,7 @@ async def generate_and_rm_group(
                 )
             )
             generated = [r for res in results for r in res]
-            by_id = {id(s): res for s, res in zip(todo, results)}
+            by_id = {id(s): res for s, res in zip(todo, results, strict=True)}
             group[:] = [r for s in group for r in by_id.get(id(s), [s])]
         else:
             generated = list(todo)
@@ -551,7 +553,7 @@ async def generate_and_rm_group(
                     _mark_failed(s, "generate", e, generating=True)
                     _ensure_tokens(state, s)
     # --rollout-sample-hook-path on what was generated now (not on samples finished before), before rewards
-    hooked = dict(zip(map(id, generated), await _hook_samples(args, generated, evaluation)))
+    hooked = dict(zip(map(id, generated), await _hook_samples(args, generated, evaluation), strict=True))
     group[:] = [hooked.get(id(s), s) for s in group]
     await _reward(args, group)
     return group

@@ -117,7 +117,7 @@ async def abort_engines(args: Namespace) -> None:
     results = await asyncio.gather(
         *(post(f"{u}/abort_request", {"abort_all": True}) for u in urls), return_exceptions=True
     )
-    for url, result in zip(urls, results):
+    for url, result in zip(urls, results, strict=True):
         if isinstance(result, BaseException):  # its requests then run to their end: slower, still correct
             logger.warning("could not abort the requests of %s: %s", url, result)
 

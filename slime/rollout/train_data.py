@@ -57,8 +57,8 @@ def _groups(values: list, sizes: list[int] | None, n_samples_per_prompt: int) ->
     """`values` cut into prompt groups, with each group's size: `sizes`, or one piece of groups of n."""
     if sizes is None:
         return [(values, n_samples_per_prompt)]
-    starts = itertools.accumulate(sizes, initial=0)
-    return [(values[start : start + n], n) for start, n in zip(starts, sizes)]
+    starts = itertools.accumulate(sizes, initial=0)  # one more than sizes: the last is the end
+    return [(values[start : start + n], n) for start, n in zip(starts, sizes, strict=False)]
 
 
 def prompt_group_sizes(samples: list[Sample], n_samples_per_prompt: int) -> list[int] | None:
@@ -100,13 +100,13 @@ def post_process_rewards(args: Namespace, samples: list[Sample]) -> tuple[list[f
             args.overlong_buffer_len,
             args.overlong_penalty_factor,
         )
-        rewards = [r + p for r, p in zip(rewards, penalty)]
+        rewards = [r + p for r, p in zip(rewards, penalty, strict=True)]
     est, g = args.advantage_estimator, args.n_samples_per_prompt
     if not args.rewards_normalization or est in ("ppo", "reinforce_plus_plus"):
         return raw, rewards
     sizes = prompt_group_sizes(samples, g)  # None: every group has n samples
     out = []
-    for (chunk, size), (ok, _) in zip(_groups(rewards, sizes, g), _groups(valid, sizes, g)):
+    for (chunk, size), (ok, _) in zip(_groups(rewards, sizes, g), _groups(valid, sizes, g), strict=True):
         chunk = torch.tensor(chunk, dtype=torch.float32)
         if est in ("grpo", "gspo", "cispo"):  # cispo takes grpo's advantages
             out.append(group_normalize_rewards(chunk, size, std_normalization=args.grpo_std_normalization, valid=ok))
@@ -147,7 +147,7 @@ def samples_to_train_data(args: Namespace, groups: list[list[Sample]]) -> dict[s
         raw_rewards, rewards = post_process_rewards(args, samples)
     valid, _ = statistics_mask(args, samples)
     loss_masks = []
-    for s, ok in zip(samples, valid):
+    for s, ok in zip(samples, valid, strict=True):
         mask = list(s.loss_mask) if s.loss_mask is not None else [1] * s.response_length
         if len(mask) != s.response_length:
             raise ValueError(
@@ -212,7 +212,7 @@ def rollout_metrics(args: Namespace, groups: list[list[Sample]], data: dict[str,
     }
     if args.loss_type != "sft_loss":  # SFT samples are not graded: no reward to report
         # FAILED samples have no reward: the mean is over the others
-        scored = [r for r, s in zip(data["raw_reward"], samples) if s.status not in NOT_TRAINABLE]
+        scored = [r for r, s in zip(data["raw_reward"], samples, strict=True) if s.status not in NOT_TRAINABLE]
         metrics["rollout/raw_reward"] = sum(scored) / max(1, len(scored))
         metrics["rollout/dropped_groups"] = float(statistics_mask(args, samples)[1])
         if args.overlong_buffer_len:
@@ -340,7 +340,7 @@ def correct_sample_metrics(args: Namespace, data: dict[str, Any]) -> dict[str, f
         per_sample = []
         for i in correct:
             mask = data["loss_masks"][i]
-            per_sample.append(-sum(lp * m for lp, m in zip(log_probs[i], mask)) / max(1, sum(mask)))
+            per_sample.append(-sum(lp * m for lp, m in zip(log_probs[i], mask, strict=True)) / max(1, sum(mask)))
         out["rollout/correct_entropy"] = sum(per_sample) / len(per_sample)
     return out
 
@@ -357,7 +357,7 @@ def pass_at_k_metrics(name: str, samples: list[Sample], rewards: list[float]) ->
     """`eval/<name>/pass@k` for k = 1, 2, 4, ... up to the samples per prompt; a sample is
     correct when its reward is > 0. Prompts are told apart by `group_index`."""
     by_prompt: dict[Any, list[bool]] = {}
-    for s, r in zip(samples, rewards):
+    for s, r in zip(samples, rewards, strict=True):
         by_prompt.setdefault(s.group_index, []).append(r > 0)
     if not by_prompt:
         return {}
@@ -375,7 +375,7 @@ def _rewards_per_prompt(samples: list[Sample], rewards: list[float], n: int) -> 
     n_samples_per_eval_prompt), else slime's consecutive runs of n."""
     if samples and len(samples) == len(rewards) and all(s.group_index is not None for s in samples):
         groups: dict[int, list[float]] = {}
-        for s, r in zip(samples, rewards):
+        for s, r in zip(samples, rewards, strict=True):
             groups.setdefault(s.group_index, []).append(r)
         sizes = {len(g) for g in groups.values()}
         return list(groups.values()) if len(sizes) == 1 else []

@@ -118,7 +118,7 @@ class CoreBorrower:
     def check(self) -> None:
         """At a check point: use the own cores plus those of every idle lender."""
         cores = tuple(self.own) + tuple(
-            c for m, lender in zip(self._maps, self.lenders) if m[0:1] == IDLE for c in lender.cores
+            c for m, lender in zip(self._maps, self.lenders, strict=True) if m[0:1] == IDLE for c in lender.cores
         )
         self.checks += 1
         if len(cores) > len(self.own):

@@ -233,7 +233,7 @@ def _main():
             __name__="__main__", __builtins__=dict(real_builtins), __file__="tests.py", _slime_equal=equal
         )
         run(tests_code, test_namespace)
-    except BaseException as e:  # SystemExit and KeyboardInterrupt too: the tests did not finish
+    except BaseException as e:  # noqa: BLE001 - SystemExit and KeyboardInterrupt too: the tests did not finish
         try:
             write(2, (describe(e) + "\n").encode("utf-8", "replace"))
         finally:

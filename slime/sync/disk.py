@@ -112,9 +112,9 @@ class DiskWeightSync:
     @staticmethod
     def _each(urls: list[str], fn: Callable) -> list:
         with ThreadPoolExecutor(max_workers=max(1, len(urls))) as pool:
-            futs = {u: pool.submit(fn, client_for(u)) for u in urls}
+            futs = [pool.submit(fn, client_for(u)) for u in urls]  # one per url, in order
         out = []
-        for u, f in futs.items():
+        for f in futs:
             try:
                 out.append(f.result())
             except Exception as e:  # noqa: BLE001
@@ -287,7 +287,7 @@ class DiskWeightSync:
             return c.update_weights_from_disk(str(vdir), weight_version=weight_version)
 
         results = self._each(engine_urls, one)
-        return {u: r for u, r in zip(engine_urls, results) if isinstance(r, Exception)}
+        return {u: r for u, r in zip(engine_urls, results, strict=True) if isinstance(r, Exception)}
 
     @staticmethod
     def _raise_failures(failed: dict[str, Exception], what: str) -> None:

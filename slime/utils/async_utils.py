@@ -68,7 +68,7 @@ def _close_http_sessions(loop: asyncio.AbstractEventLoop) -> None:
         return
     try:
         asyncio.run_coroutine_threadsafe(close_sessions(), loop).result(timeout=2)
-    except Exception:
+    except Exception:  # noqa: BLE001 - best effort at exit
         pass
 
 

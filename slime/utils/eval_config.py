@@ -194,7 +194,7 @@ def eval_dataset_configs(args: argparse.Namespace) -> list[EvalDatasetConfig]:
     pairs = list(args.eval_prompt_data or [])
     from_file = {c.name: c for c in getattr(args, "eval_datasets", None) or []}
     out = []
-    for name, path in zip(pairs[0::2], pairs[1::2]):
+    for name, path in zip(pairs[0::2], pairs[1::2], strict=True):
         known = from_file.get(name)
         out.append(resolve_eval_dataset(args, name, path, known.given if known and known.path == path else None))
     return out

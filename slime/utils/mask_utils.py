@@ -248,7 +248,7 @@ class MultiTurnLossMaskGenerator:
         """The decoded text of each maximal run of trained tokens, in order."""
         texts: list[str] = []
         run: list[int] = []
-        for token, mask in zip(token_ids, loss_masks):
+        for token, mask in zip(token_ids, loss_masks, strict=True):
             if mask == 1:
                 run.append(token)
             elif run:

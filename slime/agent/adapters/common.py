@@ -481,7 +481,7 @@ class BaseAdapter:
                         if self.engine_api_key is None
                         else {"Authorization": f"Bearer {self.engine_api_key}"},
                     )
-            except Exception:
+            except Exception:  # noqa: BLE001 - best effort: the engine's own error is raised below
                 pass
             if isinstance(e, aiohttp.ClientError):
                 raise AdapterError(502, "api_error", f"the engine is unreachable: {e}") from e

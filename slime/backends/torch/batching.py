@@ -189,7 +189,7 @@ def make_micro_batch(
     return MicroBatch(
         input_ids=ids,
         attention_mask=att,
-        prompt_lengths=[n - r for n, r in zip(lengths, resp)],
+        prompt_lengths=[n - r for n, r in zip(lengths, resp, strict=True)],
         response_lengths=resp,
         loss_masks=loss_mask_column(data, indices, resp),
         indices=list(indices),
@@ -203,13 +203,13 @@ def _repeated_prompts(tokens: list[Sequence[int]], response_lengths: list[int]) 
     if not tokens or min(response_lengths) < 1:
         return None
     seen: dict[tuple, int] = {}
-    of = [seen.setdefault(tuple(t[: len(t) - r]), len(seen)) for t, r in zip(tokens, response_lengths)]
+    of = [seen.setdefault(tuple(t[: len(t) - r]), len(seen)) for t, r in zip(tokens, response_lengths, strict=True)]
     return torch.as_tensor(of, dtype=torch.long) if len(seen) < len(of) else None
 
 
 def loss_mask_column(data: dict[str, Any], indices: Sequence[int], response_lengths: list[int]) -> list[Tensor]:
     """Each sample's loss mask as a float tensor (views of one packed tensor), its length checked."""
-    for i, n in zip(indices, response_lengths):
+    for i, n in zip(indices, response_lengths, strict=True):
         if len(data["loss_masks"][i]) != n:
             raise ValueError(f"sample {i}: loss mask has {len(data['loss_masks'][i])} entries, its response {n} tokens")
     return list(torch.split(pack(data["loss_masks"], indices), response_lengths))
@@ -227,13 +227,13 @@ def make_packed_micro_batch(data: dict[str, Any], indices: Sequence[int]) -> Mic
     causal = torch.arange(total)[:, None] >= torch.arange(total)[None, :]
     mask = (causal & (segment[:, None] == segment[None, :]))[None, None]
     cols, start = [], 0
-    for n, r in zip(lengths, resp):
+    for n, r in zip(lengths, resp, strict=True):
         cols += range(start + n - r - 1, start + n - 1)
         start += n
     return MicroBatch(
         input_ids=ids,
         attention_mask=mask,
-        prompt_lengths=[n - r for n, r in zip(lengths, resp)],
+        prompt_lengths=[n - r for n, r in zip(lengths, resp, strict=True)],
         response_lengths=resp,
         loss_masks=loss_mask_column(data, indices, resp),
         indices=list(indices),

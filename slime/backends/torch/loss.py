@@ -154,7 +154,7 @@ def _custom_tis(
         train_log_probs=list(torch.split(train_lp, lengths)),
         rollout_log_probs=list(torch.split(rollout_lp, lengths)),
         loss_masks=list(mb.loss_masks),
-        total_lengths=[p + r for p, r in zip(mb.prompt_lengths, lengths)],
+        total_lengths=[p + r for p, r in zip(mb.prompt_lengths, lengths, strict=True)],
         response_lengths=list(lengths),
     )
     if not (isinstance(out, tuple) and len(out) == 3):
@@ -187,7 +187,7 @@ def _custom_pg_reduce(
     fn = load_function(args.custom_pg_loss_reducer_function_path, arg_name="--custom-pg-loss-reducer-function-path")
     lengths = mb.response_lengths
     reducer = fn(
-        [p + r for p, r in zip(mb.prompt_lengths, lengths)],
+        [p + r for p, r in zip(mb.prompt_lengths, lengths, strict=True)],
         list(lengths),
         list(masks),
         reduce_kw["calculate_per_token_loss"],

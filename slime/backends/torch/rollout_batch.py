@@ -290,7 +290,7 @@ def _rollout_metrics(
     if "opd_reverse_kl" in rollout_data:
         extra["train/opd_reverse_kl"] = token_mean(rollout_data["opd_reverse_kl"])
     if batch.rollout_log_probs is not None and not batch.old_from_training_forward:  # else: after the training forward
-        diffs = [(o - r).abs() for o, r in zip(old, rollout_data["rollout_log_probs"])]
+        diffs = [(o - r).abs() for o, r in zip(old, rollout_data["rollout_log_probs"], strict=True)]
         extra["train/train_rollout_logprob_abs_diff"] = token_mean(diffs)
     return extra
 
@@ -310,7 +310,8 @@ def compute_advantages_and_returns(
     rewards = [float(r) for r in rollout_data["rewards"]]
     if args.kl_coef != 0.0:
         kl = [
-            compute_approx_kl(lp, ref, args.kl_loss_type) for lp, ref in zip(log_probs, rollout_data["ref_log_probs"])
+            compute_approx_kl(lp, ref, args.kl_loss_type)
+            for lp, ref in zip(log_probs, rollout_data["ref_log_probs"], strict=True)
         ]
     else:
         kl = list(torch.zeros(sum(lengths)).split(lengths))

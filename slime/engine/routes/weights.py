@@ -157,7 +157,7 @@ def _tensor_specs(body: dict) -> list[tuple[str, torch.dtype, list[int]]]:
             f"names, dtypes and shapes must have equal lengths, got {len(names)}, {len(dtypes)}, {len(shapes)}"
         )
     specs = []
-    for n, d, sh in zip(names, dtypes, shapes):
+    for n, d, sh in zip(names, dtypes, shapes, strict=True):
         if not isinstance(n, str):
             raise BadRequest(f"names must be strings, got {n!r}")
         try:
@@ -305,7 +305,7 @@ def _add_shared_memory_route(app: FastAPI, state: EngineState) -> None:
         ):
             raise BadRequest("offsets must be a list of non-negative integers, one per name")
         _check_announced_size(state, specs)
-        for (n, dt, sh), off in zip(specs, offsets):
+        for (n, dt, sh), off in zip(specs, offsets, strict=True):
             if off % dt.itemsize or off + math.prod(sh) * dt.itemsize > size:
                 raise BadRequest(f"{n!r} at offset {off} does not fit a buffer of {size} bytes (or is misaligned)")
         try:
@@ -317,7 +317,7 @@ def _add_shared_memory_route(app: FastAPI, state: EngineState) -> None:
             ) from None
         named = {
             n: buf[off : off + math.prod(sh) * dt.itemsize].view(dt).view(sh)
-            for (n, dt, sh), off in zip(specs, offsets)
+            for (n, dt, sh), off in zip(specs, offsets, strict=True)
         }
         return await apply_update(state, named, body, "update_weights_from_shared_memory")
 

@@ -135,7 +135,7 @@ def _picklable(error: BaseException) -> BaseException:
     try:
         pickle.loads(pickle.dumps(error))
         return error
-    except Exception:
+    except Exception:  # noqa: BLE001 - a user exception's pickling can fail in any way: sent as text
         return RuntimeError(f"{type(error).__name__}: {error}")
 
 
@@ -174,7 +174,7 @@ def _serve_loop() -> None:
             reply = ("raise", _picklable(e))
         try:
             _write(out, reply)
-        except Exception as e:  # an unpicklable result
+        except Exception as e:  # noqa: BLE001 - an unpicklable result (pickling fails in any way): sent as an error
             _write(out, ("raise", RuntimeError(f"{type(e).__name__}: {e}; result {reply[1]!r:.200}")))
 
 
@@ -284,7 +284,7 @@ class _Pool:
     def _refill(self) -> None:
         try:
             worker = _Worker()
-        except Exception as e:  # the next _acquire tries again, and raises if it fails too
+        except Exception as e:  # noqa: BLE001 - in a thread: the next _acquire tries again, and raises if it fails too
             logger.warning("math grader: a replacement worker did not start: %s", e)
             worker = None
         with self.cond:

@@ -165,7 +165,7 @@ def mathd_normalize(answer: str | None) -> str | None:
         if m is not None:
             answer = m.group("text").strip()
         return _hendrycks_strip(answer)
-    except Exception:
+    except (ValueError, IndexError):  # more than one unit, a trailing \frac or \sqrt: kept as it is
         return answer
 
 
@@ -262,7 +262,7 @@ def sympy_normalize(expr: str | None) -> str | None:
     if "\\" in expr:
         try:
             expr = _latex_to_text(expr)
-        except Exception:
+        except Exception:  # noqa: BLE001 - pylatexenc fails in many ways on malformed LaTeX: the text stays
             pass
     expr = re.sub("- *", "-", expr)
     expr = _MIXED_NUMBER.sub(r"\1+\2", expr)
@@ -301,7 +301,7 @@ def _sympy_equal(truth: str, given: str) -> bool:
         return sympy.simplify(diff) == 0
     except MemoryError:  # the worker's limit: a refused grade (with its reason), not a verdict
         raise
-    except Exception:  # unparsable text is simply "not equal", as in slime
+    except Exception:  # noqa: BLE001 - sympy fails in many ways: unparsable text is simply "not equal", as in slime
         return False
 
 
@@ -328,7 +328,7 @@ def _grade_sympy_unbounded(given: str | None, truth: str | None) -> bool:
         return False
     if len(t_elems) != len(g_elems):
         return False
-    for te, ge in zip(t_elems, g_elems):
+    for te, ge in zip(t_elems, g_elems, strict=True):
         if _FRAC_RE.search(te) and _FRAC_RE.search(ge):
             ok = te == ge  # unreduced fractions are not accepted through simplification
         elif _str_is_int(te) != _str_is_int(ge):
