@@ -245,10 +245,13 @@ class MultiTurnLossMaskGenerator:
         return input_ids, [0] * extra + text_mask
 
     def get_text_from_loss_mask(self, token_ids: list[int], loss_masks: list[int]) -> list[str]:
-        """The decoded text of each maximal run of trained tokens, in order."""
+        """The decoded text of each maximal run of trained tokens, in order. As slime's, ids past
+        the end of the mask are not read; a mask longer than the ids is an error."""
+        if len(loss_masks) > len(token_ids):
+            raise ValueError(f"loss mask has {len(loss_masks)} entries for {len(token_ids)} token ids")
         texts: list[str] = []
         run: list[int] = []
-        for token, mask in zip(token_ids, loss_masks, strict=True):
+        for token, mask in zip(token_ids, loss_masks, strict=False):
             if mask == 1:
                 run.append(token)
             elif run:
