@@ -139,7 +139,7 @@ def test_generation_overlaps_training(async_run):
 def test_the_engine_lends_its_core_to_the_trainer(async_run):
     """Disaggregated on one machine: the engine's lending file is the one the placement named, and
     every step reports the share of its check points that ran on the engine's borrowed core (how
-    much depends on which side finishes first: the mechanics are tests/unit/test_core_lending.py)."""
+    much depends on which side finishes first: the mechanics are tests/runtime/test_core_lending.py)."""
     args, run_dir, rows = async_run
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one core: nothing to pin or lend")

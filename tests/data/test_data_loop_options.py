@@ -342,7 +342,7 @@ def test_lr_schedule_counts_steps_taken_not_the_start_rollout_id(tiny_model_dir,
 
 # ---------------------------------------------------------------- --loss-mask-type in the SFT rollout
 
-from tests.unit.test_sft_rollout import CONVERSATION  # noqa: E402 (one multi-turn conversation for both)
+from tests.rollout.test_sft_rollout import CONVERSATION  # noqa: E402 (one multi-turn conversation for both)
 
 
 @pytest.fixture(scope="module")

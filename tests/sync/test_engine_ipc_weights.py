@@ -1,5 +1,5 @@
 """Colocated weight sync by IPC handles into a real engine server (`slime.sync.ipc`), on the CPU
-with shared-memory tensors (the codec's own tests: tests/unit/test_tensor_ipc.py)."""
+with shared-memory tensors (the codec's own tests: tests/sync/test_tensor_ipc.py)."""
 
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ import asyncio
 import json
 
 import pytest
-from engine_test_utils import reference_logprobs, start_engine
+
+from tests.engine.engine_test_utils import reference_logprobs, start_engine
 
 MAX = 24  # --rollout-max-response-len
 
