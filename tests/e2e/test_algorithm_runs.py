@@ -1,11 +1,12 @@
-"""A short real run (Ray, engine server, trainer, weight sync) for each estimator and for SFT."""
+"""A short real run (Ray, engine server, trainer, weight sync) for each estimator and for SFT, in the
+session's shared Ray cluster."""
 
 import json
 import math
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), pytest.mark.usefixtures("ray_cluster")]
 
 RUNS = {
     "grpo": ["--advantage-estimator", "grpo"],
@@ -27,13 +28,10 @@ RUNS = {
 
 def _run(argv):
     from slime.arguments import parse_args
-    from slime.train import shutdown, train
+    from slime.train import train
 
     args = parse_args(argv)
-    try:
-        train(args)
-    finally:
-        shutdown()
+    train(args)
     return [json.loads(line) for line in (args.run_dir and open(f"{args.run_dir}/metrics.jsonl")).read().splitlines()]
 
 

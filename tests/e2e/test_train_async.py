@@ -20,9 +20,9 @@ NUM_ROLLOUT, SAVE_INTERVAL = 4, 3  # checkpoints after rollouts 2 and 3
 
 
 @pytest.fixture(scope="module")
-def async_run(tiny_model_dir, task_dir, tmp_path_factory):
+def async_run(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
     from slime.arguments import parse_args
-    from slime.train import finish_run, shutdown
+    from slime.train import finish_run
     from slime.train_async import train
 
     run_dir = tmp_path_factory.mktemp("async-run")
@@ -72,11 +72,8 @@ def async_run(tiny_model_dir, task_dir, tmp_path_factory):
             "1",  # one core each: both work at once
         ]
     )
-    try:
-        train(args)
-        finish_run(args)
-    finally:
-        shutdown()
+    train(args)
+    finish_run(args)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return args, run_dir, rows
 

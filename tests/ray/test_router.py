@@ -20,7 +20,8 @@ from slime.utils.http_utils import post, session_headers
 from tests.engine.engine_test_utils import run_async as _run
 from tests.engine.engine_test_utils import start_engine
 
-pytestmark = pytest.mark.timeout(120)
+# engine server and router processes
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,11 @@ with shared-memory tensors (the codec's own tests: tests/sync/test_tensor_ipc.py
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+# an engine server process
+pytestmark = pytest.mark.e2e
 
 
 def test_engine_takes_ipc_weights_and_its_log_probs_follow(tiny_model_dir, tmp_path):
