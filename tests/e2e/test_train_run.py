@@ -86,6 +86,8 @@ def test_metrics_are_written_with_slime_keys(short_run):
             "train/ppo_kl",
             "train/entropy_loss",
             "train/grad_norm",
+            "train/lr",
+            "rollout/advantages",
             "perf/rollout_time",
             "perf/train_time",
             "perf/update_weights_time",
