@@ -44,7 +44,7 @@ greedy, 8 new tokens, slime's `math` grader), the ratio to TRL, and both configu
 advantages and the loss of TRL's own code (`GRPOTrainer._generate_and_score_completions` with the
 generation replaced by the fixed batch, then `GRPOTrainer._compute_loss`) and of slime-rl's
 (`post_process_rewards`, `compute_advantages_and_returns`, `policy_loss`) must agree to 1e-5 for the
-loss types both define (tests/unit/test_vs_trl_consistency.py runs it).
+loss types both define (tests/algorithms/test_vs_trl_consistency.py runs it).
 """
 
 from __future__ import annotations

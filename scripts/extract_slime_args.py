@@ -4,7 +4,7 @@
     python scripts/extract_slime_args.py /tmp/slime_up [commit] [out.json]
 
 slime-rl takes slime's arguments with slime's names, dests and defaults. This file is the
-reference it is checked against (tests/unit/test_slime_arguments.py) and the list of slime
+reference it is checked against (tests/arguments/test_slime_arguments.py) and the list of slime
 options that are accepted here but have no effect on this backend (`slime/arguments/upstream.py`).
 It builds slime's parser (`get_slime_extra_args_provider()` of `slime/utils/arguments.py`) from a
 checkout of THUDM/slime, with the packages that module imports at the top replaced by empty

@@ -41,7 +41,7 @@ if ! command -v chromedriver >/dev/null 2>&1 || ! { command -v chromium >/dev/nu
     echo "  sudo apt-get update && sudo apt-get install -y chromium chromium-driver" >&2
   fi
 fi
-# Hugging Face TRL, the peer of bench/vs_trl.py and tests/unit/test_vs_trl_consistency.py, lives in its own
+# Hugging Face TRL, the peer of bench/vs_trl.py and tests/algorithms/test_vs_trl_consistency.py, lives in its own
 # venv .venv-trl (torch pinned by constraints.txt; ~1.5 min, ~1.5 GB). SLIME_SKIP_TRL=1 skips it; a failure
 # only leaves that test skipped.
 if [ "${SLIME_SKIP_TRL:-0}" != 1 ] && ! .venv-trl/bin/python -c "import trl" >/dev/null 2>&1; then

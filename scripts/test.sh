@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Set up (if needed), run the checks (ruff, codespell, mypy: .pre-commit-config.yaml), then the
 # test suite. Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not e2e"` for the fast
-# tier only. SLIME_SKIP_CHECKS=1 skips the checks (the edit loop); CI always runs them.
+# tier (no Ray, engine server or training run), `-m "not slow"` without the minutes-long runs,
+# `--soak` to add the soak tests. SLIME_SKIP_CHECKS=1 skips the checks (the edit loop); CI always
+# runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

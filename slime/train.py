@@ -39,6 +39,11 @@ from slime.utils.progress import StageProgress
 
 logger = logging.getLogger("slime")
 
+# Whether a run in this process started the Ray session (`slime train` does): `shutdown` stops only
+# that one. A session that was up before the run (a program's own ray.init, a test session's shared
+# cluster) is its starter's; the run releases what it created (`_release`) and leaves it running.
+_ray_started_here = False
+
 
 def _due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
     last = rollout_id == num_rollout - 1
@@ -64,11 +69,13 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
             print(f"[slime] {note}", flush=True)
     metrics_log = MetricsLogger.from_args(args, console=False)  # metrics.jsonl, TensorBoard, wandb
 
-    init_ray(args)
+    global _ray_started_here
+    _ray_started_here = init_ray(args) or _ray_started_here
     placement = create_placement(args)
-    rollout_manager = RolloutManager.options(num_cpus=0).remote(args, placement)
-    actor_model = None if args.debug_rollout_only else RayTrainGroup(args, placement)  # rollout-only: no trainer
+    rollout_manager = actor_model = None
     try:
+        rollout_manager = RolloutManager.options(num_cpus=0).remote(args, placement)
+        actor_model = None if args.debug_rollout_only else RayTrainGroup(args, placement)  # rollout-only: no trainer
         rollout_ready = rollout_manager.init.remote()  # engines start while the trainer loads its model
         resumed_at = actor_model.init() if actor_model else 0  # the --load checkpoint's rollout + 1, else 0
         ray.get(rollout_ready)
@@ -82,12 +89,14 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
 
 
 def _release(rollout_manager, actor_model: RayTrainGroup | None, placement) -> None:
-    """Stop engines, kill this stage's actors and free its placement group."""
-    try:
-        ray.get(rollout_manager.dispose.remote(), timeout=60)
-    except Exception:  # noqa: BLE001 - cleanup: the manager may already be dead; its engines exit with their owner
-        pass
-    for actor in [*(actor_model.actors if actor_model else []), rollout_manager]:
+    """Stop engines and the router, kill this stage's actors and free its placement group: everything
+    the stage created in a Ray session that may outlive it (the next stage's, a shared cluster)."""
+    if rollout_manager is not None:
+        try:
+            ray.get(rollout_manager.dispose.remote(), timeout=60)
+        except Exception:  # noqa: BLE001 - cleanup: the manager may already be dead; its engines exit with their owner
+            pass
+    for actor in [*(actor_model.actors if actor_model else []), *filter(None, [rollout_manager])]:
         ray.kill(actor)
     remove_placement_group(placement.pg)
 
@@ -262,8 +271,11 @@ def finish_run(args: Namespace) -> None:
 
 
 def shutdown() -> None:
-    if ray.is_initialized():
+    """Stop the Ray session a run in this process started; one that was up before stays up."""
+    global _ray_started_here
+    if _ray_started_here and ray.is_initialized():
         ray.shutdown()
+    _ray_started_here = False
 
 
 def run_cli(body: Callable[[], None]) -> int:

@@ -4,7 +4,6 @@ its real default, never a hand-made partial namespace."""
 from __future__ import annotations
 
 import os
-import weakref
 from argparse import Namespace
 
 from slime.arguments import parse_args, to_argv
@@ -19,19 +18,11 @@ def make_args(*argv: str, **options) -> Namespace:
 
 
 def stub_generate_state(monkeypatch, args: Namespace):
-    """Install a GenerateState without tokenizer or engine (hooks stand in for the engine): what
-    the rollout plumbing needs from it. The caller resets `GenerateState` afterwards."""
+    """Install a GenerateState without tokenizer or engine (hooks stand in for the engine): the real
+    state for `args`, built by `GenerateState.build`. The caller resets `GenerateState` afterwards."""
     from slime.rollout import sglang_rollout
-    from slime.utils.misc import load_function
 
-    st = object.__new__(sglang_rollout.GenerateState)
-    st.args, st.sampling_params = args, {"max_new_tokens": 4}
-    st.concurrency, st._semaphores = 64, weakref.WeakKeyDictionary()
-    st.custom_generate = (
-        load_function(args.custom_generate_function_path) if args.custom_generate_function_path else None
-    )
-    st.custom_rm, st.eval_datasets, st.tokenizer = None, {}, None
-    st.aborted, st.remaining_batch_size, st.pendings = False, 0, set()
+    st = sglang_rollout.GenerateState.build(args, tokenizer=None)
     monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)
     return st
 

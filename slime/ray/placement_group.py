@@ -36,8 +36,11 @@ WORKER_ENV = {
 AUTH_DOC = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
 
 
-def init_ray(args: Namespace) -> None:
-    """Join `RAY_ADDRESS` if set, else start a local cluster sized for this job.
+def init_ray(args: Namespace) -> bool:
+    """Join `RAY_ADDRESS` if set, else start a local cluster sized for this job; returns whether
+    this call did either. When Ray is already initialized in this process (an earlier stage of the
+    job, or a caller that runs several jobs in one cluster) it is used as it is, and False says
+    the caller does not own it: it releases only what it created.
 
     Ray's token authentication stays on (RAY_AUTH_MODE=token) unless the user sets
     RAY_AUTH_MODE=disabled, which is honoured with a warning. The local cluster listens on
@@ -46,7 +49,7 @@ def init_ray(args: Namespace) -> None:
     RAY_AUTH_TOKEN / RAY_AUTH_TOKEN_PATH say otherwise).
     """
     if ray.is_initialized():
-        return
+        return False
     os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
     # Hooks are loaded by dotted path inside actors: give workers the driver's import path.
     pythonpath = os.pathsep.join(
@@ -59,7 +62,7 @@ def init_ray(args: Namespace) -> None:
         ray.init(address=address, runtime_env=runtime_env, log_to_driver=True)
         total, per_node = _cluster_cpus()
         check_fits(args, total, f"the Ray cluster at RAY_ADDRESS={address} has {total:g} CPU ({per_node})")
-        return
+        return True
     # before Ray starts: a local cluster has this machine's cores
     cores = available_cores()
     check_fits(args, cores, f"this machine has {cores} core(s) (os.sched_getaffinity; a remote cluster: RAY_ADDRESS)")
@@ -86,6 +89,7 @@ def init_ray(args: Namespace) -> None:
         logging_level="WARNING",
         configure_logging=True,
     )
+    return True
 
 
 def _configure_auth(joining: bool) -> bool:

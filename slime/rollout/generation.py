@@ -57,14 +57,20 @@ class GenerateState:
     def __new__(cls, args: Namespace) -> GenerateState:
         with cls._lock:  # a hook's background thread and the rollout may both ask first
             if cls._instance is None:
-                inst = super().__new__(cls)
-                inst._setup(args)
-                cls._instance = inst
+                cls._instance = cls.build(args, AutoTokenizer.from_pretrained(args.hf_checkpoint))
         return cls._instance
 
-    def _setup(self, args: Namespace) -> None:
+    @classmethod
+    def build(cls, args: Namespace, tokenizer: Any) -> GenerateState:
+        """A state for `args` around `tokenizer` (None where nothing is tokenized: hooks that stand
+        in for the engine), not installed as the process's instance."""
+        inst = super().__new__(cls)
+        inst._setup(args, tokenizer)
+        return inst
+
+    def _setup(self, args: Namespace, tokenizer: Any) -> None:
         self.args = args
-        self.tokenizer = AutoTokenizer.from_pretrained(args.hf_checkpoint)
+        self.tokenizer = tokenizer
         # --deterministic-mode: one group at a time, in the order they were submitted (asyncio's
         # semaphore wakes waiters first come, first served), so every run batches the same way
         self.concurrency = 1 if args.deterministic_mode else args.sglang_server_concurrency * args.num_engines

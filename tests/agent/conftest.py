@@ -1,21 +1,11 @@
 """Fixtures for the agent-adapter tests: a real engine server (with an API key the agents never
 see), adapters served from their own threads, the tiny model loaded directly for reference
-log-probs (`tiny_model_dir` comes from tests/conftest.py)."""
+log-probs (`tiny_model_dir`, `tokenizer` and `hf_model` come from tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("MKL_NUM_THREADS", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import warnings
-
 import pytest
 import torch
-
-torch.set_num_threads(1)
 
 ENGINE_KEY = "engine-key-the-agent-never-sees"
 
@@ -32,22 +22,6 @@ def engine(tiny_model_dir, tmp_path_factory):
     eng = start_engine(tiny_model_dir, tmp_path_factory.mktemp("agent_engine"))
     yield eng
     eng.stop()
-
-
-@pytest.fixture(scope="session")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="session")
-def hf_model(tiny_model_dir):
-    from transformers import AutoModelForCausalLM
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 def serve(adapter):

@@ -19,7 +19,8 @@ from conftest import ENGINE_KEY, reference_logprobs, serve, start_engine
 
 from slime.utils.types import Sample
 
-pytestmark = pytest.mark.timeout(400)
+# an engine server of the scripted model
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
 
 CALL = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
 TOOLS = [

@@ -1,15 +1,24 @@
-"""A short real run (Ray, engine server, trainer, weight sync) for each estimator and for SFT."""
+"""A short real run (Ray, engine server, trainer, weight sync) per estimator family and for SFT, in
+the session's shared Ray cluster.
+
+GRPO's run is tests/e2e/test_train_run.py's. The other critic-free estimators share one run:
+REINFORCE++ with the options that only a real rollout feeds (advantage whitening, the KL loss and
+the KL in the reward against the reference, TIS on the engine's log-probs, the DAPO overlong
+penalty on the rollout's response lengths). GSPO, RLOO, CISPO and REINFORCE++-baseline differ from
+these only in the rollout's group reward step (tests/rollout/test_reward_post_process.py, against
+plain loops) and inside the trainer's estimator and loss, which tests/backends/test_train_algorithms.py
+runs in the real TrainActor (first step on policy, every micro-batch layout) and
+tests/algorithms/test_algorithm_suite.py checks against references. PPO (the critic) has its own.
+"""
 
 import json
 import math
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), pytest.mark.usefixtures("ray_cluster")]
 
 RUNS = {
-    "grpo": ["--advantage-estimator", "grpo"],
-    "gspo": ["--advantage-estimator", "gspo", "--eps-clip", "3e-4", "--eps-clip-high", "4e-4"],
     "reinforce_plus_plus": [
         "--advantage-estimator",
         "reinforce_plus_plus",
@@ -19,21 +28,20 @@ RUNS = {
         "0.01",
         "--kl-coef",
         "0.01",
+        "--use-tis",
+        "--overlong-buffer-len",
+        "4",
     ],
-    "rloo": ["--advantage-estimator", "rloo", "--use-tis", "--overlong-buffer-len", "4"],
     "ppo": ["--advantage-estimator", "ppo", "--lambd", "0.95", "--critic-lr", "1e-3"],
 }
 
 
 def _run(argv):
     from slime.arguments import parse_args
-    from slime.train import shutdown, train
+    from slime.train import train
 
     args = parse_args(argv)
-    try:
-        train(args)
-    finally:
-        shutdown()
+    train(args)
     return [json.loads(line) for line in (args.run_dir and open(f"{args.run_dir}/metrics.jsonl")).read().splitlines()]
 
 
@@ -86,9 +94,8 @@ def test_estimator_short_run_has_finite_metrics(name, tiny_model_dir, task_dir, 
     ]
     keys += {
         "ppo": ["train/value_loss", "train/value_clipfrac", "rollout/values"],
-        "rloo": ["train/tis", "train/tis_clipfrac", "rollout/overlong_penalty"],
-        "reinforce_plus_plus": ["train/kl_loss"],
-    }.get(name, [])
+        "reinforce_plus_plus": ["train/kl_loss", "train/tis", "train/tis_clipfrac", "rollout/overlong_penalty"],
+    }[name]
     for row in rows:
         for key in keys:
             assert key in row and math.isfinite(row[key]), (name, key)

@@ -1,9 +1,14 @@
-"""Runs that survive: the whole run (driver, Ray, trainer, engine) is SIGKILLed ten times, at random
-moments and at precise points inside the save (SLIME_TEST_HALT_AT stops the process reaching that
-point until the test kills everything), and resumed each time with `--load X --save X`. The run
-continues from a complete checkpoint every time and ends where an uninterrupted run ends: the same
-metrics for every rollout and the same final weights. Along the way a reward that raises for 1
-sample in 10 leaves those samples FAILED, counted, and out of the statistics."""
+"""Runs that survive: the whole run (driver, Ray, trainer, engine) is SIGKILLed at random moments and
+at precise points inside the save (SLIME_TEST_HALT_AT stops the process reaching that point until
+the test kills everything), and resumed each time with `--load X --save X`. The run continues from
+a complete checkpoint every time and ends where an uninterrupted run ends: the same metrics for
+every rollout and the same final weights. Along the way a reward that raises for 1 sample in 10
+leaves those samples FAILED, counted, and out of the statistics.
+
+Three kills by default: inside the trainer's save, inside the rollout manager's, and at a random
+moment. The soak test (`--soak`) kills the run ten times, at every save point the run has; the
+driver's own commit points are also killed in a real process by
+tests/utils/test_atomic_checkpoints.py."""
 
 from __future__ import annotations
 
@@ -23,15 +28,15 @@ from safetensors.torch import load_file
 from slime.utils.checkpoint_layout import HALT_AT_ENV, HALT_FILE_ENV, MANIFEST, TRACKER, iter_dir
 from tests.helpers import alive, descendants
 
-# 12 starts of a run: ~15 min on 2 shared, busy cores
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(2400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 NUM_ROLLOUT = 5
 # (point, rollout) where the run is killed (the rollout is moved up to where a resumed run starts, if
 # it is past it): inside the save after the trainer wrote the weights and before its state, after the
 # data state, once everything is flushed and listed but before the rename, and after the rename but
 # before the tracker; "random": at a random moment between the start and about two rollouts in
-KILLS = [
+KILLS = [("trainer_weights", 0), ("rollout_state", 1), ("random", None)]
+SOAK_KILLS = [
     ("trainer_weights", 0),
     ("staged", 0),
     ("renamed", 0),
@@ -155,24 +160,49 @@ def _assert_whole(ckpt: Path) -> int | None:
     return step
 
 
-def test_killed_ten_times_then_resumed_ends_like_an_uninterrupted_run(tiny_model_dir, task_dir, tmp_path):
-    base_env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
-    # the uninterrupted run
-    whole = tmp_path / "whole"
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model_dir, task_dir, tmp_path_factory):
+    """The uninterrupted run: (its directory, its rows, how long it took)."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    whole = root / "whole"
     t0 = time.time()
-    proc = _start(_argv(tiny_model_dir, task_dir, whole, whole / "ckpt"), base_env, tmp_path / "whole.log")
-    assert proc.wait(timeout=400) == 0, (tmp_path / "whole.log").read_text()[-3000:]
+    proc = _start(_argv(tiny_model_dir, task_dir, whole, whole / "ckpt"), _env(), root / "whole.log")
+    assert proc.wait(timeout=400) == 0, (root / "whole.log").read_text()[-3000:]
     run_s = time.time() - t0
     want = _rows(whole)
     assert sorted(want) == list(range(1, NUM_ROLLOUT + 1))
     # 1 reward in 10 raised: FAILED, counted, and the run went on (20 samples: indices 3 and 13)
     assert all(r["rollout/status/failed"] == 2 for r in want.values())
+    return whole, want, run_s
 
+
+@pytest.mark.timeout(1200)  # 5 starts of a run
+def test_killed_three_times_then_resumed_ends_like_an_uninterrupted_run(
+    uninterrupted, tiny_model_dir, task_dir, tmp_path
+):
+    _killed_and_resumed(KILLS, uninterrupted, tiny_model_dir, task_dir, tmp_path)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(2400)  # 12 starts of a run: ~15 min on 2 shared, busy cores
+def test_killed_ten_times_then_resumed_ends_like_an_uninterrupted_run(
+    uninterrupted, tiny_model_dir, task_dir, tmp_path
+):
+    _killed_and_resumed(SOAK_KILLS, uninterrupted, tiny_model_dir, task_dir, tmp_path)
+
+
+def _killed_and_resumed(kills, uninterrupted, tiny_model_dir, task_dir, tmp_path) -> None:
+    whole, want, run_s = uninterrupted
+    base_env = _env()
     ckpt = tmp_path / "ckpt"
     rng = random.Random(0)
     got: dict[int, dict] = {}
     previous = None
-    for attempt, (point, where) in enumerate(KILLS):
+    for attempt, (point, where) in enumerate(kills):
         run_dir, halt = tmp_path / f"attempt{attempt}", tmp_path / f"halt{attempt}"
         env = dict(base_env)
         start = previous + 1 if previous is not None else 0  # where this attempt resumes

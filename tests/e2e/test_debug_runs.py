@@ -91,13 +91,8 @@ def _run(argv: list[str]):
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, task_dir, tmp_path_factory):
-    from slime.train import shutdown
-
-    try:
-        yield _three_runs(tiny_model_dir, task_dir, tmp_path_factory.mktemp("debug"))
-    finally:
-        shutdown()
+def runs(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
+    return _three_runs(tiny_model_dir, task_dir, tmp_path_factory.mktemp("debug"))
 
 
 def _three_runs(tiny_model_dir, task_dir, root):

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from slime.errors import SlimeError
 from slime.utils.net import free_port
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(400), pytest.mark.usefixtures("ray_cluster")]
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def external_engine(tiny_model_dir, tmp_path_factory):
 def test_run_uses_and_updates_an_external_engine(external_engine, tiny_model_dir, task_dir, tmp_path):
     from slime.arguments import parse_args
     from slime.engine.client import EngineClient
-    from slime.train import shutdown, train
+    from slime.train import train
 
     url, root = external_engine
     run_dir = tmp_path / "run"
@@ -115,10 +115,7 @@ def test_run_uses_and_updates_an_external_engine(external_engine, tiny_model_dir
             "2",
         ]
     )
-    try:
-        train(args)
-    finally:
-        shutdown()
+    train(args)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     synced = [r for r in rows if "perf/weight_sync_bytes" in r]
     assert len(synced) == 2
@@ -140,7 +137,7 @@ def test_run_uses_and_updates_an_external_engine(external_engine, tiny_model_dir
 
 def test_unreachable_external_engine_stops_start_up(tiny_model_dir, task_dir, tmp_path):
     from slime.arguments import parse_args
-    from slime.train import shutdown, train
+    from slime.train import train
 
     addr = f"127.0.0.1:{free_port('127.0.0.1')}"
     args = parse_args(
@@ -169,8 +166,5 @@ def test_unreachable_external_engine_stops_start_up(tiny_model_dir, task_dir, tm
             addr,
         ]
     )
-    try:  # preflight: before Ray or the trainer start
-        with pytest.raises(SlimeError, match=f"the engine at http://{addr} does not answer"):
-            train(args)
-    finally:
-        shutdown()
+    with pytest.raises(SlimeError, match=f"the engine at http://{addr} does not answer"):
+        train(args)  # preflight: before the placement or the trainer start

@@ -22,15 +22,6 @@ BATCH, N = 8, 4  # prompts per rollout, samples per prompt
 INTERVAL = TIMEOUT = 2.0  # --rollout-health-check-interval / -timeout of these tests
 
 
-@pytest.fixture(scope="module")
-def ray_up(tiny_model_dir, task_dir, tmp_path_factory):
-    from slime.ray.placement_group import init_ray
-
-    init_ray(_args(tiny_model_dir, task_dir, tmp_path_factory.mktemp("ray"), engines=2))
-    yield
-    ray.shutdown()
-
-
 def _args(tiny_model_dir, task_dir, run_dir, engines: int, *extra: str):
     from tests.helpers import make_args
 
@@ -99,7 +90,7 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet_factory(ray_up, tiny_model_dir, task_dir, tmp_path):
+def fleet_factory(ray_cluster, tiny_model_dir, task_dir, tmp_path):
     made = []
 
     def make(engines: int) -> Fleet:
@@ -448,7 +439,7 @@ class _Rank:
         time.sleep(120)  # the survivor waits in a collective for the dead one
 
 
-def test_a_dead_trainer_rank_ends_the_call_at_once_naming_the_rank_and_the_checkpoint(ray_up, tmp_path):
+def test_a_dead_trainer_rank_ends_the_call_at_once_naming_the_rank_and_the_checkpoint(ray_cluster, tmp_path):
     from slime.errors import SlimeError
     from slime.ray.train_group import RayTrainGroup
     from tests.helpers import make_args

@@ -1,4 +1,5 @@
-"""Process lifecycle: several ranks and engines, resume from a checkpoint, Ctrl-C leaves no orphans."""
+"""Process lifecycle: several ranks and engines, resume from a checkpoint (runs in the session's
+shared Ray cluster), Ctrl-C of `slime train` leaves no orphans (a process of its own)."""
 
 import json
 import signal
@@ -52,21 +53,22 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def _slime(argv, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=240, **kw
-    )
+def _train(argv) -> None:
+    """One run in this process, in the shared Ray cluster."""
+    from slime.arguments import parse_args
+    from slime.train import train
+
+    train(parse_args(argv))
 
 
-def test_two_fsdp_ranks_and_two_engines_behind_the_router(tiny_model_dir, task_dir, tmp_path):
+def test_two_fsdp_ranks_and_two_engines_behind_the_router(ray_cluster, tiny_model_dir, task_dir, tmp_path):
     """--actor-num-gpus-per-node 2 --colocate: two gloo/FSDP2 ranks and two engines behind sglang-router
     (with slime's --balance-data: the ranks take token-balanced shares of each rollout)."""
     run_dir = tmp_path / "run"
-    proc = _slime(
+    _train(
         _base(tiny_model_dir, task_dir, run_dir)
         + ["--num-rollout", "2", "--actor-num-gpus-per-node", "2", "--check-weight-update-equal", "--balance-data"]
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(run_dir)
     assert len(rows) == 2
     for r in rows:
@@ -76,7 +78,7 @@ def test_two_fsdp_ranks_and_two_engines_behind_the_router(tiny_model_dir, task_d
     assert (run_dir / "logs" / "engine_1.log").exists() and (run_dir / "logs" / "router.log").exists()
 
 
-def test_resume_from_checkpoint_with_the_data_buffer(tiny_model_dir, task_dir, tmp_path):
+def test_resume_from_checkpoint_with_the_data_buffer(ray_cluster, tiny_model_dir, task_dir, tmp_path):
     """--partial-rollout with over-sampling: 12 groups start, 8 are used, the other 4 wait in the Data
     Buffer, which is saved with the checkpoint and served first after --load. Along the way: prompts over
     --rollout-max-prompt-len are dropped and counted, a --rollout-sample-filter-path removes samples, and
@@ -113,7 +115,7 @@ def test_resume_from_checkpoint_with_the_data_buffer(tiny_model_dir, task_dir, t
         ]
 
     first, second = tmp_path / "first", tmp_path / "second"
-    proc = _slime(
+    _train(
         argv(first)
         + [
             "--num-rollout",
@@ -128,7 +130,6 @@ def test_resume_from_checkpoint_with_the_data_buffer(tiny_model_dir, task_dir, t
             "--skip-eval-before-train",
         ]
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     for r in _rows(first):
         assert r["rollout/data/dropped_long_prompts"] == 3
         assert r["rollout/removed_samples"] == 16  # the odd half of 32 samples
@@ -139,11 +140,10 @@ def test_resume_from_checkpoint_with_the_data_buffer(tiny_model_dir, task_dir, t
     state = json.loads((first / "checkpoints" / "iter_0000001" / "rollout_state.json").read_text())
     assert len(state["buffer"]) == 4 and all(len(g) == 4 for g in state["buffer"])
 
-    proc = _slime(
+    _train(
         argv(second)
         + ["--num-rollout", "3", "--load", str(first / "checkpoints"), "--save", str(second / "checkpoints")]
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
     rows = _rows(second)
     assert [r["rollout_id"] for r in rows] == [3]  # only the third rollout ran
     assert rows[0]["rollout/buffer/resumed_groups"] == 4  # the saved buffer was served first

@@ -20,7 +20,13 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
+# clusters of their own (two nodes by `ray start`; a local one in this process): not the shared one
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.timeout(900),
+    pytest.mark.usefixtures("without_shared_ray"),
+]
 
 RAY = str(Path(sys.executable).with_name("ray"))
 START_TIMEOUT_S = 240  # `ray start` takes 20-90 s on a loaded 2-core machine

@@ -1,13 +1,13 @@
-"""--offload-train / --offload-rollout in real runs (`python -m slime train`: Ray, an engine server,
-the trainer). --colocate turns both on (slime's rule); a run with both turned off writes the same
+"""--offload-train / --offload-rollout in real runs (Ray actors, an engine server, the trainer; in the
+session's shared Ray cluster). --colocate turns both on (slime's rule); a run with both turned off writes the same
 metrics, bit for bit (timings aside), so the optimizer state came back exactly each step. The
 memory each side releases is measured as RSS."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -60,9 +60,14 @@ def _argv(tiny_model_dir, task_dir, run_dir, *extra) -> list[str]:
 
 
 def _run(argv: list[str]) -> str:
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout
+    """One run in this process; what it printed."""
+    from slime.arguments import parse_args
+    from slime.train import train
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        train(parse_args(argv))
+    return out.getvalue()
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -76,7 +81,7 @@ def _without_timings(row: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, task_dir, tmp_path_factory):
+def runs(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
     on, off = tmp_path_factory.mktemp("offload"), tmp_path_factory.mktemp("no_offload")
     out_on = _run(_argv(tiny_model_dir, task_dir, on))
     _run(_argv(tiny_model_dir, task_dir, off, "--no-offload-train", "--no-offload-rollout"))

@@ -37,9 +37,9 @@ async def tool_generate(args, sample, sampling_params):
 
 
 @pytest.fixture(scope="module")
-def report_run(tiny_model_dir, task_dir, tmp_path_factory):
+def report_run(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
     from slime.arguments import parse_args
-    from slime.train import finish_run, shutdown, train
+    from slime.train import finish_run, train
 
     run_dir = tmp_path_factory.mktemp("report-run")
     argv = [
@@ -84,11 +84,8 @@ def report_run(tiny_model_dir, task_dir, tmp_path_factory):
         "1",
     ]
     args = parse_args(argv)
-    try:
-        train(args)
-        finish_run(args)
-    finally:
-        shutdown()
+    train(args)
+    finish_run(args)
     return args, run_dir
 
 

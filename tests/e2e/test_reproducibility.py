@@ -1,12 +1,12 @@
-"""Reproducible runs and profiling, with real processes (`python -m slime train`: Ray, an engine
-server, the trainer): two runs with the same seeds under --deterministic-mode write the same
-metrics.jsonl, byte for byte, timings aside; another --rollout-seed samples other tokens; and
---use-pytorch-profiler writes torch traces that parse as Chrome trace JSON."""
+"""Reproducible runs and profiling, with real processes (Ray actors, an engine server, the trainer),
+three runs in the session's shared Ray cluster (each with its own actors and engine: a run's
+processes start fresh, as under `slime train`): two runs with the same seeds under
+--deterministic-mode write the same metrics.jsonl, byte for byte, timings aside; another
+--rollout-seed samples other tokens; and --use-pytorch-profiler writes torch traces that parse as
+Chrome trace JSON."""
 
 import gzip
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -59,8 +59,10 @@ def _argv(tiny_model_dir, task_dir, run_dir, *extra) -> list[str]:
 
 
 def _run(argv: list[str]) -> None:
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    from slime.arguments import parse_args
+    from slime.train import train
+
+    train(parse_args(argv))
 
 
 def _rows(run_dir: Path) -> list[dict]:
@@ -77,7 +79,7 @@ def _without_timings(row: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def runs(tiny_model_dir, task_dir, tmp_path_factory):
+def runs(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
     """Two runs with the same seeds; a third with another --rollout-seed, traced by the profiler."""
     a, b, c = (tmp_path_factory.mktemp(name) for name in ("same_a", "same_b", "other_seed"))
     _run(_argv(tiny_model_dir, task_dir, a, "--seed", "7", "--rollout-seed", "11"))

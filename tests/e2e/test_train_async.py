@@ -20,9 +20,9 @@ NUM_ROLLOUT, SAVE_INTERVAL = 4, 3  # checkpoints after rollouts 2 and 3
 
 
 @pytest.fixture(scope="module")
-def async_run(tiny_model_dir, task_dir, tmp_path_factory):
+def async_run(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
     from slime.arguments import parse_args
-    from slime.train import finish_run, shutdown
+    from slime.train import finish_run
     from slime.train_async import train
 
     run_dir = tmp_path_factory.mktemp("async-run")
@@ -72,11 +72,8 @@ def async_run(tiny_model_dir, task_dir, tmp_path_factory):
             "1",  # one core each: both work at once
         ]
     )
-    try:
-        train(args)
-        finish_run(args)
-    finally:
-        shutdown()
+    train(args)
+    finish_run(args)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return args, run_dir, rows
 
@@ -139,7 +136,7 @@ def test_generation_overlaps_training(async_run):
 def test_the_engine_lends_its_core_to_the_trainer(async_run):
     """Disaggregated on one machine: the engine's lending file is the one the placement named, and
     every step reports the share of its check points that ran on the engine's borrowed core (how
-    much depends on which side finishes first: the mechanics are tests/unit/test_core_lending.py)."""
+    much depends on which side finishes first: the mechanics are tests/runtime/test_core_lending.py)."""
     _, run_dir, rows = async_run
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("one core: nothing to pin or lend")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300), pytest.mark.usefixtures("ray_cluster")]
 
 
 def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -21,7 +21,7 @@ def _weights(model_dir: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def short_run(tiny_model_dir, task_dir, tmp_path_factory):
     from slime.arguments import parse_args
-    from slime.train import finish_run, shutdown, train
+    from slime.train import finish_run, train
 
     run_dir = tmp_path_factory.mktemp("run")
     argv = [
@@ -67,11 +67,8 @@ def short_run(tiny_model_dir, task_dir, tmp_path_factory):
         "2",
     ]
     args = parse_args(argv)
-    try:
-        last = train(args)
-        finish_run(args)
-    finally:
-        shutdown()
+    last = train(args)
+    finish_run(args)
     return args, run_dir, last
 
 
@@ -89,6 +86,8 @@ def test_metrics_are_written_with_slime_keys(short_run):
             "train/ppo_kl",
             "train/entropy_loss",
             "train/grad_norm",
+            "train/lr",
+            "rollout/advantages",
             "perf/rollout_time",
             "perf/train_time",
             "perf/update_weights_time",
@@ -134,3 +133,37 @@ def test_checkpoints_are_hf_loadable_and_weights_changed(short_run, tiny_model_d
     assert len(changed) == len(before), f"unchanged: {sorted(set(before) - set(changed))}"
     assert model.config.vocab_size == len(tok)
     assert (final / "trainer_state.pt").exists() and (final / "rollout_state.json").exists()
+
+
+def test_a_run_in_a_shared_cluster_leaves_it_as_it_found_it(short_run):
+    """The run found Ray up (the session's cluster) and released only what it made: the cluster is
+    still up, every CPU free again, its placement group removed, no engine or router process left."""
+    import os
+    import time
+
+    import ray
+    from ray.util import placement_group_table
+
+    from slime.train import shutdown
+    from tests.helpers import descendants
+
+    shutdown()  # what `slime train` calls at the end: not this run's cluster, so it stays
+    assert ray.is_initialized()
+    deadline = time.time() + 30
+    while True:
+        free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
+        groups = [g["state"] for g in placement_group_table().values() if g["state"] != "REMOVED"]
+        cmdlines = []
+        for pid in descendants(os.getpid()):
+            try:
+                cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                pass
+        serving = [
+            c for c in cmdlines if any(m in c for m in ("slime.engine.server", "slime.ray.dispatcher", "sglang_router"))
+        ]
+        if (free == total and not groups and not serving) or time.time() > deadline:
+            break
+        time.sleep(0.5)
+    assert free == total and total > 0, (free, total)
+    assert not groups and not serving, (groups, serving)

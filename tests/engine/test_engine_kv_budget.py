@@ -41,6 +41,7 @@ def _gen(ids, n_new):
     }
 
 
+@pytest.mark.e2e
 def test_admission_keeps_the_batch_within_the_budget(budget_engine):
     info = httpx.get(budget_engine.url + "/get_server_info").json()
     assert info["max_total_num_tokens"] == BUDGET
@@ -59,6 +60,7 @@ def test_admission_keeps_the_batch_within_the_budget(budget_engine):
     assert httpx.get(budget_engine.url + "/get_load").json()["token_usage"] == 0.0  # empty again
 
 
+@pytest.mark.e2e
 def test_request_larger_than_the_budget_is_refused(budget_engine):
     r = httpx.post(budget_engine.url + "/generate", json=_gen([3, 4, 5], BUDGET))
     assert r.status_code == 400 and "KV token budget 100" in r.text

@@ -8,6 +8,9 @@ from engine_test_utils import reference_logprobs, start_engine
 
 from slime.engine.client import EngineClient
 
+# engine server processes
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir, tmp_path_factory):

@@ -8,6 +8,9 @@ import httpx
 import pytest
 from engine_test_utils import reference_logprobs, start_engine
 
+# engine server processes
+pytestmark = pytest.mark.e2e
+
 PROMPT = [(7 * i + 3) % 200 + 20 for i in range(40)]
 
 

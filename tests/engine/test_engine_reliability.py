@@ -185,6 +185,7 @@ def _check_left_clean(engine, prompt: list[int]) -> None:
     assert len(r["output_ids"]) == 4
 
 
+@pytest.mark.e2e
 def test_a_burst_of_512_concurrent_connections_in_bf16(tiny_model_dir, tmp_path):
     """512 requests opened at once on 512 fresh connections (a rollout's first burst), bf16:
     every one is answered (a bench run once lost one such burst to a read error)."""

@@ -227,19 +227,16 @@ def test_reward_falls_back_to_the_last_program_run_and_takes_io_tests(hook_env):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_short_training_run_with_sandboxed_tools(tiny_model_dir, tmp_path):
+def test_short_training_run_with_sandboxed_tools(ray_cluster, tiny_model_dir, tmp_path):
     """Two real rollouts + train steps with the hook, the real engine and sandbox-graded rewards."""
     from slime.arguments import parse_args
-    from slime.train import shutdown, train
+    from slime.train import train
 
     run_dir = tmp_path / "run"
-    try:
-        args = parse_args(
-            train_argv("coding_agent", tiny_model_dir, run_dir, "tests.examples.test_coding_agent.reward_through_hook")
-        )
-        train(args)
-    finally:
-        shutdown()
+    args = parse_args(
+        train_argv("coding_agent", tiny_model_dir, run_dir, "tests.examples.test_coding_agent.reward_through_hook")
+    )
+    train(args)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [1, 2]  # one row per rollout (no eval row: no eval data)
     for r in rows:

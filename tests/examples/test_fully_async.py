@@ -197,8 +197,10 @@ def test_evaluation_is_the_default_synchronous_rollout(rollout_args, task_dir):
 # ------------------------------------------------------------------------------------ real run
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_short_training_run(tiny_model_dir, task_dir, tmp_path, monkeypatch):
-    """Separate engine and trainer processes (no --colocate): generation overlaps training."""
+def test_short_training_run(without_shared_ray, tiny_model_dir, task_dir, tmp_path, monkeypatch):
+    """Separate engine and trainer processes (no --colocate): generation overlaps training. The
+    queue size reaches the RolloutManager through its Ray worker's environment, inherited from the
+    cluster's start: this run starts (and stops) a cluster of its own."""
     from slime.arguments import parse_args
     from slime.train import shutdown, train
 

@@ -221,9 +221,9 @@ def record_trained(args, rollout_id, rollout_data) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_short_training_run(tiny_model_dir, task_dir, tmp_path):
+def test_short_training_run(ray_cluster, tiny_model_dir, task_dir, tmp_path):
     from slime.arguments import parse_args
-    from slime.train import shutdown, train
+    from slime.train import train
 
     run_dir = tmp_path / "run"
     args = parse_args(
@@ -268,10 +268,7 @@ def test_short_training_run(tiny_model_dir, task_dir, tmp_path):
             "--skip-eval-before-train",
         ]
     )
-    try:
-        train(args)
-    finally:
-        shutdown()
+    train(args)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [1, 2]  # one row per rollout
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]

@@ -264,8 +264,10 @@ def test_exact_match_reward_normalises():
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_short_training_run_with_retrieval_server(tiny_model_dir, tmp_path, monkeypatch):
-    """Two real rollouts + train steps with the hook, the real engine and the real retrieval server."""
+def test_short_training_run_with_retrieval_server(without_shared_ray, tiny_model_dir, tmp_path, monkeypatch):
+    """Two real rollouts + train steps with the hook, the real engine and the real retrieval server.
+    The server's URL reaches the hook through the Ray workers' environment, inherited from the
+    cluster's start: this run starts (and stops) a cluster of its own."""
     from slime.arguments import parse_args
     from slime.train import shutdown, train
 

@@ -10,7 +10,6 @@ import asyncio
 import itertools
 import math
 import os
-import weakref
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -23,7 +22,7 @@ from slime.rollout import generation, sglang_rollout
 from slime.rollout.train_data import eval_metrics, rollout_metrics, samples_to_train_data
 from slime.utils.types import Sample
 from tests.contracts import hooks
-from tests.helpers import make_args
+from tests.helpers import make_args, stub_generate_state
 
 H = "tests.contracts.hooks."
 BASE = ["--rollout-batch-size", "2", "--num-rollout", "1"]
@@ -103,20 +102,7 @@ def test_context_length_sets_slimes_prompt_limit():
 
 @pytest.fixture
 def state(monkeypatch):
-    from slime.utils.misc import load_function
-
-    def install(args):
-        st = object.__new__(sglang_rollout.GenerateState)
-        st.args, st.sampling_params = args, sglang_rollout.sampling_params_from_args(args, evaluation=False)
-        st.concurrency, st._semaphores = 64, weakref.WeakKeyDictionary()
-        st.custom_generate = (
-            load_function(args.custom_generate_function_path) if args.custom_generate_function_path else None
-        )
-        st.custom_rm, st.eval_datasets, st.tokenizer, st.aborted = None, {}, None, False
-        monkeypatch.setattr(sglang_rollout.GenerateState, "_instance", st)
-        return st
-
-    yield install
+    yield lambda args: stub_generate_state(monkeypatch, args)
     sglang_rollout.GenerateState.reset()
     sglang_rollout.set_current_rollout_id(None)
 

@@ -26,7 +26,7 @@ DATA = {
     "loss_masks": [[1, 1], [1, 0, 1], [1, 1], [1, 1, 1]],
     "rewards": [1.0, -1.0, 0.5, -0.5],
 }
-HERE = "tests.unit.test_slime_training_options"
+HERE = "tests.backends.test_slime_training_options"
 pytestmark = pytest.mark.filterwarnings("ignore:Seems like:UserWarning")  # optimizer.step is patched on purpose
 
 

@@ -342,7 +342,7 @@ def test_lr_schedule_counts_steps_taken_not_the_start_rollout_id(tiny_model_dir,
 
 # ---------------------------------------------------------------- --loss-mask-type in the SFT rollout
 
-from tests.unit.test_sft_rollout import CONVERSATION  # noqa: E402 (one multi-turn conversation for both)
+from tests.rollout.test_sft_rollout import CONVERSATION  # noqa: E402 (one multi-turn conversation for both)
 
 
 @pytest.fixture(scope="module")
@@ -454,10 +454,10 @@ def test_sft_rollout_errors_name_the_option(tmp_path, tiny_model_dir, tok):
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_short_sft_run_starts_at_the_start_rollout_id(tiny_model_dir, task_dir, tmp_path, capsys):
+def test_short_sft_run_starts_at_the_start_rollout_id(ray_cluster, tiny_model_dir, task_dir, tmp_path, capsys):
     """--start-rollout-id 1 of 2 without --load: one rollout (id 1), data from its beginning, the LR at
     the schedule's first step, the custom config's lr in the trainer and named at start-up."""
-    from slime.train import shutdown, train
+    from slime.train import train
 
     run_dir = tmp_path / "run"
     config = _config(tmp_path, "lr: 2.0e-3\nmy_setting: 7\n")
@@ -500,10 +500,7 @@ def test_short_sft_run_starts_at_the_start_rollout_id(tiny_model_dir, task_dir, 
             str(run_dir),
         ]
     )
-    try:
-        train(args)
-    finally:
-        shutdown()
+    train(args)
     assert "replaced arguments (slime's rule): lr: 0.001 -> 0.002" in capsys.readouterr().out
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [2]  # rollout 1 only, logged after its step

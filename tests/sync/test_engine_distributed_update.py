@@ -11,11 +11,11 @@ import copy
 import httpx
 import pytest
 import torch
-from engine_test_utils import reference_greedy, reference_logprobs, start_engine
 
 from slime.engine.client import EngineClient
 from slime.errors import SlimeError
 from slime.sync.distributed import DistributedWeightSync
+from tests.engine.engine_test_utils import reference_greedy, reference_logprobs, start_engine
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -4,8 +4,9 @@ tokens, loss mask and log-probs it should, and the turn and token limits hold.""
 from __future__ import annotations
 
 import pytest
-from engine_test_utils import reference_logprobs
-from engine_test_utils import run_async as _run
+
+from tests.engine.engine_test_utils import reference_logprobs
+from tests.engine.engine_test_utils import run_async as _run
 
 TURN = 4  # tokens per model turn (ignore_eos: every turn is exactly this long)
 

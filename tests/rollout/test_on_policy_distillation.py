@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_test_utils import reference_logprobs
-from engine_test_utils import run_async as _run
 
 from slime.errors import SlimeError
 from slime.rollout.on_policy_distillation import post_process_rewards, reward_func
 from slime.rollout.train_data import samples_to_train_data
 from slime.utils.types import Sample
+from tests.engine.engine_test_utils import reference_logprobs
+from tests.engine.engine_test_utils import run_async as _run
 from tests.helpers import make_args
 
 

@@ -175,7 +175,7 @@ def test_more_processes_than_cores_stop_naming_what_was_asked_and_what_there_is(
     assert "--rollout-num-gpus" in msg
 
 
-def test_a_local_cluster_too_small_stops_before_ray_starts(monkeypatch):
+def test_a_local_cluster_too_small_stops_before_ray_starts(without_shared_ray, monkeypatch):
     import ray
 
     from slime.ray import placement_group

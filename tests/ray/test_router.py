@@ -12,15 +12,16 @@ import time
 
 import httpx
 import pytest
-from engine_test_utils import run_async as _run
-from engine_test_utils import start_engine
 
 from slime.arguments import parse_args
 from slime.ray.engine_watcher import EngineWatcher
 from slime.ray.router import check_router_args, start_router
 from slime.utils.http_utils import post, session_headers
+from tests.engine.engine_test_utils import run_async as _run
+from tests.engine.engine_test_utils import start_engine
 
-pytestmark = pytest.mark.timeout(120)
+# engine server and router processes
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine_test_utils import start_engine
+
+from tests.engine.engine_test_utils import start_engine
 
 CONTEXT = 14
 

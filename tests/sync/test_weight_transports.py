@@ -8,11 +8,11 @@ import os
 
 import pytest
 import torch
-from engine_test_utils import start_engine
 from safetensors.torch import load_file
 
 from slime.engine.client import EngineClient
 from slime.utils.http_utils import HTTPRequestError
+from tests.engine.engine_test_utils import start_engine
 
 pytestmark = [pytest.mark.timeout(300)]
 

@@ -22,7 +22,7 @@ from slime.utils.types import Sample
 from tests.helpers import make_args as full_args
 from tests.helpers import stub_generate_state
 
-HERE = "tests.unit.test_slime_paths."
+HERE = "tests.compat.test_slime_paths."
 
 
 def test_processing_utils_on_a_text_only_model(tiny_model_dir):

@@ -290,7 +290,7 @@ def test_custom_advantage_and_loss_hooks(tiny_model_dir, tmp_path):
         tiny_model_dir,
         tmp_path / "a",
         "--custom-advantage-function-path",
-        "tests.unit.test_train_algorithms.custom_adv",
+        "tests.backends.test_train_algorithms.custom_adv",
         "--micro-batch-size",
         "4",
     )
@@ -303,7 +303,7 @@ def test_custom_advantage_and_loss_hooks(tiny_model_dir, tmp_path):
         "--loss-type",
         "custom_loss",
         "--custom-loss-function-path",
-        "tests.unit.test_train_algorithms.custom_loss",
+        "tests.backends.test_train_algorithms.custom_loss",
         "--micro-batch-size",
         "4",
     )

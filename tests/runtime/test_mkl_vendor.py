@@ -1,6 +1,6 @@
 """The MKL vendor shim (slime.runtime.mkl_vendor): where it applies, what it preloads, its check,
 and `slime serve`'s start with it. The processes of a run that get it are covered in
-tests/engine/test_engine_process.py (engines) and tests/e2e/test_ray_auth.py (Ray workers)."""
+tests/ray/test_engine_process.py (engines) and tests/e2e/test_ray_auth.py (Ray workers)."""
 
 from __future__ import annotations
 

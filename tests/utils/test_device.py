@@ -193,6 +193,7 @@ def test_cpu_old_log_probs_are_the_plain_forward(tiny_model_dir, tmp_path):
 
 
 # ------------------------------------------------------------------------------ engine
+@pytest.mark.e2e
 @pytest.mark.skipif(not NO_GPU, reason="a machine without a GPU")
 def test_engine_cuda_request_without_a_gpu_stops_at_start_up(tiny_model_dir):
     from slime.engine.args import resolve_device

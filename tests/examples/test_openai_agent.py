@@ -18,13 +18,13 @@ from slime.utils.types import Sample
 @pytest.mark.e2e
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_short_agent_training_run(tiny_model_dir, tmp_path):
+def test_short_agent_training_run(ray_cluster, tiny_model_dir, tmp_path):
     from examples.openai_agent.agent import COPIED_CALL
     from examples.openai_agent.make_data import write
     from slime.arguments import parse_args
     from slime.observability.debug_data import read_samples
     from slime.rollout.sglang_rollout import GenerateState
-    from slime.train import shutdown, train
+    from slime.train import train
 
     data, run_dir = tmp_path / "data", tmp_path / "run"
     data.mkdir()
@@ -76,7 +76,6 @@ def test_short_agent_training_run(tiny_model_dir, tmp_path):
         )
         train(args)
     finally:
-        shutdown()
         GenerateState.reset()
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [1, 2]

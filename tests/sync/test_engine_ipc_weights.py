@@ -1,9 +1,13 @@
 """Colocated weight sync by IPC handles into a real engine server (`slime.sync.ipc`), on the CPU
-with shared-memory tensors (the codec's own tests: tests/unit/test_tensor_ipc.py)."""
+with shared-memory tensors (the codec's own tests: tests/sync/test_tensor_ipc.py)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+# an engine server process
+pytestmark = pytest.mark.e2e
 
 
 def test_engine_takes_ipc_weights_and_its_log_probs_follow(tiny_model_dir, tmp_path):

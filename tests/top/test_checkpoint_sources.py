@@ -73,7 +73,7 @@ def test_torch_dist_ref_load_of_another_model_stops_naming_both(tiny_model_dir, 
 
 def test_a_checkpoint_of_this_layout_is_resumed(tiny_model_dir, tmp_path):
     from slime.utils.checkpoint_layout import commit
-    from tests.unit.test_atomic_checkpoints import _stage
+    from tests.utils.test_atomic_checkpoints import _stage
 
     ckpt = tmp_path / "ckpt"
     _stage(ckpt, 3)

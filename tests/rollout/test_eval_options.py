@@ -17,7 +17,7 @@ from slime.utils.eval_config import eval_dataset_configs
 from slime.utils.types import Sample
 
 BASE = ["--rollout-batch-size", "1", "--num-rollout", "1"]
-HERE = "tests.unit.test_eval_options."
+HERE = "tests.rollout.test_eval_options."
 
 # slime/utils/arguments.py (add_eval_arguments) at the commit slime_upstream.json names:
 # parser.add_argument("--eval-...", type=..., default=None) for each of these.

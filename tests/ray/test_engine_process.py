@@ -30,6 +30,7 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.e2e
 def test_stop_leaves_no_process(tiny_model_dir, tmp_path):
     eng = EngineProcess.start(tiny_model_dir, num_threads=1, log_path=tmp_path / "e.log")
     with eng:
@@ -41,6 +42,7 @@ def test_stop_leaves_no_process(tiny_model_dir, tmp_path):
     assert "ready at" in (tmp_path / "e.log").read_text()
 
 
+@pytest.mark.e2e
 def test_server_exits_when_parent_dies(tiny_model_dir, tmp_path):
     repo = Path(__file__).resolve().parents[2]
     script = tmp_path / "parent.py"
@@ -74,6 +76,7 @@ def test_server_exits_when_parent_dies(tiny_model_dir, tmp_path):
     assert "parent process" in (tmp_path / "child.log").read_text()
 
 
+@pytest.mark.e2e
 def test_launch_failure_reports_log_tail(tmp_path):
     eng = EngineProcess.start(tmp_path / "no-such-model", num_threads=1, log_path=tmp_path / "bad.log")
     try:
@@ -111,6 +114,7 @@ def test_server_alone_uses_every_core_a_run_passes_its_budget(monkeypatch):
     assert '"--num-threads", str(num_threads)' in source
 
 
+@pytest.mark.e2e
 def test_sigterm_answers_in_flight_requests(tiny_model_dir, tmp_path):
     import concurrent.futures
 
@@ -137,6 +141,7 @@ def test_sigterm_answers_in_flight_requests(tiny_model_dir, tmp_path):
         client.close()
 
 
+@pytest.mark.e2e
 def test_engines_get_the_mkl_vendor_shim_where_it_applies(tiny_model_dir, tmp_path):
     """A launched engine has the shim preloaded exactly where slime.runtime.mkl_vendor says it
     applies, not with mkl_vendor_shim=False; started by hand (no preload in its environment) the

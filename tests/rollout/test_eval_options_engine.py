@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine_test_utils import reference_greedy
+
+from tests.engine.engine_test_utils import reference_greedy
 
 PROMPTS_A = ["1+1=", "12+30=", "7+5="]
 PROMPTS_B = ["what is two", "count: 1 2 3"]
@@ -58,9 +59,8 @@ def _responses(samples):
 
 
 def test_each_config_data_set_uses_its_own_sampling(make, hf_model, tokenizer):
-    from engine_test_utils import run_async
-
     from slime.rollout.sglang_rollout import eval_rollout_async
+    from tests.engine.engine_test_utils import run_async
 
     build, a, b, tmp = make
     greedy = {p: reference_greedy(hf_model, _ids(tokenizer, p), 6) for p in PROMPTS_A + PROMPTS_B}
@@ -94,10 +94,9 @@ eval:
 
 
 def test_eval_max_context_len_leaves_the_prompt_room(make, hf_model, tokenizer):
-    from engine_test_utils import run_async
-
     from slime.rollout.sglang_rollout import eval_rollout_async
     from slime.utils.types import Sample
+    from tests.engine.engine_test_utils import run_async
 
     build, a, _, _ = make
     lengths = {p: len(_ids(tokenizer, p)) for p in PROMPTS_A}
