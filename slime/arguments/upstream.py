@@ -14,7 +14,7 @@ parses and `args` carries what slime's would, and then sorted by what it does on
 slime's options that are Megatron-LM's too (`--no-save-optim`, `--mtp-num-layers`, ...) are added
 with Megatron's and take slime's default (`set_slime_defaults`). Every other slime option is
 either defined by slime-rl or in exactly one of the two tables
-(tests/unit/test_slime_arguments.py checks it), so an option added to the data cannot slip
+(tests/arguments/test_slime_arguments.py checks it), so an option added to the data cannot slip
 through as silently accepted.
 """
 

@@ -5,7 +5,7 @@
  * runtime has, so these kernels share torch's thread pool and its torch.set_num_threads.
  *
  * Each kernel does in one pass what the torch version (the reference in
- * tests/unit/test_decode_kernels.py) does in several, and the attention kernel reads every
+ * tests/engine/test_decode_kernels.py) does in several, and the attention kernel reads every
  * row's keys and values only up to that row's own length.
  */
 #include <math.h>

@@ -16,7 +16,7 @@ characters with string rules only: nothing to bound).
 per-run token (`slime.sandbox.test_driver`).
 
 Adversarial list: what a policy was tried with, through this API, and scores 0 or is refused
-(tests/unit/test_sandbox.py, tests/unit/test_bounded_graders.py): exits before the tests
+(tests/sandbox/test_sandbox.py, tests/rollout/test_bounded_graders.py): exits before the tests
 (os._exit, sys.exit, atexit, exception hook, killing itself), objects equal to everything, patched
 or shadowed builtins, a forged success line, closed or redirected output, rebinding the driver's
 helpers, looking for the token (frames, tracebacks, inspect, the heap, /proc, ctypes, stdin, code

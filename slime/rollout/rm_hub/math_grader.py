@@ -6,7 +6,7 @@ normalisation, or when both sides, normalised again and parsed by sympy, differ 
 slime's guards: unreduced fractions must match as written, an integer label needs an integer
 answer, tuples/intervals compare element-wise with matching brackets, and expressions with more
 than two unknown letters or large powers are never evaluated. Written for this project from
-those rules (`tests/unit/test_rm_types.py` holds the cases); only `pylatexenc` (LaTeX to text)
+those rules (`tests/rollout/test_rm_types.py` holds the cases); only `pylatexenc` (LaTeX to text)
 and `sympy` are used, as slime does.
 
 Quirks kept on purpose, so a slime user's numbers do not move: a falsy label (`""`, `0`, None)
