@@ -57,7 +57,7 @@ def check_logprobs(hf_model, s: Sample):
     assert pos, "nothing trained"
     ref = reference_logprobs(hf_model, s.tokens, pos)
     got = [s.rollout_log_probs[p - start] for p in pos]
-    assert max(abs(a - b) for a, b in zip(got, ref)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(got, ref, strict=True)) < 1e-4
     assert all(s.rollout_log_probs[i] == 0.0 for i, m in enumerate(s.loss_mask) if not m)
 
 
@@ -167,7 +167,7 @@ def test_concurrent_sessions_never_mix_tokens(openai_adapter, engine, tokenizer,
 
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
         firsts = list(pool.map(agent, range(6), sids))
-    for sid, first in zip(sids, firsts):
+    for sid, first in zip(sids, firsts, strict=True):
         [s] = finish(ad, sid)
         prompt = render(tokenizer, [first])
         assert s.tokens[: len(prompt)] == prompt  # this session's own prompt, nobody else's

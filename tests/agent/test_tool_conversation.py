@@ -106,7 +106,7 @@ def check(s: Sample, tok, hf, tool_text="5"):
     assert s.metadata["use_tool"] and s.status == Sample.Status.COMPLETED
     pos = [len(prompt) + i for i, m in enumerate(s.loss_mask) if m]
     ref = reference_logprobs(hf, s.tokens, pos)
-    assert max(abs(s.rollout_log_probs[p - len(prompt)] - r) for p, r in zip(pos, ref)) < 1e-4
+    assert max(abs(s.rollout_log_probs[p - len(prompt)] - r) for p, r in zip(pos, ref, strict=True)) < 1e-4
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -90,14 +90,14 @@ def test_reinforce_plus_plus_baseline_broadcasts_reward_minus_kl():
 def ref_gae(rewards, values, gamma, lambd):
     n = len(rewards)
     adv = [0.0] * n
-    for t in range(n):  # forward closed form: A_t = sum_l (gamma*lambd)^l delta_{t+l}
+    for t in range(n):  # forward closed form: A_t = sum_k (gamma*lambd)^k delta_{t+k}
         s = 0.0
-        for l in range(n - t):
-            v_next = values[t + l + 1] if t + l + 1 < n else 0.0
-            delta = rewards[t + l] + gamma * v_next - values[t + l]
-            s += (gamma * lambd) ** l * delta
+        for k in range(n - t):
+            v_next = values[t + k + 1] if t + k + 1 < n else 0.0
+            delta = rewards[t + k] + gamma * v_next - values[t + k]
+            s += (gamma * lambd) ** k * delta
         adv[t] = s
-    return adv, [a + v for a, v in zip(adv, values)]
+    return adv, [a + v for a, v in zip(adv, values, strict=True)]
 
 
 @pytest.mark.parametrize("gamma,lambd", [(1.0, 1.0), (0.99, 0.95), (0.5, 0.0)])
@@ -108,7 +108,7 @@ def test_gae_matches_closed_form(gamma, lambd):
     assert token_r[1].tolist() == pytest.approx([-0.06 - 1.0])
     values = [torch.tensor([0.5, -0.3, 0.2]), torch.tensor([0.7]), torch.tensor([])]
     adv, ret = gae_advantages_and_returns(token_r, values, gamma, lambd)
-    for r, v, a, rt in zip(token_r, values, adv, ret):
+    for r, v, a, rt in zip(token_r, values, adv, ret, strict=True):
         ra, rr = ref_gae(r.tolist(), v.tolist(), gamma, lambd)
         assert a.tolist() == pytest.approx(ra, abs=1e-6)
         assert rt.tolist() == pytest.approx(rr, abs=1e-6)
@@ -182,7 +182,7 @@ def test_ppo_clip_boundary_counts_as_unclipped_and_dual_clip():
     pg, cf = ppo_clip_from_kl(ppo_kl, adv, eps, eps_clip_c=2.0)
     ratio = torch.exp(-ppo_kl)
     ref = []
-    for r, a in zip(ratio.tolist(), adv.tolist()):
+    for r, a in zip(ratio.tolist(), adv.tolist(), strict=True):
         loss = max(-r * a, -min(max(r, 1 - eps), 1 + eps) * a)
         if a < 0:
             loss = min(loss, -2.0 * a)
@@ -234,7 +234,7 @@ def test_clipped_value_loss_matches_reference():
     ret = torch.tensor([2.0, 1.0, 0.0, -2.0])
     loss, cf = value_loss_clipped(v, old, ret, value_clip=0.2)
     ref = []
-    for vi, oi, ri in zip(v.tolist(), old.tolist(), ret.tolist()):
+    for vi, oi, ri in zip(v.tolist(), old.tolist(), ret.tolist(), strict=True):
         clipped = oi + max(-0.2, min(0.2, vi - oi))
         ref.append(max((vi - ri) ** 2, (clipped - ri) ** 2))
     assert loss.tolist() == pytest.approx(ref, rel=1e-6)

@@ -26,7 +26,7 @@ def ref(kind, lp, rp):
 @pytest.mark.parametrize("kind", ["k1", "k2", "k3", "low_var_kl"])
 def test_each_type_matches_closed_form(kind):
     got = compute_approx_kl(torch.tensor(LP), torch.tensor(REF), kind)
-    want = [ref(kind, a, b) for a, b in zip(LP, REF)]
+    want = [ref(kind, a, b) for a, b in zip(LP, REF, strict=True)]
     assert got.dtype == torch.float32
     assert got.tolist() == pytest.approx(want, rel=1e-5)
 

@@ -103,7 +103,7 @@ X = [1.0, 100.0, 3.0, 5.0, 7.0, 2.0, 4.0, 6.0, 1000.0]
 
 def manual_sample_means():
     means, k = [], 0
-    for n, m in zip(LENGTHS, MASKS):
+    for n, m in zip(LENGTHS, MASKS, strict=True):
         vals = [X[k + j] for j in range(n) if m[j]]
         means.append(sum(vals) / len(vals) if vals else 0.0)
         k += n
@@ -202,7 +202,7 @@ def test_ppo_hand_values_symmetric():
     assert clipfrac.tolist() == [0, 0, 0, 1, 1, 0, 0, 0]
     assert ppo_kl.tolist() == pytest.approx([-math.log(r) for r in ratios])
     assert grad.tolist() == pytest.approx([-0.5, -1.0, -1.1, 0.0, 0.0, 1.0, 0.9, 1.5])
-    for i, (r, a) in enumerate(zip(ratios, advs)):
+    for i, (r, a) in enumerate(zip(ratios, advs, strict=True)):
         want = ref_ppo(r, a, 0.2)
         assert (loss[i].item(), clipfrac[i].item(), grad[i].item()) == pytest.approx(want)
 
@@ -232,7 +232,7 @@ def test_ppo_asymmetric_clip_higher():
     loss, clipfrac, _, grad = run_ppo(ratios, advs, eps_clip=0.2, eps_clip_high=0.28)
     assert loss.tolist() == pytest.approx([-1.25, -1.28, 0.8, 0.85])
     assert clipfrac.tolist() == [0, 1, 1, 0]
-    for i, (r, a) in enumerate(zip(ratios, advs)):
+    for i, (r, a) in enumerate(zip(ratios, advs, strict=True)):
         assert (loss[i].item(), clipfrac[i].item(), grad[i].item()) == pytest.approx(ref_ppo(r, a, 0.2, 0.28))
 
 
@@ -244,7 +244,7 @@ def test_ppo_dual_clip_negative_advantages():
     assert loss.tolist() == pytest.approx([3.0, 2.0, -2.4, 1.6])
     assert grad.tolist() == pytest.approx([0.0, 2.0, 0.0, 0.0])
     assert clipfrac.tolist() == [0, 0, 1, 1]
-    for i, (r, a) in enumerate(zip(ratios, advs)):
+    for i, (r, a) in enumerate(zip(ratios, advs, strict=True)):
         assert (loss[i].item(), clipfrac[i].item(), grad[i].item()) == pytest.approx(ref_ppo(r, a, 0.2, None, 3.0))
     with pytest.raises(ValueError, match="eps_clip_c"):
         policy_loss_ppo_clip(torch.zeros(1), torch.zeros(1), torch.ones(1), 0.2, eps_clip_c=1.0)

@@ -197,8 +197,9 @@ def test_model_shape_flags_against_the_config():
         ("--normalization", "rms_norm_eps / layer_norm_eps"),
     ]:
         argv = [flag, "LayerNorm"] if flag == "--normalization" else [flag]
-        with pytest.raises(SlimeError, match=flag):
+        with pytest.raises(SlimeError, match=flag) as refused:
             check_model_shape(parse_args(BASE + argv), llama, "c.json")
+        assert needed in str(refused.value)  # the message says what the config lacks
     gelu = dict(llama, hidden_act="gelu")
     with pytest.raises(SlimeError, match="--swiglu is set but c.json does not have hidden_act = silu"):
         check_model_shape(parse_args(BASE + ["--swiglu"]), gelu, "c.json")

@@ -188,7 +188,7 @@ def _assert_same_tensors(a: dict, b: dict, what: str, rtol: float = 1e-5) -> Non
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_two_ranks_make_the_same_update_as_one(runs, tiny_model_dir, name):
     one, two = runs[0][name][""], runs[1][name][""]
-    for rollout_id, (m1, m2) in enumerate(zip(one["metrics"], two["metrics"])):
+    for rollout_id, (m1, m2) in enumerate(zip(one["metrics"], two["metrics"], strict=True)):
         compared = [k for k in m1 if not k.startswith("perf/")]
         assert sorted(compared) == sorted(k for k in m2 if not k.startswith("perf/"))
         for key in (

@@ -123,7 +123,7 @@ def test_the_logprob_diff_is_the_training_forwards(tiny_model_dir, tmp_path):
     with torch.no_grad():
         total, count = 0.0, 0
         for toks, r, mask, rlp in zip(
-            data["tokens"], data["response_lengths"], data["loss_masks"], data["rollout_log_probs"]
+            data["tokens"], data["response_lengths"], data["loss_masks"], data["rollout_log_probs"], strict=True
         ):
             logp = torch.log_softmax(actor.model(torch.tensor([toks])).logits[0].double(), -1)
             for j in range(r):

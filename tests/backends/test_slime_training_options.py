@@ -227,7 +227,7 @@ def _off_policy(actor, data, shift):
     """Rollout log-probs = the trainer's minus ``shift`` per token: ratios exp(shift) on the first step."""
     d = _copy(data)
     lp = actor._forward_only(d, list(range(len(d["tokens"]))), actor.model)
-    d["rollout_log_probs"] = [(x - torch.tensor(s[: x.numel()])).tolist() for x, s in zip(lp, shift)]
+    d["rollout_log_probs"] = [(x - torch.tensor(s[: x.numel()])).tolist() for x, s in zip(lp, shift, strict=True)]
     return d
 
 
@@ -489,7 +489,8 @@ def nll_loss(args, batch, logits, sum_of_sample_mean):
 
 def set_reward_advantages(args, rollout_id, rollout_data):
     rollout_data["advantages"] = [
-        torch.full((len(m),), float(r)) for m, r in zip(rollout_data["loss_masks"], rollout_data["rewards"])
+        torch.full((len(m),), float(r))
+        for m, r in zip(rollout_data["loss_masks"], rollout_data["rewards"], strict=True)
     ]
 
 
@@ -633,7 +634,7 @@ def test_no_save_optim_checkpoint_resumes_with_a_fresh_optimizer(tiny_model_dir,
     assert "fresh optimizer" not in caplog.text
     saved = [full.optimizer.state[p]["exp_avg"] for g in full.optimizer.param_groups for p in g["params"]]
     loaded = [back.optimizer.state[p]["exp_avg"] for g in back.optimizer.param_groups for p in g["params"]]
-    assert len(saved) == len(loaded) > 0 and all(torch.equal(a, b) for a, b in zip(saved, loaded))
+    assert len(saved) == len(loaded) > 0 and all(torch.equal(a, b) for a, b in zip(saved, loaded, strict=True))
 
 
 def test_no_save_optim_leaves_the_critic_optimizer_out_too(tiny_model_dir, tmp_path):
@@ -647,7 +648,9 @@ def test_no_save_optim_leaves_the_critic_optimizer_out_too(tiny_model_dir, tmp_p
     resumed = _actor(tiny_model_dir, tmp_path / "b", *ppo, "--load", str(save))
     assert len(resumed.critic.optimizer.state) == 0
     assert resumed.critic.scheduler.last_epoch == actor.critic.scheduler.last_epoch > 0
-    for (n, w), (_, v) in zip(actor.critic.model.named_parameters(), resumed.critic.model.named_parameters()):
+    for (n, w), (_, v) in zip(
+        actor.critic.model.named_parameters(), resumed.critic.model.named_parameters(), strict=True
+    ):
         assert torch.equal(w, v), n
 
 

@@ -88,11 +88,11 @@ def test_sft_loss_is_masked_nll(tiny_model_dir, tmp_path):
     model = actor.model
     expected = 0.0
     with torch.no_grad():
-        for toks, r, mask in zip(DATA["tokens"], DATA["response_lengths"], DATA["loss_masks"]):
+        for toks, r, mask in zip(DATA["tokens"], DATA["response_lengths"], DATA["loss_masks"], strict=True):
             logits = model(torch.tensor([toks])).logits[0]
             logp = torch.log_softmax(logits.double(), -1)
             nll = [-float(logp[len(toks) - r + j - 1, toks[len(toks) - r + j]]) for j in range(r)]
-            kept = [x for x, m in zip(nll, mask) if m]
+            kept = [x for x, m in zip(nll, mask, strict=True) if m]
             expected += sum(kept) / len(kept)
     expected /= len(DATA["tokens"])
     metrics = actor.train(0, _copy(DATA))

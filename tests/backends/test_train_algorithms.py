@@ -219,9 +219,11 @@ def test_ref_update_interval_copies_the_policy(tiny_model_dir, tmp_path):
         "4",
     )
     actor.train(0, _copy(DATA))
-    assert not all(torch.equal(a, b) for a, b in zip(actor.ref_model.parameters(), actor.model.parameters()))
+    assert not all(
+        torch.equal(a, b) for a, b in zip(actor.ref_model.parameters(), actor.model.parameters(), strict=True)
+    )
     actor.train(1, _copy(DATA))
-    assert all(torch.equal(a, b) for a, b in zip(actor.ref_model.parameters(), actor.model.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(actor.ref_model.parameters(), actor.model.parameters(), strict=True))
 
 
 def test_keep_old_actor_tracks_the_served_weights(tiny_model_dir, tmp_path, monkeypatch):

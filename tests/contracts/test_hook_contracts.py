@@ -229,7 +229,7 @@ def test_dynamic_sampling_gives_up_with_a_clear_message(state):
 
 def test_stock_nonzero_std_filter():
     g = group(3)
-    for s, r in zip(g, [1.0, 1.0, 1.0]):
+    for s, r in zip(g, [1.0, 1.0, 1.0], strict=True):
         s.reward = r
     out = check_reward_nonzero_std(make_args(), g)
     assert not out.keep and out.reason == "zero_std_1.0"
@@ -242,7 +242,7 @@ def test_stock_nonzero_std_filter():
 
 def test_custom_reward_post_process():
     g = group(2)
-    for s, r in zip(g, [0.0, 1.0]):
+    for s, r in zip(g, [0.0, 1.0], strict=True):
         s.reward, s.status, s.tokens, s.response_length, s.loss_mask = r, Sample.Status.COMPLETED, [1, 2], 1, [1]
     args = make_args(custom_reward_post_process_path=H + "reward_post_process")
     data = samples_to_train_data(args, [g])
@@ -253,7 +253,7 @@ def test_custom_convert_samples_to_train_data_takes_slimes_call():
     """fn(args, samples) replaces the conversion, rewards included; a FAILED sample is still never
     trained on, and columns the trainer needs are checked by name."""
     g = group(2)
-    for s, r in zip(g, [0.5, 1.0]):
+    for s, r in zip(g, [0.5, 1.0], strict=True):
         s.reward, s.status, s.tokens, s.response_length, s.loss_mask = r, Sample.Status.COMPLETED, [1, 2, 3], 2, [1, 1]
     g[1].status = Sample.Status.FAILED
     data = samples_to_train_data(

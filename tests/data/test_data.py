@@ -51,7 +51,7 @@ def test_arithmetic_default_split(tmp_path):
         assert r["prompt"].endswith("=") and int(a) <= 99 and int(b) <= 9
         assert r["label"] == str(int(a) + int(b))
     assert len(sft) == len(train)
-    for s, t in zip(sft, train):
+    for s, t in zip(sft, train, strict=True):
         assert s == {
             "messages": [
                 {"role": "user", "content": t["prompt"]},

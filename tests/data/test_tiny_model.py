@@ -68,7 +68,9 @@ def test_special_tokens_digits_and_template(model_dir):
     ids = tok.encode("x 1234567890 98765+43210=", add_special_tokens=False)
     digit_ids = {tok.convert_tokens_to_ids(str(i)) for i in range(10)}
     pieces = [tok.decode([i]) for i in ids]
-    assert all(not any(c.isdigit() for c in p) or (len(p) == 1 and i in digit_ids) for p, i in zip(pieces, ids))
+    assert all(
+        not any(c.isdigit() for c in p) or (len(p) == 1 and i in digit_ids) for p, i in zip(pieces, ids, strict=True)
+    )
     # non-ASCII text round-trips too (byte level)
     assert tok.decode(tok.encode("héllo ∑ 日本", add_special_tokens=False)) == "héllo ∑ 日本"
 

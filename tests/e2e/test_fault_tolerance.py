@@ -308,7 +308,7 @@ def test_two_engines_survive_sigkill_sigstop_and_a_router_kill(fleet_factory, ti
     base = _logprobs(fleet.urls[0])
     _sync_new_weights(fleet, tiny_model_dir, "3")
     current = _logprobs(fleet.urls[1])
-    assert max(abs(a - b) for a, b in zip(base, current)) > 1e-3  # the new weights are visible
+    assert max(abs(a - b) for a, b in zip(base, current, strict=True)) > 1e-3  # the new weights are visible
 
     # 1. SIGKILL engine 0 mid-rollout: its requests fail over to engine 1
     old_pid = fleet.pids()[0]

@@ -181,7 +181,9 @@ def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
         try:
             proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"`slime train` did not exit within 90 s of Ctrl-C; its stderr:\n{stderr_tail()}")
+            raise AssertionError(
+                f"`slime train` did not exit within 90 s of Ctrl-C; its stderr:\n{stderr_tail()}"
+            ) from None
         assert proc.returncode == 130, stderr_tail()
         assert "interrupted" in stderr_tail()
         deadline = time.time() + 30

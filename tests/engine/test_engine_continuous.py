@@ -59,8 +59,11 @@ def test_late_requests_join_the_running_batch(engine, hf_model, tokenizer):
         batches = c.get_server_info()["stats"]["batches_run"] - batches0
     assert all(done_at[f"s{i}"] < done_at["long"] for i in range(len(short)))
     assert batches == 1, "the short requests should have joined the running batch"
-    for p, o in zip(short + [long_p], outs + [long_out]):
+    for p, o in zip(short + [long_p], outs + [long_out], strict=True):
         n = len(o["output_ids"])
         assert o["output_ids"] == reference_greedy(hf_model, p, n)
         lps = [x[0] for x in o["meta_info"]["output_token_logprobs"]]
-        assert max(abs(a - b) for a, b in zip(lps, reference_logprobs(hf_model, p, o["output_ids"], 0.0))) < 1e-4
+        assert (
+            max(abs(a - b) for a, b in zip(lps, reference_logprobs(hf_model, p, o["output_ids"], 0.0), strict=True))
+            < 1e-4
+        )

@@ -164,11 +164,11 @@ def ref_model(hf_model):
 
 def assert_matches_reference(client, model, prompts, version=None):
     outs, rs = greedy(client, prompts)
-    for p, o, r in zip(prompts, outs, rs):
+    for p, o, r in zip(prompts, outs, rs, strict=True):
         assert o == reference_greedy(model, p, len(o))
         got = [lp for lp, _, _ in r["meta_info"]["output_token_logprobs"]]
         want = reference_logprobs(model, p, o, 0.0)
-        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
         if version is not None:
             assert r["meta_info"]["weight_version"] == version
     return outs

@@ -143,10 +143,10 @@ def test_output_logprobs_match_hf_forward(client, hf_model, prompts, temperature
     }
     results = client.generate(body)
     worst = 0.0
-    for p, r in zip(prompts, results):
+    for p, r in zip(prompts, results, strict=True):
         got = [lp for lp, _, _ in r["meta_info"]["output_token_logprobs"]]
         want = reference_logprobs(hf_model, p, r["output_ids"], temperature)
-        worst = max(worst, max(abs(a - b) for a, b in zip(got, want)))
+        worst = max(worst, max(abs(a - b) for a, b in zip(got, want, strict=True)))
     assert worst < 1e-4
 
 
@@ -158,11 +158,11 @@ def test_input_logprobs_match_hf_forward(client, hf_model, prompts, start):
         "return_logprob": True,
         "logprob_start_len": start,
     }
-    for p, r in zip([prompts[3], prompts[0]], client.generate(body)):
+    for p, r in zip([prompts[3], prompts[0]], client.generate(body), strict=True):
         got = r["meta_info"]["input_token_logprobs"]
         assert [t for _, t, _ in got] == p[start:]
         want = reference_input_logprobs(hf_model, p, start)
-        for (lp, _, _), w in zip(got, want):
+        for (lp, _, _), w in zip(got, want, strict=True):
             if w is None:
                 assert lp is None
             else:
@@ -171,7 +171,7 @@ def test_input_logprobs_match_hf_forward(client, hf_model, prompts, start):
     r = gen(client, prompts[3], max_new_tokens=1, temperature=0.5, return_logprob=True, logprob_start_len=1)
     want = reference_input_logprobs(hf_model, prompts[3], 1, temperature=0.5)
     got = [lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]]
-    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-4
 
 
 def test_text_input_and_batch_rids(client, tokenizer):
@@ -264,11 +264,13 @@ def test_rows_finishing_at_different_steps_match_single_runs(client, prompts):
     lengths = [1, 9, 3, 14, 2, 6]
     sps = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in lengths]
     batch = client.generate({"input_ids": prompts, "sampling_params": sps, "return_logprob": True})
-    for p, sp, b in zip(prompts, sps, batch):
+    for p, sp, b in zip(prompts, sps, batch, strict=True):
         single = client.generate({"input_ids": p, "sampling_params": sp, "return_logprob": True})
         assert b["output_ids"] == single["output_ids"] and len(b["output_ids"]) == sp["max_new_tokens"]
         diff = max(
             abs(x[0] - y[0])
-            for x, y in zip(b["meta_info"]["output_token_logprobs"], single["meta_info"]["output_token_logprobs"])
+            for x, y in zip(
+                b["meta_info"]["output_token_logprobs"], single["meta_info"]["output_token_logprobs"], strict=True
+            )
         )
         assert diff < 1e-4

@@ -36,7 +36,7 @@ def test_sharing_gives_identical_tokens_and_logprobs(engines, hf_model, temperat
     prompts = [[5, 6, 7, 8, 9, 10], [11, 12, 13], [14, 15, 16, 17, 18, 19, 20, 21]]
     a = EngineClient(shared.url).generate(_batch(prompts, 4, temperature))
     b = EngineClient(plain.url).generate(_batch(prompts, 4, temperature))
-    for i, (x, y) in enumerate(zip(a, b)):
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
         assert x["output_ids"] == y["output_ids"], i
         lx = torch.tensor([lp[0] for lp in x["meta_info"]["output_token_logprobs"]])
         ly = torch.tensor([lp[0] for lp in y["meta_info"]["output_token_logprobs"]])

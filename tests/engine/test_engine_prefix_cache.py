@@ -60,10 +60,10 @@ def test_next_turn_reuses_the_history_and_matches_no_cache(engines, hf_model):
     assert history == history_off and t2_on["output_ids"] == t2_off["output_ids"]
     lp_on = [x[0] for x in t2_on["meta_info"]["output_token_logprobs"]]
     lp_off = [x[0] for x in t2_off["meta_info"]["output_token_logprobs"]]
-    assert max(abs(a - b) for a, b in zip(lp_on, lp_off)) < 1e-5
+    assert max(abs(a - b) for a, b in zip(lp_on, lp_off, strict=True)) < 1e-5
     # an independent forward over the whole sequence (temperature 0 reports T=1 log-probs)
     ref = reference_logprobs(hf_model, history, t2_on["output_ids"], 1.0)
-    assert max(abs(a - b) for a, b in zip(ref, lp_on)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(ref, lp_on, strict=True)) < 1e-4
     assert _stats(on.url)["hits"] >= 1
 
 
@@ -88,11 +88,13 @@ def test_sampled_turns_in_a_batch_with_misses(engines):
     assert [o["meta_info"]["cached_tokens"] > 0 for o in batch] == [True, False, True]
     httpx.post(on.url + "/flush_cache", timeout=30)
     single = [_gen(on.url, ids, 6) for ids in (history + [40], fresh, history + [41])]
-    for b, s in zip(batch, single):
+    for b, s in zip(batch, single, strict=True):
         assert b["output_ids"] == s["output_ids"]
         diffs = [
             abs(x[0] - y[0])
-            for x, y in zip(b["meta_info"]["output_token_logprobs"], s["meta_info"]["output_token_logprobs"])
+            for x, y in zip(
+                b["meta_info"]["output_token_logprobs"], s["meta_info"]["output_token_logprobs"], strict=True
+            )
         ]
         assert max(diffs) < 1e-5
 

@@ -164,9 +164,9 @@ def test_full_queue_gets_503_and_the_rollout_client_waits_it_out(engine, h):
     url = engine.url + "/generate"
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         running = pool.submit(h.post, url, json=gen(200), headers=AUTH)
-        wait_load(engine, h, lambda l: l["num_running_reqs"] == 1)
+        wait_load(engine, h, lambda load: load["num_running_reqs"] == 1)
         waiting = pool.submit(h.post, url, json=gen(1, (4, 5)), headers=AUTH)
-        wait_load(engine, h, lambda l: l["num_waiting_reqs"] == 1)
+        wait_load(engine, h, lambda load: load["num_waiting_reqs"] == 1)
         full = h.post(url, json=gen(1), headers=AUTH)
         assert full.status_code == 503 and full.headers["retry-after"] == "1"
         # the rollout client waits (without using up its attempts) until there is room
@@ -185,7 +185,7 @@ def test_a_disconnected_clients_request_is_aborted(engine, h):
         with pytest.raises(httpx.ReadTimeout):  # 200 steps x 30 ms: far longer than it waits
             impatient.post(engine.url + "/generate", json=gen(200), headers=AUTH)
     # the client's connection is gone: the engine stops generating for it
-    wait_load(engine, h, lambda l: l["num_reqs"] == 0, timeout=3.0)
+    wait_load(engine, h, lambda load: load["num_reqs"] == 0, timeout=3.0)
     out = h.post(engine.url + "/generate", json=gen(2), headers=AUTH)
     assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 2
 

@@ -184,7 +184,7 @@ def test_pool_grows_past_its_capacity():
         outs.append(seq)
         batches.append(batch)
     assert reserved < 64 <= batches[0].pool.capacity and batches[0].max_len == 64
-    for a, b in zip(*outs):
+    for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
 
 

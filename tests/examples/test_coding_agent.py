@@ -93,7 +93,7 @@ def test_every_task_is_gradeable_and_its_reference_passes():
 
     rows = [json.loads(line) for line in (EXAMPLE / "data.jsonl").read_text().splitlines()]
     assert len(rows) == len(REFERENCE)
-    for row, solution in zip(rows, REFERENCE):
+    for row, solution in zip(rows, REFERENCE, strict=True):
         sample = Sample(label=row["label"], metadata=row.get("metadata") or {})
         tests = tests_of(sample)
         assert grade_code(solution, tests) == (1.0, "passed"), row["prompt"]

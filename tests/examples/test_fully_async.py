@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 from slime.errors import SlimeError  # noqa: E402
 from slime.rollout import fully_async_rollout as fa  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
-from tests.helpers import make_args
+from tests.helpers import make_args  # noqa: E402
 
 P = fa.METRIC_PREFIX
 

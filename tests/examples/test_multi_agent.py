@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 from examples.multi_agent import rollout as ma  # noqa: E402
 from slime.errors import SlimeError  # noqa: E402
 from slime.utils.types import Sample  # noqa: E402
-from tests.helpers import make_args
+from tests.helpers import make_args  # noqa: E402
 
 ROLES = [a.role for a in ma.AGENTS]
 
@@ -274,7 +274,7 @@ def test_short_training_run(ray_cluster, tiny_model_dir, task_dir, tmp_path):
     trained = [json.loads(line) for line in (run_dir / "trained.jsonl").read_text().splitlines()]
     assert [t["rollout_id"] for t in trained] == [0, 1]
     p = ma.METRIC_PREFIX
-    for r, t in zip(rows, trained):
+    for r, t in zip(rows, trained, strict=True):
         assert math.isfinite(r["rollout/raw_reward"]) and math.isfinite(r["train/pg_loss"])
         assert r["rollout/num_samples"] == 24 == t["num_samples"]  # 6 groups of 4: 2 prompts x 3 agents
         assert r[f"{p}/num_prompts"] == 2

@@ -175,7 +175,7 @@ def test_mismatch_metrics_match_a_plain_loop():
 
     per_sample: dict[str, list[float]] = {}
     start = 0
-    for n, m in zip(lengths, masks):
+    for n, m in zip(lengths, masks, strict=True):
         t = train[start : start + n].tolist()
         r = rollout[start : start + n].tolist()
         keep = [i for i in range(n) if m[i]]

@@ -146,7 +146,7 @@ def test_wandb_run_holds_the_keys_values_and_steps_of_metrics_jsonl_and_tensorbo
 
     history = read_offline_history(wandb_env / "wbdir", run_id=saved["id"], wait_s=10)
     assert [step for step, _ in history] == sorted(expected)
-    assert {step: row for step, row in history} == expected
+    assert dict(history) == expected
 
     acc = EventAccumulator(str(tensorboard_dir(rl)))
     acc.Reload()

@@ -270,7 +270,7 @@ def test_offload_train_round_trip_is_bit_exact_and_frees_the_optimizer_state(tin
         assert off.onload()["onload_bytes"] == stats["offload_bytes"]
         assert off.onload() == {}
         back = [{k: _bits(v) for k, v in st.items()} for o in opts for st in o.state.values()]
-        assert all(torch.equal(a[k], b[k]) for a, b in zip(saved, back) for k in a)
+        assert all(torch.equal(a[k], b[k]) for a, b in zip(saved, back, strict=True) for k in a)
     a, b = plain.full_state_dict(), off.full_state_dict()
     assert all(torch.equal(_bits(a[k]), _bits(b[k])) for k in a)
     if plain.critic is not None:
@@ -334,7 +334,7 @@ def test_offload_takes_optimizer_state_read_from_a_checkpoint(tmp_path):
     assert off.offload([opt], [model])["offload_bytes"] == sum(v.numel() for s in saved for v in s.values())
     off.onload()
     back = [{k: _bits(v) for k, v in st.items()} for st in opt.state.values()]
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(saved, back) for k in a)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(saved, back, strict=True) for k in a)
 
 
 def test_joining_a_cluster_presents_the_token_the_environment_names_now(tmp_path, monkeypatch):

@@ -76,7 +76,7 @@ def _session_spread(router_url, engines, sessions: int, per_session: int) -> lis
         before = _rows(engines)
         for k in range(per_session):
             _run(post(router_url + "/generate", _gen([7, 8, 9 + k]), headers=session_headers(f"traj-{s}")))
-        spread.append([b - a for a, b in zip(before, _rows(engines))])
+        spread.append([b - a for a, b in zip(before, _rows(engines), strict=True)])
     return spread
 
 
@@ -93,7 +93,7 @@ def test_sglang_router_serves_both_engines_and_binds_loopback(two_engines, tiny_
 
         outs = _run(many())
         assert all(len(o) == 2 and o[0]["meta_info"]["completion_tokens"] == 4 for o in outs)
-        served = [b - a for a, b in zip(before, _rows(two_engines))]
+        served = [b - a for a, b in zip(before, _rows(two_engines), strict=True)]
         assert sum(served) == 16 and all(n > 0 for n in served), served
         assert httpx.post(router.url + "/flush_cache").status_code == 200
         # the router, its metrics port and the engines listen on loopback only
@@ -128,7 +128,7 @@ def test_fallback_dispatcher_without_sglang_router(two_engines, tiny_model_dir, 
         before = _rows(two_engines)
         for k in range(4):  # round robin: 2 requests each
             _run(post(router.url + "/generate", _gen([5, 6, k])))
-        assert [b - a for a, b in zip(before, _rows(two_engines))] == [2, 2]
+        assert [b - a for a, b in zip(before, _rows(two_engines), strict=True)] == [2, 2]
         flushed = httpx.post(router.url + "/flush_cache").json()
         assert flushed["success"] and sorted(flushed["workers"]) == sorted(urls)
         spread = _session_spread(router.url, two_engines, sessions=6, per_session=2)
@@ -138,7 +138,7 @@ def test_fallback_dispatcher_without_sglang_router(two_engines, tiny_model_dir, 
         before = _rows(two_engines)
         for k in range(3):
             _run(post(router.url + "/generate", _gen([5, 6, k])))
-        assert [b - a for a, b in zip(before, _rows(two_engines))] == [3, 0]
+        assert [b - a for a, b in zip(before, _rows(two_engines), strict=True)] == [3, 0]
         router.add_worker(urls[1])
         assert sorted(router.worker_urls()) == sorted(urls)
         bad = httpx.post(router.url + "/generate", json={"input_ids": [1], "sampling_params": {"nope": 1}})
@@ -239,7 +239,7 @@ def test_multi_turn_trajectory_stays_on_one_engine(two_engines, tiny_model_dir, 
                 )
             )
             assert sum(t["role"] == "model" for t in out.metadata["turns"]) == 3
-            spread.append([b - a for a, b in zip(before, _rows(two_engines))])
+            spread.append([b - a for a, b in zip(before, _rows(two_engines), strict=True)])
     finally:
         router.stop()
         GenerateState.reset()

@@ -153,7 +153,7 @@ def test_event_loop_keeps_running_while_a_grade_is_stuck():
     assert rewards == [0.0, 1.0, 1.0, 1.0, 1.0]
     assert "timed out" in stuck.metadata["reward_error"]
     assert TIMEOUT * 0.9 < wall < BOUND  # the stuck grade ran to its limit, and no further
-    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    gaps = [b - a for a, b in zip(ticks, ticks[1:], strict=True)]
     assert len(ticks) > wall / 0.01 / 4 and max(gaps) < 0.5  # blocked, the loop would stall 2 s
 
 
@@ -362,7 +362,7 @@ def test_gpqa_patterns_match_as_before_in_linear_time():
     words = ["answer", "is", ":", " ", "  ", "\n", "A", "b", "the", "correct", "final", "option", "choice", "5", "."]
     for _ in range(3000):
         text = "".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
-        for old, new in zip(_OLD_GPQA, gpqa_module._LETTER_PATTERNS):
+        for old, new in zip(_OLD_GPQA, gpqa_module._LETTER_PATTERNS, strict=True):
             a, b = old.search(text), new.search(text)
             assert (a and (a.span(), a.group(1))) == (b and (b.span(), b.group(1))), text
     start = time.monotonic()  # 17 s and 33 s with the backtracking patterns

@@ -409,7 +409,7 @@ def test_eval_max_prompt_len_drops_and_counts_with_the_tokenizer(tiny_model_dir,
     from slime.rollout.sglang_rollout import load_eval_prompts
 
     prompts = load_eval_prompts(args, args.eval_datasets[0], tok)
-    kept = [q for q, n in zip(questions, lengths) if n <= limit]
+    kept = [q for q, n in zip(questions, lengths, strict=True) if n <= limit]
     assert [s.prompt for s in prompts] == kept and prompts.num_dropped == 4 - len(kept) == 2
     args = parse_args(
         BASE

@@ -117,7 +117,7 @@ def test_eval_max_context_len_leaves_the_prompt_room(make, hf_model, tokenizer):
         str(context),
     )
     samples = run_async(eval_rollout_async(args, 0))["a"]["samples"]
-    for p, s, got in zip(PROMPTS_A, samples, _responses(samples)):
+    for p, s, got in zip(PROMPTS_A, samples, _responses(samples), strict=True):
         room = max(0, context - lengths[p])
         want = reference_greedy(hf_model, _ids(tokenizer, p), min(6, room)) if room else []
         assert got == want, p

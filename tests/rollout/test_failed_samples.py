@@ -24,16 +24,16 @@ EPS = 1e-6
 
 def _ref_grpo(rewards, ok, std=True):
     """By hand: mean and unbiased std over the valid rewards; an invalid sample gets 0."""
-    kept = [r for r, v in zip(rewards, ok) if v]
+    kept = [r for r, v in zip(rewards, ok, strict=True) if v]
     mean = statistics.fmean(kept) if kept else 0.0
     sd = statistics.stdev(kept) if len(kept) > 1 else 0.0
-    return [((r - mean) / (sd + EPS) if std else r - mean) if v else 0.0 for r, v in zip(rewards, ok)]
+    return [((r - mean) / (sd + EPS) if std else r - mean) if v else 0.0 for r, v in zip(rewards, ok, strict=True)]
 
 
 def _ref_rloo(rewards, ok):
     out = []
-    for i, (r, v) in enumerate(zip(rewards, ok)):
-        others = [x for j, (x, w) in enumerate(zip(rewards, ok)) if w and j != i]
+    for i, (r, v) in enumerate(zip(rewards, ok, strict=True)):
+        others = [x for j, (x, w) in enumerate(zip(rewards, ok, strict=True)) if w and j != i]
         out.append(r - statistics.fmean(others) if v and others else 0.0)
     return out
 
@@ -126,9 +126,11 @@ def test_a_reward_that_raises_for_one_sample_in_ten(rollout):
     )
     # GRPO per group over the samples that were scored; the FAILED ones: advantage 0, never trained on
     for k, g in enumerate(groups):
-        want = _ref_grpo([_digits(s) if o else 0.0 for s, o in zip(g, ok[4 * k :])], ok[4 * k : 4 * k + 4])
+        want = _ref_grpo(
+            [_digits(s) if o else 0.0 for s, o in zip(g, ok[4 * k : 4 * k + 4], strict=True)], ok[4 * k : 4 * k + 4]
+        )
         assert data["rewards"][4 * k : 4 * k + 4] == pytest.approx(want, rel=1e-5, abs=1e-5)
-    for i, s in enumerate(samples):
+    for i in range(len(samples)):
         assert data["excluded"][i] == int(not ok[i])
         assert (sum(data["loss_masks"][i]) == 0) == (not ok[i])
 

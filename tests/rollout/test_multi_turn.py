@@ -89,7 +89,7 @@ def test_scripted_tool_conversation_has_exact_tokens_mask_and_logprobs(args, tok
     # log-probs: the engine's for model tokens (= an independent HF forward over the whole
     # trajectory, so each turn saw exactly the tokens trained on), 0.0 for tool tokens
     ref = reference_logprobs(hf_model, prompt, resp, 1.0)
-    for pos, (mask, lp, r) in enumerate(zip(out.loss_mask, out.rollout_log_probs, ref)):
+    for pos, (mask, lp, r) in enumerate(zip(out.loss_mask, out.rollout_log_probs, ref, strict=True)):
         assert (abs(lp - r) < 1e-4) if mask else lp == 0.0, pos
     assert len(out.weight_versions) == 3 and out.session_id
 

@@ -34,10 +34,10 @@ def test_teacher_log_probs_from_the_engine_match_a_reference_forward(engine, hf_
         s.reward = _run(reward_func(args, s))
     raw, rewards = post_process_rewards(args, samples)
     assert raw == rewards == [0.0, 0.0] and all(s.reward == 0.0 for s in samples)
-    for s, r in zip(samples, responses):
+    for s, r in zip(samples, responses, strict=True):
         ref = reference_logprobs(hf_model, prompt, r, 0.7)
         assert len(s.teacher_log_probs) == len(r)
-        assert max(abs(a - b) for a, b in zip(s.teacher_log_probs, ref)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(s.teacher_log_probs, ref, strict=True)) < 1e-4
     # slime's hooks may leave tensors: the train data takes either
     samples[1].teacher_log_probs = torch.tensor(samples[1].teacher_log_probs)
     data = samples_to_train_data(args, [samples])

@@ -96,7 +96,7 @@ def _check_token_exact(sample, hf_model) -> None:
     prompt, response = sample.tokens[: sample.prompt_length], sample.tokens[sample.prompt_length :]
     assert len(response) == sample.response_length == len(sample.loss_mask) == len(sample.rollout_log_probs)
     ref = reference_logprobs(hf_model, prompt, response, 1.0)
-    assert max(abs(a - b) for a, b in zip(ref, sample.rollout_log_probs)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(ref, sample.rollout_log_probs, strict=True)) < 1e-4
 
 
 @pytest.mark.e2e

@@ -29,7 +29,7 @@ def _reference(estimator: str, std: bool, normalize: bool) -> list[float]:
     out = []
     for grp in _groups(REWARDS):
         mean = sum(grp) / len(grp)
-        for i, r in enumerate(grp):
+        for r in grp:
             if estimator == "rloo":
                 out.append(r - (sum(grp) - r) / (len(grp) - 1))
             elif estimator in ("grpo", "gspo") and std:
@@ -65,7 +65,7 @@ def test_a_group_with_extra_samples_is_normalised_on_its_own(estimator):
     groups = [0] * 4 + [1] * 5 + [2] * 4
     samples = [
         Sample(reward=r, status=Sample.Status.COMPLETED, response_length=3, index=i, group_index=gi)
-        for i, (r, gi) in enumerate(zip(rewards, groups))
+        for i, (r, gi) in enumerate(zip(rewards, groups, strict=True))
     ]
     samples[2].status = Sample.Status.FAILED
     args = make_args("--advantage-estimator", estimator, "--n-samples-per-prompt", "4", "--rollout-batch-size", "3")

@@ -340,7 +340,7 @@ def test_passrate_with_one_sample_per_prompt_is_empty():
 def test_reward_categories_are_fractions_of_all_samples():
     cats = ["ok", "format", "format", "timeout", "ok", "ok", "format", "ok"]
     groups = _groups([[1.0] * 4, [1.0] * 4])
-    for s, c in zip([s for g in groups for s in g], cats):
+    for s, c in zip([s for g in groups for s in g], cats, strict=True):
         s.reward = {"score": 1.0, "why": c}
     groups[1][3].reward, groups[1][3].status = None, Sample.Status.FAILED  # a failed sample is in no category
     args = make_args(rm_type="math", n_samples_per_prompt=4, reward_key="score", log_reward_category="why")
@@ -355,7 +355,7 @@ def test_reward_categories_are_fractions_of_all_samples():
 def test_multi_turn_statistics():
     groups = _groups([[0.0, 1.0], [1.0, 0.0]], lengths=[[4, 6], [2, 8]])
     masks = [[1, 1, 0, 1], [1, 0, 0, 0, 1, 1], [1, 1], [0, 1, 1, 1, 1, 1, 1, 1]]  # 0: tool output
-    for s, m, r in zip([s for g in groups for s in g], masks, [3, 1, 2, 5]):
+    for s, m, r in zip([s for g in groups for s in g], masks, [3, 1, 2, 5], strict=True):
         s.loss_mask, s.metadata["round_number"] = m, r
     args = make_args(rm_type="math", n_samples_per_prompt=2, log_multi_turn=True, rollout_max_response_len=6)
     m = rollout_metrics(args, groups, samples_to_train_data(args, groups))
@@ -395,14 +395,14 @@ def test_correct_sample_statistics():
         assert m[f"rollout/correct_length/{name}"] == pytest.approx(quarter.count(q) / len(correct))
     per_sample = []
     for s in correct:
-        trained = [-lp for lp, keep in zip(s.rollout_log_probs, s.loss_mask) if keep]
+        trained = [-lp for lp, keep in zip(s.rollout_log_probs, s.loss_mask, strict=True) if keep]
         per_sample.append(sum(trained) / len(trained) if trained else 0.0)
     assert m["rollout/correct_entropy"] == pytest.approx(sum(per_sample) / len(per_sample))
 
 
 def test_eval_passrate_and_reward_categories():
     samples = [s for g in _groups() for s in g]
-    for s, c in zip(samples, "abababababab"):
+    for s, c in zip(samples, "abababababab", strict=True):
         s.reward = {"acc": s.reward, "cat": c}
     results = {"set": {"rewards": [r for rs in REWARDS for r in rs], "samples": samples}}
     args = make_args(rm_type="math", n_samples_per_eval_prompt=4, log_passrate=True, log_reward_category="cat")

@@ -69,9 +69,12 @@ def test_tokenize_messages_multi_turn_matches_hand_made_mask(tok):
     # spot checks: the markers are 0, every <|end|> closing an assistant turn is 1
     resp = tokens[-response_length:]
     end_id, asst_id = tok.convert_tokens_to_ids("<|end|>"), tok.convert_tokens_to_ids("<|assistant|>")
-    assert [m for t, m in zip(resp, mask) if t == asst_id] == [0]
-    assert [m for t, m in zip(resp, mask) if t == end_id] == [1, 0, 0, 1]
-    assert tok.decode([t for t, m in zip(resp, mask) if m]) == "\\boxed{3}<|end|>The answer is \\boxed{22}<|end|>"
+    assert [m for t, m in zip(resp, mask, strict=True) if t == asst_id] == [0]
+    assert [m for t, m in zip(resp, mask, strict=True) if t == end_id] == [1, 0, 0, 1]
+    assert (
+        tok.decode([t for t, m in zip(resp, mask, strict=True) if m])
+        == "\\boxed{3}<|end|>The answer is \\boxed{22}<|end|>"
+    )
 
 
 def test_tokenize_messages_single_turn(tok):
@@ -109,7 +112,7 @@ def test_tokenize_messages_text_template_offsets_fallback(tok, monkeypatch):
     assert tokens == tok.encode(text, add_special_tokens=False)
     resp = tokens[-n:]
     assert tok.decode(resp) == " answer 5\nuser: ok\nassistant: answer 6\n"
-    trained = "".join(tok.decode([t]) for t, m in zip(resp, mask) if m)
+    trained = "".join(tok.decode([t]) for t, m in zip(resp, mask, strict=True) if m)
     assert trained == " answer 5\n answer 6\n"  # the straddling " answer" tokens are trained on
 
 

@@ -45,7 +45,7 @@ def test_each_engine_lends_its_cores_to_one_trainer_rank_on_its_node(tmp_path):
     files = plan_core_lending(args, actors, engines)
     assert files == [lending_file(str(tmp_path), e) for e in range(3)] + [None, None]  # other node; unpinned
     assert [e.lend_file for e in engines] == files  # what each engine's actor is handed
-    assert [[(l.path, l.cores) for l in a.lenders] for a in actors] == [
+    assert [[(lender.path, lender.cores) for lender in a.lenders] for a in actors] == [
         [(files[0], (2,)), (files[2], (4,))],
         [(files[1], (3,))],
         [],

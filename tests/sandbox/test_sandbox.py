@@ -249,7 +249,7 @@ def test_the_host_file_system_is_invisible_and_unwritable(tmp_path):
         "dev",
         "tmp",
         "sandbox",
-        *[p for p in sys.base_prefix.split("/")[1:2]],
+        *list(sys.base_prefix.split("/")[1:2]),
     }, root
     secret.unlink()
     secret.parent.rmdir()

@@ -48,7 +48,7 @@ def _check_engine_serves(client, model, prompts):
         assert out["output_ids"] == reference_greedy(model, p, 8)
         lps = [x[0] for x in out["meta_info"]["output_token_logprobs"]]
         ref = reference_logprobs(model, p, out["output_ids"], 0.0)
-        assert max(abs(a - b) for a, b in zip(lps, ref)) < 1e-4
+        assert max(abs(a - b) for a, b in zip(lps, ref, strict=True)) < 1e-4
 
 
 def test_distributed_update_serves_new_weights(engine, hf_model, tokenizer):

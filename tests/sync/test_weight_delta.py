@@ -29,7 +29,7 @@ def test_encode_apply_roundtrip_against_reference(encoding):
     new[idx] = rng.integers(0, 256, 100, dtype=np.uint8)
     raw = fmt.encode(encoding, new, old)
     if encoding == "xor":  # reference: bytewise XOR, computed here in Python
-        assert raw == bytes(a ^ b for a, b in zip(new.tolist(), old.tolist()))
+        assert raw == bytes(a ^ b for a, b in zip(new.tolist(), old.tolist(), strict=True))
     else:  # reference: u4 count, u4 positions of the changed bytes, their new values
         changed = [i for i in range(4096) if new[i] != old[i]]
         want = (

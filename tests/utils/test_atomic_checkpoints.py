@@ -203,7 +203,7 @@ def test_trainer_checkpoints_load_weights_only_and_foreign_ones_stop(tiny_model_
         assert isinstance(torch.load(f"{staged}/{name}", weights_only=True), dict)
     commit(save, 0)
     back = _actor(tiny_model_dir, tmp_path / "b", "--load", str(save), "--advantage-estimator", "ppo")
-    for (n, w), (_, v) in zip(actor.model.named_parameters(), back.model.named_parameters()):
+    for (n, w), (_, v) in zip(actor.model.named_parameters(), back.model.named_parameters(), strict=True):
         assert torch.equal(w, v), n
 
     # weights of another model, in a checkpoint that is otherwise whole
