@@ -65,7 +65,9 @@ class RayNode:
         raise RuntimeError(f"ray start did not start within {START_TIMEOUT_S} s:\n{self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        # `ray start --block` often outwaits a SIGTERM by far (30 s seen): a test cluster keeps nothing
+        # worth a clean stop, so it gets 5 s before SIGKILL
+        for sig, wait in ((signal.SIGTERM, 5), (signal.SIGKILL, 10)):
             try:
                 os.killpg(self.proc.pid, sig)
             except ProcessLookupError:
@@ -251,59 +253,3 @@ def test_a_run_larger_than_the_cluster_stops_naming_each_nodes_cpus(two_node_clu
     msg = str(e.value)
     assert "3 core(s) needed, but the Ray cluster at RAY_ADDRESS=" in msg and "has 2 CPU (" in msg
     assert msg.count(": 1 CPU") == 2  # one entry per node
-
-
-# ------------------------------------------------------------------------------------ one machine
-def _allowed(pid: int) -> set[int]:
-    """The cores every thread of process `pid` may run on."""
-    return set().union(*(os.sched_getaffinity(int(t.name)) for t in Path(f"/proc/{pid}/task").iterdir()))
-
-
-@pytest.mark.timeout(300)
-def test_a_local_disaggregated_run_pins_trainer_and_engine_to_disjoint_cores(tiny_model_dir, task_dir, tmp_path):
-    """A local cluster, 1 trainer rank + 1 engine: each process (every thread of it) runs on its own
-    share of the cores, as the start-up summary says."""
-    import ray
-    from ray.util.placement_group import remove_placement_group
-
-    from slime.ray.placement_group import create_placement, init_ray
-    from slime.ray.rollout import RolloutManager
-    from slime.ray.train_group import RayTrainGroup
-    from tests.helpers import make_args
-
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        pytest.skip("needs 2 cores")
-    assert not ray.is_initialized() and "RAY_ADDRESS" not in os.environ
-    args = make_args(
-        "--hf-checkpoint",
-        str(tiny_model_dir),
-        "--prompt-data",
-        str(task_dir / "train.jsonl"),
-        "--input-key",
-        "prompt",
-        "--label-key",
-        "label",
-        "--run-dir",
-        str(tmp_path),
-    )
-    init_ray(args)
-    try:
-        placement = create_placement(args)
-        group = RayTrainGroup(args, placement)
-        manager = RolloutManager.options(num_cpus=0).remote(args, placement)
-        ray.get(manager.init.remote())
-        trainer, engine = placement.actors[0], placement.engines[0]
-        half = len(cores) // 2
-        assert (trainer.cores, engine.cores) == (tuple(cores[:half]), tuple(cores[half:]))
-        assert (trainer.threads, engine.threads) == (half, len(cores) - half)
-        assert set(group.places[0]["cores"]) == set(trainer.cores)  # as the trainer process reports it
-        assert _allowed(group.places[0]["pid"]) == set(trainer.cores)
-        (engine_pid,) = ray.get(manager.engine_pids.remote())
-        assert _allowed(engine_pid) == set(engine.cores)  # the server process, all its threads
-        ray.get(manager.dispose.remote(), timeout=60)
-        for actor in [*group.actors, manager]:
-            ray.kill(actor)
-        remove_placement_group(placement.pg)
-    finally:
-        ray.shutdown()

@@ -1,6 +1,7 @@
 """Placement on CPU (a slime "GPU" slot is a share of a node's cores), slime's offload options and
 their rules, and --offload-train's bit-exact round trip of a real TrainActor's optimizer state.
-(The placement on a real Ray cluster, with processes pinned: tests/e2e/test_multi_node.py.)"""
+(The placement on a real Ray cluster, with processes pinned: tests/e2e/test_pinning.py, and on two
+nodes tests/e2e/test_multi_node.py.)"""
 
 from __future__ import annotations
 

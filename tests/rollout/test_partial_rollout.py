@@ -10,6 +10,9 @@ import pytest
 
 from tests.engine.engine_test_utils import reference_logprobs, start_engine
 
+# every test talks to a real engine server (slow_engine)
+pytestmark = pytest.mark.e2e
+
 MAX = 24  # --rollout-max-response-len
 
 
@@ -99,7 +102,6 @@ def _check_token_exact(sample, hf_model) -> None:
     assert max(abs(a - b) for a, b in zip(ref, sample.rollout_log_probs, strict=True)) < 1e-4
 
 
-@pytest.mark.e2e
 def test_partial_rollout_aborts_the_tail_and_resumes_it(make, slow_engine, hf_model):
     from slime.rollout.sglang_rollout import generate_rollout
     from slime.utils.types import Sample
