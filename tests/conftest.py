@@ -92,7 +92,7 @@ def ray_cluster(request):
     """A local Ray cluster for the module's runs of `slime.train` in this process: started once by
     slime's own `init_ray` (the runtime environment, loopback binding and token auth of a run;
     logical CPUs for the largest run this machine takes, one trainer rank and one engine apart)
-    and shared by every module after it, until the last module that asks for it ends. A run that
+    and shared by the module's runs; stopped when the module ends. A run that
     finds Ray initialized uses it and releases only what it created (its actors, engines, router
     and placement group); `slime.train.shutdown` leaves the cluster up, as it was not the run's."""
     import ray
@@ -104,8 +104,10 @@ def ray_cluster(request):
         with contextlib.chdir(request.config.rootpath):  # the workers import hooks from the repo root
             init_ray(make_args())
     yield
-    if request.path == request.config.stash.get(_LAST_RAY_MODULE, None):
-        ray.shutdown()
+    # Each module ends with the cluster stopped: a module whose run failed mid-way cannot leave
+    # actors or placement groups behind for the next one (a full fresh-clone run showed such a
+    # cascade); the runs inside a module still share one start.
+    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +119,6 @@ def without_shared_ray():
 
     if ray.is_initialized():
         ray.shutdown()
-
-
-_LAST_RAY_MODULE = pytest.StashKey()
 
 
 # ---------------------------------------------------------------------------------------- tiers
@@ -144,11 +143,6 @@ def pytest_collection_modifyitems(config, items):
     if soaks:
         config.hook.pytest_deselected(items=soaks)
         items[:] = keep
-
-
-def pytest_collection_finish(session):
-    users = [item for item in session.items if "ray_cluster" in item.fixturenames]
-    session.config.stash[_LAST_RAY_MODULE] = users[-1].path if users else None
 
 
 def pytest_unconfigure(config):
