@@ -100,22 +100,29 @@ def _configure_auth(joining: bool) -> bool:
     RAY_ADDRESS, Ray would not enable it on its own, so without this a driver could not join a
     cluster started with token auth.
     """
+    from ray._raylet import AuthenticationTokenLoader, Config
+
     mode = os.environ.get("RAY_AUTH_MODE")
-    if mode is not None and mode.strip().lower() != "token":
+    enabled = mode is None or mode.strip().lower() == "token"
+    if enabled:
+        os.environ["RAY_AUTH_MODE"] = "token"  # inherited by the raylet, hence by every worker
+    else:
         logger.warning(
             "RAY_AUTH_MODE=%s: Ray's token authentication is OFF. Anyone who can reach this Ray "
             "cluster's ports can run code as this user. Unset RAY_AUTH_MODE to keep it on (%s).",
             mode,
             AUTH_DOC,
         )
-        return False
-    os.environ["RAY_AUTH_MODE"] = "token"  # inherited by the raylet, hence by every worker
-    from ray._raylet import AuthenticationTokenLoader, Config
-
-    Config.initialize("")  # Ray caches its config: make this process see the mode now
-    # ...and its token: a process that ran a local cluster before (an earlier stage, a test) would
-    # otherwise present that cluster's token to the one RAY_ADDRESS / RAY_AUTH_TOKEN_PATH name now
+    # Ray caches its config and token per process: make this process see the mode of the cluster it
+    # starts or joins now, in both directions. A process that ran a cluster before (an earlier stage,
+    # a test) would otherwise keep that cluster's mode, and a driver that still expects a token from
+    # a cluster started without one has every actor it creates destroyed at once (the cluster's
+    # "is this actor still referenced?" call is refused), and would present a stale token to the
+    # cluster RAY_ADDRESS / RAY_AUTH_TOKEN_PATH name now.
+    Config.initialize("")
     AuthenticationTokenLoader.instance().reset_cache()
+    if not enabled:
+        return False
     if joining and not AuthenticationTokenLoader.instance().has_token(ignore_auth_mode=True):
         raise RuntimeError(
             "RAY_ADDRESS is set and Ray token authentication is on, but no token was found. Copy the "

@@ -190,3 +190,37 @@ except RuntimeError as e:
     proc = _run(code, drop=drop, HOME=str(tmp_path), RAY_ADDRESS="127.0.0.1:1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no token was found" in proc.stdout and "ray get-auth-token" in proc.stdout
+
+
+def test_a_later_cluster_in_the_same_process_gets_its_own_mode():
+    """A process that ran a token cluster and then starts one with RAY_AUTH_MODE=disabled (a caller
+    running several jobs, the test session): Ray's cached mode follows, else the driver refuses the
+    new cluster's calls and every actor it creates is destroyed before it starts."""
+    code = r"""
+import os
+from argparse import Namespace
+import ray
+from slime.ray.placement_group import init_ray
+
+@ray.remote(num_cpus=0)
+class A:
+    def mode(self):
+        return os.environ.get("RAY_AUTH_MODE")
+
+args = Namespace(colocate=True, actor_world_size=1, rollout_num_gpus=1, debug_rollout_only=False,
+                 debug_train_only=False, mkl_vendor_shim=False)
+for mode in ("token", "disabled"):
+    os.environ["RAY_AUTH_MODE"] = mode
+    init_ray(args)
+    try:
+        print("RESULT", mode, ray.get(A.remote().mode.remote(), timeout=60), flush=True)
+    except Exception as e:
+        print("RESULT", mode, "failed:", type(e).__name__, flush=True)
+    ray.shutdown()
+"""
+    proc = _run(code)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")] == [
+        "RESULT token token",
+        "RESULT disabled disabled",
+    ], proc.stdout
