@@ -35,7 +35,6 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -32,7 +32,6 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 REPO = Path(__file__).resolve().parents[1]
 
 # cProfile attribution: function (file suffix, name) -> part; the first match up the stack wins

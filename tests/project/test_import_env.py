@@ -54,3 +54,20 @@ def test_the_cli_and_engine_children_get_the_hub_settings(monkeypatch):
     assert child_env()["HF_HUB_OFFLINE"] == "0"
     set_hub_env()
     assert os.environ["HF_HUB_OFFLINE"] == "0" and os.environ["HF_HUB_DISABLE_TELEMETRY"] == "1"
+
+
+def test_no_benchmark_or_example_turns_ray_token_auth_off():
+    """Benchmarks and examples run the way a user's run does: with Ray's token authentication on.
+    (A benchmark module that set RAY_AUTH_MODE=disabled on import also switched it off for the test
+    session that imported it.)"""
+    import re
+
+    pattern = re.compile(r"RAY_AUTH_MODE\W+disabled")
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for folder in ("bench", "examples")
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert found == []
