@@ -105,8 +105,7 @@ def ray_cluster(request):
             init_ray(make_args())
     yield
     # Each module ends with the cluster stopped: a module whose run failed mid-way cannot leave
-    # actors or placement groups behind for the next one (a full fresh-clone run showed such a
-    # cascade); the runs inside a module still share one start.
+    # actors or placement groups behind for the next one; the runs inside a module share one start.
     ray.shutdown()
 
 

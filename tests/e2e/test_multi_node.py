@@ -192,16 +192,8 @@ def cluster_run(two_node_cluster, tiny_model_dir, task_dir, tmp_path_factory):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        _forget_token()
         ray_constants.ENABLE_RAY_CLUSTER = saved_flag
     return args, run_dir, last, nodes, actors
-
-
-def _forget_token() -> None:
-    """Ray caches the token this process read: a later local cluster must read its own."""
-    from ray._raylet import AuthenticationTokenLoader
-
-    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _node_of(actors: list[dict], class_name: str) -> list[str]:
@@ -249,7 +241,6 @@ def test_a_run_larger_than_the_cluster_stops_naming_each_nodes_cpus(two_node_clu
             init_ray(args)
     finally:
         ray.shutdown()
-        _forget_token()
     msg = str(e.value)
     assert "3 core(s) needed, but the Ray cluster at RAY_ADDRESS=" in msg and "has 2 CPU (" in msg
     assert msg.count(": 1 CPU") == 2  # one entry per node
