@@ -17,8 +17,6 @@ from __future__ import annotations
 from argparse import Namespace
 from pathlib import Path
 
-from torch.distributed.checkpoint import FileSystemReader
-
 from slime.data.data_source import RolloutDataSource
 from slime.errors import SlimeError
 from slime.utils.checkpoint_layout import (
@@ -89,6 +87,10 @@ def _resume_needs(args: Namespace) -> tuple[str, ...]:
 
 
 def _check_same_model(args: Namespace, megatron_dir: Path, config: dict) -> None:
+    # Imported here: torch.distributed.checkpoint costs ~1 s at every run's start, and only a
+    # Megatron-format --load reaches this check.
+    from torch.distributed.checkpoint import FileSystemReader
+
     config = config.get("text_config") or config
     try:
         shapes = {

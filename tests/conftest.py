@@ -2,8 +2,8 @@
 
 Fixtures: one tiny model and one task data set per test session (built offline); the built-in
 engine server the engine, rollout, sync and ray tests talk to, and the tiny model loaded directly
-with transformers for reference values; one local Ray cluster shared by the runs that call
-`slime.train` in this process (`ray_cluster`).
+with transformers for reference values; one local Ray cluster per session for the runs that
+call `slime.train` in this process (`ray_cluster`).
 
 Tiers (markers declared in pyproject.toml):
 - `e2e`: the test starts Ray, an engine server process or a real training run. Everything under
@@ -89,12 +89,14 @@ def client(engine):
 # ------------------------------------------------------------------------------------------ Ray
 @pytest.fixture(scope="module")
 def ray_cluster(request):
-    """A local Ray cluster for the module's runs of `slime.train` in this process: started once by
+    """The session's local Ray cluster for the runs of `slime.train` in this process: started by
     slime's own `init_ray` (the runtime environment, loopback binding and token auth of a run;
     logical CPUs for the largest run this machine takes, one trainer rank and one engine apart)
-    and shared by the module's runs; stopped when the module ends. A run that
-    finds Ray initialized uses it and releases only what it created (its actors, engines, router
-    and placement group); `slime.train.shutdown` leaves the cluster up, as it was not the run's."""
+    when a module first needs it, and kept for the next (starting one costs ~6 s). A run that finds
+    Ray initialized uses it and releases only what it created (its actors, engines, router and
+    placement group); `slime.train.shutdown` leaves the cluster up, as it was not the run's. A
+    module whose runs left a placement group or a busy CPU behind (a run that failed mid-way) stops
+    the cluster, so the next module starts on a clean one; the session's end stops it."""
     import ray
 
     if not ray.is_initialized():
@@ -104,9 +106,25 @@ def ray_cluster(request):
         with contextlib.chdir(request.config.rootpath):  # the workers import hooks from the repo root
             init_ray(make_args())
     yield
-    # Each module ends with the cluster stopped: a module whose run failed mid-way cannot leave
-    # actors or placement groups behind for the next one; the runs inside a module share one start.
-    ray.shutdown()
+    if ray.is_initialized() and _left_behind():
+        ray.shutdown()
+
+
+def _left_behind() -> bool:
+    """Whether the shared cluster still holds a placement group or a CPU, a few seconds after the
+    module's last run (Ray frees what a run released asynchronously)."""
+    import time
+
+    import ray
+    from ray.util import placement_group_table
+
+    deadline = time.monotonic() + 10
+    while True:
+        groups = [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
+        busy = ray.available_resources().get("CPU", 0) != ray.cluster_resources().get("CPU", 0)
+        if not (groups or busy) or time.monotonic() > deadline:
+            return bool(groups or busy)
+        time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")

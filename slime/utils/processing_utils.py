@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformers import AutoProcessor, AutoTokenizer, ProcessorMixin
+from transformers import AutoTokenizer
 
 
 def load_tokenizer(name_or_path: str, **kwargs: Any):
@@ -16,6 +16,10 @@ def load_tokenizer(name_or_path: str, **kwargs: Any):
 def load_processor(name_or_path: str, **kwargs: Any):
     """The model's multimodal processor; None for a text-only model (where transformers has no
     processor, or would hand back the tokenizer alone), as in slime."""
+    # Imported here: transformers' processor machinery (image processing, distributed tensors) adds
+    # ~2 s to the start of every process that imports the rollout side; text models never need it.
+    from transformers import AutoProcessor, ProcessorMixin
+
     try:
         processor = AutoProcessor.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError):

@@ -1,5 +1,5 @@
 """slime-rl's GRPO advantages and policy losses against TRL's own code on one identical batch
-(bench/vs_trl.py --check; issue 16 item 3).
+(what bench/vs_trl.py --check runs).
 
 TRL runs in its own virtual environment (.venv-trl, created by `bench/vs_trl.py --install-only`);
 the comparison is skipped, with the command to create it, only when that environment is absent.

@@ -1,4 +1,4 @@
-"""One forward where one suffices (issue 16): with one optimizer step per rollout and no option that
+"""One forward where one suffices: with one optimizer step per rollout and no option that
 reads the old log-probs before the training forward, the old log-probs are that forward's own,
 detached (ratio exactly 1), and the separate no-grad pass is skipped. Forcing the separate pass
 (`TrainActor.reuse_training_forward = False`) gives the same losses, metrics and updated weights;
@@ -162,7 +162,7 @@ def test_dropout_keeps_the_separate_pass(tiny_model_dir, tmp_path):
     assert not can_reuse_training_forward(actor.args, actor.model, actor.old_actor, 1, False)
 
 
-# ---- the lean step's pieces (issue 16, item 2), each against the plain way computed here ----------
+# ---- the lean step's pieces, each against the plain way computed here ------------------------------
 
 
 def _columns(n: int = 6, seed: int = 0) -> dict:

@@ -5,14 +5,13 @@ block written for another model stops before launch naming both values."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from slime.arguments import parse_args, startup_notes
 from slime.errors import SlimeError
 from slime.preflight import preflight
+from slime.train import main
 from tests.compat.slime_scripts import CKPT, SCRIPTS, TINY_MODEL, with_paths
 
 
@@ -45,7 +44,7 @@ def test_a_model_block_for_another_model_stops_naming_both_values(tiny_model_dir
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_the_bundled_task_trains_from_a_slime_style_launch(tiny_model_dir, task_dir, tmp_path):
+def test_the_bundled_task_trains_from_a_slime_style_launch(ray_cluster, tiny_model_dir, task_dir, tmp_path, capsys):
     """The same groups, the tiny model's own block, local paths and CPU-sized numbers: it runs and
     its metrics rows are finite; --load of an empty directory starts fresh from --ref-load."""
     ckpt = tmp_path / "ckpt"
@@ -149,10 +148,10 @@ def test_the_bundled_task_trains_from_a_slime_style_launch(tiny_model_dir, task_
             str(tmp_path / "run"),
         ]
     )
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "holds no checkpoint yet: starting at rollout 0 from --ref-load" in proc.stdout
-    assert "Megatron-LM options accepted but not used" in proc.stdout
+    assert main(argv) == 0  # `slime train`'s own entry point, in the session's shared Ray cluster
+    out = capsys.readouterr().out
+    assert "holds no checkpoint yet: starting at rollout 0 from --ref-load" in out
+    assert "Megatron-LM options accepted but not used" in out
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     train_rows = [r for r in rows if "train/pg_loss" in r]
     assert len(train_rows) == 2
@@ -162,7 +161,7 @@ def test_the_bundled_task_trains_from_a_slime_style_launch(tiny_model_dir, task_
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_hooks_written_for_slime_run_unchanged(tiny_model_dir, task_dir, tmp_path):
+def test_hooks_written_for_slime_run_unchanged(ray_cluster, tiny_model_dir, task_dir, tmp_path):
     """A custom generate (GenerateState + post + the router URL from args), a dynamic filter built on
     call_dynamic_filter and a convert hook fn(args, samples), imported by slime's paths, in a short run."""
     run_dir = tmp_path / "run"
@@ -202,8 +201,7 @@ def test_hooks_written_for_slime_run_unchanged(tiny_model_dir, task_dir, tmp_pat
         "--custom-convert-samples-to-train-data-path",
         "tests.compat.slime_hooks.convert_samples_to_train_data",
     ]
-    proc = subprocess.run([sys.executable, "-m", "slime", "train", *argv], capture_output=True, text=True, timeout=280)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert main(argv) == 0
     calls = [json.loads(line) for line in (run_dir / "hook_calls.jsonl").read_text().splitlines()]
     kinds = {c["hook"] for c in calls}
     assert kinds == {"generate", "filter", "convert"}, kinds

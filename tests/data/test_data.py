@@ -280,7 +280,7 @@ def test_data_source_chat_template_and_errors(prompts, tiny_dir, tmp_path):
 
 
 def test_group_copies_are_independent_like_deepcopy():
-    """The n copies of a prompt (issue 16: a field-by-field copy instead of copy.deepcopy) equal a
+    """The n copies of a prompt (a field-by-field copy instead of copy.deepcopy) equal a
     deepcopy and share nothing mutable with the prompt or with each other."""
     import copy
 

@@ -1,4 +1,4 @@
-"""Debug paths and CI checks in real runs (issue 14 items 5-6): one normal run under --ci-test that
+"""Debug paths and CI checks in real runs: one normal run under --ci-test that
 dumps its details and grad norms, its replay with --load-debug-rollout-data (train only, no engine),
 which gives the same train metrics until a tampered grad norm stops it with a report, and a
 rollout-only run without a trainer."""

@@ -1,4 +1,4 @@
-"""Debug dumps and replay, CI checks and mismatch metrics (issue 14 items 5-6), without processes:
+"""Debug dumps and replay, CI checks and mismatch metrics, without processes:
 options and their checks, the saved format, the batch-shape check, the formulas against plain loops."""
 
 from __future__ import annotations

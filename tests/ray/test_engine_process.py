@@ -99,7 +99,7 @@ def test_server_arg_parser_knows_passthrough_names():
 
 
 def test_server_alone_uses_every_core_a_run_passes_its_budget(monkeypatch):
-    """issue 16: `slime serve` started on its own uses all the cores it may run on; a run's engines
+    """`slime serve` started on its own uses all the cores it may run on; a run's engines
     get --num-threads from the run's thread budget (EngineProcess always passes it)."""
     import inspect
 

@@ -343,7 +343,9 @@ def test_each_data_set_is_checked_at_start_up_with_its_own_keys(tmp_path, eval_f
             check_eval_data(args)
 
 
-def test_a_missing_eval_file_stops_the_run_before_anything_starts(tiny_model_dir, task_dir, tmp_path, capsys):
+def test_a_missing_eval_file_stops_the_run_before_anything_starts(
+    without_shared_ray, tiny_model_dir, task_dir, tmp_path, capsys
+):
     import ray
 
     from slime.train import main

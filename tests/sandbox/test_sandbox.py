@@ -1,5 +1,5 @@
-"""The code sandbox and the `code` reward against an adversarial policy (issue: "A sandbox and
-rewards that hold against the policy").
+"""The code sandbox and the `code` reward against an adversarial policy: a sandbox and rewards
+that hold against the policy.
 
 Everything here goes through the public API a rollout uses (`async_rm` with `--rm-type code`, or
 `run_python` for tool calls), as a policy's program would, and checks the host side: the reward,

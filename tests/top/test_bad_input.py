@@ -9,6 +9,9 @@ import ray
 
 from slime.train import main
 
+# each test checks that no Ray cluster was started: none may be up from an earlier module
+pytestmark = pytest.mark.usefixtures("without_shared_ray")
+
 
 def _children() -> set[int]:
     me = str(os.getpid())

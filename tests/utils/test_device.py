@@ -1,4 +1,4 @@
-"""Device selection and the device-agnostic trainer and engine on the CPU (issue 19).
+"""Device selection and the device-agnostic trainer and engine on the CPU.
 
 The CPU path must be exactly what it was before the device was chosen: a train step through
 `TrainActor(device="cpu")` is compared bit for bit with the same step written out by hand with

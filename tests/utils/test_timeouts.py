@@ -1,4 +1,4 @@
-"""Timeouts everywhere (issue 'Runs that survive and explain themselves'): bad settings stop at
+"""Timeouts everywhere, so runs survive and explain themselves: bad settings stop at
 parsing; a server that never answers costs a bounded time; retries back off; the trainer's weight
 snapshot (what a restarted engine loads) is written atomically with its version."""
 
