@@ -40,6 +40,14 @@ def _check_file(path: str | Path) -> Path:
     return p
 
 
+# Bounds on one JSONL row, checked before anything else touches it: a line of gigabytes would be
+# read whole, JSON nested 100k deep raises RecursionError inside the parser (and a few hundred
+# levels inside copy.deepcopy later). Real prompt rows (chat messages, tools, metadata, inline
+# images) stay far inside both.
+MAX_LINE_BYTES = 64 * 1024**2
+MAX_JSON_DEPTH = 64
+
+
 def _iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
     """Yield (`"line N"`, row) for each non-empty line of a JSONL file."""
     p = _check_file(path)
@@ -48,20 +56,67 @@ def _iter_jsonl(path: str | Path) -> Iterator[tuple[str, dict]]:
     except OSError as e:
         raise SlimeError(f"cannot read data file {str(p)!r}: {e.strerror or e}") from e
     with f:
-        for lineno, raw in enumerate(f, start=1):
+        lineno = 0
+        while raw := f.readline(MAX_LINE_BYTES + 1):
+            lineno += 1
+            where = f"{p}: line {lineno}"
+            if len(raw) > MAX_LINE_BYTES:
+                raise SlimeError(f"{where}: longer than {MAX_LINE_BYTES // 1024**2} MiB; split the row or the file")
             try:
                 line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # tolerate a BOM
             except UnicodeDecodeError as e:
-                raise SlimeError(f"{p}: line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
+                raise SlimeError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start})") from e
             if not line.strip():
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SlimeError(f"{p}: line {lineno}: malformed JSON ({e.msg} at column {e.colno})") from e
+            row = _loads_row(line, where)
             if not isinstance(row, dict):
-                raise SlimeError(f"{p}: line {lineno}: expected a JSON object, got {type(row).__name__}")
+                raise SlimeError(f"{where}: expected a JSON object, got {type(row).__name__}")
             yield f"line {lineno}", row
+
+
+def _loads_row(text: str, where: str) -> Any:
+    """`json.loads(text)` for a line a user (or their data pipeline) wrote: malformed JSON, nesting
+    deeper than MAX_JSON_DEPTH and strings that are not valid Unicode (a lone surrogate such as
+    "\\ud800", which JSON allows and every tokenizer refuses) raise SlimeError naming `where` and
+    the key that holds the bad value."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise SlimeError(f"{where}: malformed JSON ({e.msg} at column {e.colno})") from e
+    except RecursionError:
+        raise SlimeError(f"{where}: JSON nested deeper than {MAX_JSON_DEPTH} levels") from None
+    _check_value(value, where)
+    return value
+
+
+def _check_value(value: Any, where: str, key: str | None = None) -> None:
+    """Walk `value` (without recursion) and refuse nesting deeper than MAX_JSON_DEPTH and strings
+    (keys included) that UTF-8 cannot encode; the message names the key path of the bad value."""
+    stack: list[tuple[Any, str, int]] = [(value, repr(key) if key else "", 0)]
+    while stack:
+        v, at, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth >= MAX_JSON_DEPTH:
+                raise SlimeError(f"{where}: {at or 'the row'} is nested deeper than {MAX_JSON_DEPTH} levels")
+            items = v.items() if isinstance(v, dict) else enumerate(v)
+            for k, item in items:
+                if isinstance(k, str):
+                    _check_text(k, where, f"{at}[{k!r}]" if at else f"the key {k!r}")
+                stack.append((item, f"{at}[{k!r}]" if at else repr(k), depth + 1))
+        elif isinstance(v, str):
+            _check_text(v, where, at or "the row")
+
+
+def _check_text(s: str, where: str, at: str) -> None:
+    if s.isascii():
+        return
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise SlimeError(
+            f"{where}: {at} is not valid Unicode ({e.reason}: {s[e.start]!r} at character {e.start}); "
+            "fix the data: a tokenizer cannot encode it"
+        ) from None
 
 
 def _iter_parquet(path: str | Path) -> Iterator[tuple[str, dict]]:
@@ -73,6 +128,7 @@ def _iter_parquet(path: str | Path) -> Iterator[tuple[str, dict]]:
     except Exception as e:  # ArrowInvalid, OSError, ...
         raise SlimeError(f"cannot read Parquet file {str(p)!r}: {type(e).__name__}: {e}") from e
     for i, row in enumerate(rows):
+        _check_value(row, f"{p}: row {i}")
         yield f"row {i}", row
 
 
@@ -114,6 +170,11 @@ def _tools_of(row: dict, tool_key: str | None, where: str) -> list | None:
             tools = json.loads(tools)
         except json.JSONDecodeError as e:
             raise SlimeError(f"{where}: {tool_key!r} (--tool-key) is a string but not JSON: {e.msg}") from e
+        except RecursionError:
+            raise SlimeError(
+                f"{where}: {tool_key!r} (--tool-key) is nested deeper than {MAX_JSON_DEPTH} levels"
+            ) from None
+        _check_value(tools, where, tool_key)
     if isinstance(tools, dict):
         tools = [tools]
     if not isinstance(tools, list):
@@ -208,8 +269,9 @@ def _metadata_of(row: dict, metadata_key: str | None, where: str) -> dict:
     if isinstance(raw, str):
         try:
             raw = json.loads(raw)
-        except json.JSONDecodeError:
-            pass
+        except (json.JSONDecodeError, RecursionError):
+            pass  # not an object in a string: refused below
+        _check_value(raw, where, metadata_key)
     if not isinstance(raw, dict):
         raise SlimeError(f"{where}: {metadata_key!r} (--metadata-key) must be an object, got {type(raw).__name__}")
     return copy.deepcopy(raw)

@@ -16,7 +16,9 @@ import contextlib
 import glob
 import json
 import logging
+import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -130,6 +132,10 @@ class ModelRunner:
         self.vocab_size = int(self.model.get_input_embeddings().weight.shape[0])
         max_pos = getattr(self.config, "max_position_embeddings", None) or 32768
         self.context_length = int(min(context_length, max_pos) if context_length else max_pos)
+        # a bound on any token's text (byte-level vocabularies spell one byte per character), so a
+        # prompt text over context_length * max_token_chars characters cannot fit: refused untokenized
+        self.max_token_chars = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+        self.max_prompt_chars = self.context_length * self.max_token_chars
         self.eos_token_ids = self._eos_ids()
         pad = self.tokenizer.pad_token_id
         if pad is None:
@@ -325,7 +331,11 @@ class ModelRunner:
         return len(named)
 
     @staticmethod
-    def read_safetensors_dir(path: str) -> dict[str, torch.Tensor]:
+    def read_safetensors_dir(path: str, file_ok: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+        """The tensors of a safetensors file or directory (through its index, if it has one). An
+        index names files inside the directory (no absolute path, no `..`); with `file_ok`, every
+        file, symlinks resolved, must pass it, or nothing is read (the message never says whether
+        a file elsewhere exists)."""
         p = Path(path)
         if p.is_file():
             files = [str(p)]
@@ -335,9 +345,16 @@ class ModelRunner:
             index = p / "model.safetensors.index.json"
             if index.exists():
                 weight_map = json.loads(index.read_text())["weight_map"]
-                files = sorted({str(p / f) for f in weight_map.values()})
+                names = sorted(set(weight_map.values()))
+                for name in names:
+                    if not isinstance(name, str) or os.path.isabs(name) or ".." in Path(name).parts:
+                        raise WeightUpdateError(f"{index.name} names {name!r}, not a file inside the directory")
+                files = [str(p / name) for name in names]
             else:
                 files = sorted(glob.glob(str(p / "*.safetensors")))
+        for f in files:
+            if file_ok is not None and not file_ok(f):
+                raise WeightUpdateError(f"{os.path.basename(f)!r} leads outside the directories weights load from")
         if not files:
             raise WeightUpdateError(f"no *.safetensors files in {path!r}")
         named: dict[str, torch.Tensor] = {}

@@ -10,6 +10,7 @@ scheduler, SGLang's answer shape out.
 
 from __future__ import annotations
 
+import functools
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -83,6 +84,7 @@ class Req:
     input_logprobs: list[float | None] | None = None
     finish_reason: dict | None = None
     stop_str_pos: int | None = None  # where a matched stop string starts in the decoded text
+    stop_checked: int = 0  # output tokens already searched for stop strings
     generator: torch.Generator | None = None
     stop_ids: frozenset = frozenset()
     created: float = field(default_factory=time.perf_counter)
@@ -185,6 +187,15 @@ def _prompts(body: dict, runner) -> tuple[list[list[int]], bool]:
     texts = text if is_batch else [text]
     if not texts or not all(isinstance(t, str) for t in texts):
         raise BadRequest("text must be a string or a non-empty list of strings")
+    for b, t in enumerate(texts):
+        # refused before tokenizing (which takes seconds for megabytes): a text longer than this
+        # cannot encode to fewer tokens than the context length
+        if len(t) > runner.max_prompt_chars:
+            raise BadRequest(
+                f"text{f'[{b}]' if is_batch else ''} has {len(t)} characters, more than the context length "
+                f"can hold ({runner.context_length} tokens of at most {runner.max_token_chars} characters "
+                f"each: {runner.max_prompt_chars}); send a shorter text"
+            )
     prompts = [runner.tokenizer.encode(t) for t in texts]
     for b, ids in enumerate(prompts):
         if not ids:
@@ -286,16 +297,37 @@ def input_logprobs(logits: torch.Tensor, r: Req) -> list[float | None]:
 
 
 def check_stop_strings(r: Req, tokenizer) -> None:
-    """Finish `r` at the earliest stop string its decoded output contains."""
-    text = tokenizer.decode(r.output_ids, skip_special_tokens=r.params.skip_special_tokens)
+    """Finish `r` at the earliest stop string its decoded output contains.
+
+    A step decodes only the tokens a new stop string can lie in: those since the last check and,
+    before them, enough tokens to hold the longest stop string (every token carries at least one
+    byte of text, and 3 more cover a character split at the window's start; skipped special tokens
+    carry none and are looked past). A step costs as much as the stop strings are long, not as
+    long as the output; the whole output is decoded once, on a match, to place it."""
+    ids, p = r.output_ids, r.params
+    specials = _special_ids(tokenizer) if p.skip_special_tokens else frozenset()
+    start, need = r.stop_checked, p.stop_max_bytes + 3
+    while start > 0 and need > 0:
+        start -= 1
+        need -= ids[start] not in specials
+    r.stop_checked = len(ids)
+    tail = tokenizer.decode(ids[start:], skip_special_tokens=p.skip_special_tokens)
+    if not any(s in tail for s in p.stop):
+        return
+    text = tokenizer.decode(ids, skip_special_tokens=p.skip_special_tokens)
     best = None
-    for s in r.params.stop:
+    for s in p.stop:
         pos = text.find(s)
         if pos >= 0 and (best is None or pos < best[0]):
             best = (pos, s)
     if best is not None:
         r.stop_str_pos = best[0]
         r.finish_reason = {"type": "stop", "matched": best[1]}
+
+
+@functools.lru_cache(maxsize=8)
+def _special_ids(tokenizer) -> frozenset[int]:
+    return frozenset(tokenizer.all_special_ids)
 
 
 # ------------------------------------------------------------------------------------ the answer

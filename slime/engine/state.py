@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections import defaultdict
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slime import __version__
@@ -97,6 +98,10 @@ class EngineState:
         # torch.distributed groups for update_weights_from_distributed, by group_name
         self.weight_groups: dict[str, Any] = {}
         self.weight_group_locks: dict[str, asyncio.Lock] = {}
+        # large request bodies are parsed (JSON, and tokenizing any text) here, one at a time, not on
+        # the event loop: a megabyte of text takes a tokenizer seconds, which the loop spends serving
+        # every other client (the tokenizer releases the GIL)
+        self.parse_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parse")
 
     # ---------------------------------------------------------------- requests
     def parse_generate(self, body: Any) -> tuple[list[Req], bool]:

@@ -29,6 +29,7 @@ import shutil
 import struct
 import threading
 import zlib
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,6 +40,8 @@ SYNC_DIR = ".slime_sync"  # in the local checkpoint: state.json {"version": N}
 COMPRESSION = "zstd"
 ZSTD_LEVEL = 1
 WORKERS = max(1, min(4, os.cpu_count() or 1))
+# whether a file (symlinks resolved) may be read: the server's allowed directories
+FileCheck = Callable[[str], bool]
 
 
 class DeltaError(RuntimeError):
@@ -183,26 +186,41 @@ def _set_applied(local_dir: str | os.PathLike, version: int | None) -> None:
     os.replace(tmp, d / "state.json")
 
 
-def reset(src_dir: str | os.PathLike, local_dir: str | os.PathLike, version: int) -> None:
+def _check_files(files: list[Path], file_ok: FileCheck | None) -> None:
+    """Each file (symlinks resolved) passes `file_ok`, or nothing is read: a published version is a
+    client's directory, and a symlink in it must not carry another file of this host in."""
+    for f in files:
+        if file_ok is not None and not file_ok(str(f)):
+            raise DeltaError(f"{f.name!r} in {f.parent.name} leads outside the directories weights load from")
+
+
+def reset(
+    src_dir: str | os.PathLike, local_dir: str | os.PathLike, version: int, file_ok: FileCheck | None = None
+) -> None:
     """Make `local_dir` hold exactly the checkpoint files of `src_dir` (a full version, or the
-    engine's model directory for version 0)."""
+    engine's model directory for version 0); with `file_ok`, every file copied must pass it."""
     src, local = Path(src_dir), Path(local_dir)
+    entries = [
+        e
+        for e in src.iterdir()
+        if e.is_file() and (e.suffix in (".safetensors", ".json") or e.name.startswith("tokenizer"))
+    ]
+    _check_files(entries, file_ok)
     local.mkdir(parents=True, exist_ok=True)
     _set_applied(local, None)  # not usable until the copy is complete
     keep = set()
-    for entry in src.iterdir():
-        if entry.is_file() and (entry.suffix in (".safetensors", ".json") or entry.name.startswith("tokenizer")):
-            tmp = local / (entry.name + ".tmp")
-            shutil.copyfile(entry, tmp)
-            os.replace(tmp, local / entry.name)
-            keep.add(entry.name)
+    for entry in entries:
+        tmp = local / (entry.name + ".tmp")
+        shutil.copyfile(entry, tmp)
+        os.replace(tmp, local / entry.name)
+        keep.add(entry.name)
     for entry in local.iterdir():  # files of an earlier checkpoint that this one does not have
         if entry.is_file() and entry.suffix == ".safetensors" and entry.name not in keep:
             entry.unlink()
     _set_applied(local, version)
 
 
-def apply_version(local_dir: str | os.PathLike, vdir: str | os.PathLike) -> int:
+def apply_version(local_dir: str | os.PathLike, vdir: str | os.PathLike, file_ok: FileCheck | None = None) -> int:
     """Patch one delta version into `local_dir` in place; returns how many tensors changed."""
     meta = read_index_metadata(vdir)
     version, base = int(meta["version"]), int(meta["base_version"])
@@ -219,7 +237,9 @@ def apply_version(local_dir: str | os.PathLike, vdir: str | os.PathLike) -> int:
     encoding, algorithm = meta["delta_encoding"], meta["checksum_format"]
     locations = tensor_locations(local_dir)
     items = []
-    for dfile in sorted(Path(vdir).glob("*.safetensors")):
+    delta_files = sorted(Path(vdir).glob("*.safetensors"))
+    _check_files(delta_files, file_ok)
+    for dfile in delta_files:
         header, data_start = read_header(dfile)
         want = header.get("__metadata__", {}) or {}
         blob = dfile.read_bytes()
@@ -266,7 +286,13 @@ def apply_version(local_dir: str | os.PathLike, vdir: str | os.PathLike) -> int:
     return len(items)
 
 
-def pull(local_dir: str | os.PathLike, base_dir: str | os.PathLike, source_dir: str | os.PathLike, target: int) -> dict:
+def pull(
+    local_dir: str | os.PathLike,
+    base_dir: str | os.PathLike,
+    source_dir: str | os.PathLike,
+    target: int,
+    file_ok: FileCheck | None = None,
+) -> dict:
     """Bring `local_dir` to version `target` (see the module's doc); returns what was done. Engines
     on one host sharing `local_dir` take turns (a file lock): the first applies, the rest find it done."""
     if target < 0:
@@ -275,10 +301,10 @@ def pull(local_dir: str | os.PathLike, base_dir: str | os.PathLike, source_dir: 
     lock_dir.mkdir(parents=True, exist_ok=True)
     with open(lock_dir / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _pull_locked(local_dir, base_dir, source_dir, target)
+        return _pull_locked(local_dir, base_dir, source_dir, target, file_ok)
 
 
-def _pull_locked(local_dir, base_dir, source_dir, target: int) -> dict:
+def _pull_locked(local_dir, base_dir, source_dir, target: int, file_ok: FileCheck | None) -> dict:
     if target == 0:  # the engine's own weights: a fresh copy (a new run's chain starts here)
         if applied_version(local_dir) != 0:
             reset(base_dir, local_dir, 0)
@@ -291,7 +317,7 @@ def _pull_locked(local_dir, base_dir, source_dir, target: int) -> dict:
     reset_from = None
     if applied is None or start > applied:
         seed = Path(base_dir) if start == 0 else version_dir(source_dir, start)
-        reset(seed, local_dir, start)
+        reset(seed, local_dir, start, None if start == 0 else file_ok)  # --model-path: the operator's own
         reset_from = str(seed)
     elif applied > target:
         raise DeltaError(f"the local checkpoint is at version {applied}, past the target {target}")
@@ -302,6 +328,6 @@ def _pull_locked(local_dir, base_dir, source_dir, target: int) -> dict:
         vdir = version_dir(source_dir, v)
         if not vdir.exists():
             raise DeltaError(f"version {v} ({vdir}) was not published")
-        apply_version(local_dir, vdir)
+        apply_version(local_dir, vdir, file_ok)
         deltas += 1
     return {"version": target, "reset_from": reset_from, "deltas": deltas}

@@ -11,7 +11,8 @@ colocated `update_weights_from_tensor` does.
 `dumps` gives the bytes (the engine's `/update_weights_from_tensor` takes them base64-encoded with
 `load_format: "torch_ipc"`); `loads` maps them back. Decoding is a restricted unpickler: only
 torch's rebuild functions, storage and tensor classes, dtypes and sizes can be named, so a
-request cannot make the server call anything else. The sender must keep its tensors alive until
+request cannot make the server call anything else; a CPU tensor's segment and manager socket must
+be ones torch made, the socket owned by this user (no path or socket a client chose). The sender must keep its tensors alive until
 the receiver has copied them (the engine answers after its copy has finished).
 """
 
@@ -19,12 +20,16 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import pickle
+import re
+import stat
 from collections.abc import Iterator
 from multiprocessing.reduction import ForkingPickler
 
 import torch
 import torch.multiprocessing as torch_mp  # registers torch's reductions with ForkingPickler
+import torch.multiprocessing.reductions as torch_reductions
 
 LOAD_FORMAT = "torch_ipc"
 
@@ -33,7 +38,6 @@ _ALLOWED = {
         "rebuild_tensor",
         "rebuild_cuda_tensor",
         "rebuild_typed_storage",
-        "rebuild_storage_filename",
         "rebuild_storage_empty",
         "rebuild_nested_tensor",
         "rebuild_typed_storage_child",
@@ -80,8 +84,40 @@ def dumps(named: dict[str, torch.Tensor]) -> bytes:
     return buf.getvalue()
 
 
+# What torch's file_system strategy names (torch/csrc: libshm): the segment "/torch_<pid>_<random>_<n>"
+# and the sender's manager socket ".../torch-shm-dir-XXXXXX/manager.sock". Anything else in a
+# payload would make the server open a socket or a file the client chose.
+_SEGMENT = re.compile(rb"/torch_\d+_\d+_\d+")
+_MANAGER_DIR = re.compile(r"torch-shm-dir-[A-Za-z0-9_]+")
+
+
+def _rebuild_storage_filename(cls, manager: bytes, handle: bytes, size: int, dtype=None):
+    """torch's `rebuild_storage_filename`, for a torch shared-memory segment and a manager socket
+    that torch made for a process of this user only."""
+    if not isinstance(handle, bytes) or not _SEGMENT.fullmatch(handle):
+        raise IPCDecodeError(f"shared-memory name {handle!r} is not one torch gives a tensor")
+    path = os.fsdecode(manager) if isinstance(manager, bytes) else ""
+    parent = os.path.dirname(path)
+    if (
+        os.path.basename(path) != "manager.sock"
+        or not os.path.isabs(path)
+        or os.path.normpath(path) != path
+        or not _MANAGER_DIR.fullmatch(os.path.basename(parent))
+    ):
+        raise IPCDecodeError("the shared-memory manager is not a torch manager socket")
+    try:
+        st = os.lstat(path)
+    except OSError:
+        raise IPCDecodeError("the shared-memory manager is not a torch manager socket") from None
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.getuid():
+        raise IPCDecodeError("the shared-memory manager is not a torch manager socket")
+    return torch_reductions.rebuild_storage_filename(cls, manager, handle, size, dtype)
+
+
 class _Restricted(pickle.Unpickler):
     def find_class(self, module: str, name: str):
+        if module == "torch.multiprocessing.reductions" and name == "rebuild_storage_filename":
+            return _rebuild_storage_filename
         if name in _ALLOWED.get(module, ()):
             return super().find_class(module, name)
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):

@@ -115,6 +115,62 @@ def test_load_jsonl_errors(tmp_path):
     assert load_jsonl(_write(tmp_path / "ok.jsonl", ['{"a": 1}', "", '{"a": 2}'])) == [{"a": 1}, {"a": 2}]
 
 
+def test_a_row_nested_too_deep_is_named_not_a_recursion_traceback(tmp_path):
+    from slime.data.dataset import MAX_JSON_DEPTH
+
+    deep = '{"prompt": "1+1=", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    p = _write(tmp_path / "deep.jsonl", ['{"prompt": "1+1="}', deep])
+    with pytest.raises(SlimeError, match=rf"deep\.jsonl: line 2: JSON nested deeper than {MAX_JSON_DEPTH}"):
+        load_prompt_samples(p, input_key="prompt")
+    # deep enough to parse, too deep to keep (copy.deepcopy of a few hundred levels fails later)
+    nested = '{"prompt": "1+1=", "meta": ' + "[" * 300 + "]" * 300 + "}"
+    p2 = _write(tmp_path / "nested.jsonl", [nested])
+    with pytest.raises(SlimeError, match=r"nested\.jsonl: line 1: 'meta'(\[0\])+ is nested deeper than"):
+        load_prompt_samples(p2, input_key="prompt")
+    ok = '{"prompt": "1+1=", "meta": ' + "[" * (MAX_JSON_DEPTH - 1) + "]" * (MAX_JSON_DEPTH - 1) + "}"
+    assert len(load_prompt_samples(_write(tmp_path / "ok.jsonl", [ok]), input_key="prompt")) == 1
+    # the same bound inside a metadata or tools column given as a JSON string
+    meta = json.dumps({"prompt": "1+1=", "m": "[" * 100_000 + "]" * 100_000})
+    with pytest.raises(SlimeError, match=r"m\.jsonl: line 1: 'm' \(--metadata-key\) must be an object"):
+        load_prompt_samples(_write(tmp_path / "m.jsonl", [meta]), input_key="prompt", metadata_key="m")
+    tools = json.dumps({"prompt": "1+1=", "t": "[" * 100_000 + "]" * 100_000})
+    with pytest.raises(SlimeError, match=r"t\.jsonl: line 1: 't' \(--tool-key\) is nested deeper"):
+        load_prompt_samples(_write(tmp_path / "t.jsonl", [tools]), input_key="prompt", tool_key="t")
+
+
+def test_a_line_over_the_length_limit_is_refused_without_reading_it_whole(tmp_path, monkeypatch):
+    from slime.data import dataset
+
+    monkeypatch.setattr(dataset, "MAX_LINE_BYTES", 1024)
+    p = _write(tmp_path / "long.jsonl", ['{"prompt": "1+1="}', json.dumps({"prompt": "x" * 2000})])
+    with pytest.raises(SlimeError, match=r"long\.jsonl: line 2: longer than"):
+        load_prompt_samples(p, input_key="prompt")
+    fits = json.dumps({"prompt": "x" * 1000})
+    assert len(load_prompt_samples(_write(tmp_path / "fits.jsonl", [fits, fits]), input_key="prompt")) == 2
+
+
+@pytest.mark.parametrize(
+    ("row", "where"),
+    [
+        ('{"prompt": "2+2=\\ud800"}', "'prompt'"),  # a lone high surrogate, as JSON escapes it
+        ('{"prompt": "ok", "label": "\\udc00x"}', "'label'"),
+        ('{"prompt": [{"role": "user", "content": "a\\ud83d"}]}', "'prompt'[0]['content']"),
+        ('{"prompt": "ok", "meta": {"\\udfff": 1}}', "'meta'['\\udfff']"),
+    ],
+)
+def test_a_string_that_is_not_valid_unicode_is_named_with_file_line_and_key(tmp_path, row, where):
+    """JSON can carry a lone surrogate; no tokenizer can encode it (the load used to pass and the
+    rollout fail with a TypeError traceback)."""
+    p = _write(tmp_path / "s.jsonl", ['{"prompt": "1+1=", "label": "2"}', row])
+    with pytest.raises(SlimeError) as e:
+        load_prompt_samples(p, input_key="prompt", label_key="label" if "label" in row else None)
+    msg = str(e.value)
+    assert "s.jsonl: line 2: " in msg and where in msg and "not valid Unicode" in msg, msg
+    good = '{"prompt": "d\\u00e9j\\u00e0 \\ud83d\\ude00 = \u00e9"}'  # a valid surrogate pair is one emoji
+    [sample] = load_prompt_samples(_write(tmp_path / "g.jsonl", [good]), input_key="prompt")
+    assert sample.prompt == "d\u00e9j\u00e0 \U0001f600 = \u00e9"
+
+
 def test_load_prompt_samples_missing_key(tmp_path):
     p = _write(tmp_path / "p.jsonl", ['{"prompt": "1+1=", "label": "2"}', "", '{"question": "2+2=", "label": "4"}'])
     with pytest.raises(SlimeError) as e:

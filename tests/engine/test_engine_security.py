@@ -1,6 +1,7 @@
 """Who may call the engine server and how much they may send, against a real server: keys (401),
 admin-only endpoints, Host/Origin (403), content types (415), body caps (413), a full queue (503,
-waited out by the rollout client), batch caps, disk loads outside the allowed directories (403),
+waited out by the rollout client), batch caps, disk loads outside the allowed directories (403;
+an index entry or a symlink leading out: 400), /pull_weights never writing into the served model,
 and a client that disconnects (its request is aborted)."""
 
 from __future__ import annotations
@@ -158,6 +159,71 @@ def test_disk_loads_only_from_allowed_directories(engine, h, tiny_model_dir, all
         engine.url + "/update_weights_from_disk", json={"model_path": str(tiny_model_dir)}, headers=ADMIN_AUTH
     )
     assert resp.status_code == 200, resp.text
+
+
+def test_an_index_or_a_symlink_cannot_lead_a_disk_load_out_of_the_allowed_directories(
+    engine, h, tiny_model_dir, allowed_dir, tmp_path
+):
+    """Every file a load reads, by an index entry or through a symlink, stays inside the allowed
+    directories; the answer is the same whether the file outside exists or not."""
+    import json
+    import os
+    import shutil
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    shutil.copy(tiny_model_dir / "model.safetensors", outside / "model.safetensors")  # a real weights file
+    answers = []
+    for name, target in (
+        ("by-index", os.path.relpath(outside / "model.safetensors", allowed_dir / "by-index")),
+        ("by-index-missing", os.path.relpath(outside / "nothing.safetensors", allowed_dir / "by-index-missing")),
+        ("by-absolute-index", str(outside / "model.safetensors")),
+    ):
+        d = allowed_dir / name
+        d.mkdir()
+        index = {"metadata": {}, "weight_map": {"model.norm.weight": target}}
+        (d / "model.safetensors.index.json").write_text(json.dumps(index))
+        resp = h.post(engine.url + "/update_weights_from_disk", json={"model_path": str(d)}, headers=ADMIN_AUTH)
+        assert resp.status_code == 400 and "not a file inside the directory" in resp.text, (name, resp.text)
+        answers.append(resp.json()["message"].replace(target, "T"))
+    assert answers[0] == answers[1]  # nothing tells whether the file outside exists
+    linked = allowed_dir / "by-symlink"
+    linked.mkdir()
+    os.symlink(outside / "model.safetensors", linked / "model.safetensors")
+    resp = h.post(engine.url + "/update_weights_from_disk", json={"model_path": str(linked)}, headers=ADMIN_AUTH)
+    assert resp.status_code == 400 and "leads outside the directories weights load from" in resp.text, resp.text
+
+
+def test_pull_weights_never_writes_into_the_served_model(tiny_model_dir, tmp_path):
+    """/pull_weights writes its local checkpoint: --model-path, a directory holding it or one inside
+    it is refused as that target even inside --weight-load-dirs, and the model's files are untouched;
+    a directory of its own beside the model is accepted."""
+    import shutil
+
+    root = tmp_path / "weights"
+    model = root / "model"
+    shutil.copytree(tiny_model_dir, model)
+    eng = start_engine(model, "--weight-load-dirs", str(root), log_dir=tmp_path)
+    before = {p.name: p.stat().st_mtime_ns for p in model.iterdir()}
+    try:
+        with httpx.Client(timeout=30, trust_env=False) as h:
+
+            def pull(local):
+                body = {"local_checkpoint_dir": str(local), "source_dir": str(root), "target_version": 0}
+                return h.post(eng.url + "/pull_weights", json=body)
+
+            for local in (model, model / "sub", root):
+                resp = pull(local)
+                assert resp.status_code == 403 and "overlaps the served model's directory" in resp.text, (
+                    local,
+                    resp.text,
+                )
+            assert {p.name: p.stat().st_mtime_ns for p in model.iterdir()} == before
+            resp = pull(root / "local")
+            assert resp.status_code == 200, resp.text
+            assert (root / "local" / "model.safetensors").exists()
+    finally:
+        eng.stop()
 
 
 def test_full_queue_gets_503_and_the_rollout_client_waits_it_out(engine, h):

@@ -68,3 +68,45 @@ def test_the_decoder_names_nothing_but_torch_rebuilds():
 def test_only_cpu_and_cuda_tensors_are_shared():
     with pytest.raises(ValueError, match="only cpu and cuda"):
         tensor_ipc.shareable({"w": torch.empty(2, device="meta")})
+
+
+class _StorageHandle:
+    """Pickles as torch's own rebuild of a shared CPU storage, with the socket and name given."""
+
+    def __init__(self, manager: bytes, handle: bytes):
+        self.manager, self.handle = manager, handle
+
+    def __reduce__(self):
+        from torch.multiprocessing.reductions import rebuild_storage_filename
+
+        return rebuild_storage_filename, (torch.UntypedStorage, self.manager, self.handle, 12)
+
+
+@pytest.mark.parametrize(
+    ("socket_dir", "handle"),
+    [
+        ("elsewhere", b"/torch_1_2_3"),  # a socket the client chose
+        ("torch-shm-dir-abc", b"/../../etc/passwd"),  # a torch-like socket, a name that is no segment
+        ("torch-shm-dir-abc/../x", b"/torch_1_2_3"),  # a path that walks out
+    ],
+)
+def test_a_payload_naming_its_own_socket_or_segment_is_refused_without_connecting(tmp_path, socket_dir, handle):
+    """`torch_ipc` payloads may name only a torch shared-memory segment and a torch manager socket
+    of this user: the server never connects to a socket, or opens a name, that a client chose."""
+    import socket
+
+    sock_dir = tmp_path / socket_dir
+    sock_dir.mkdir(parents=True, exist_ok=True)
+    path = os.path.join(str(tmp_path), socket_dir, "manager.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.normpath(path))
+    listener.listen(1)
+    listener.settimeout(0.3)
+    try:
+        payload = pickle.dumps([("w", _StorageHandle(os.fsencode(path), handle))])
+        with pytest.raises(tensor_ipc.IPCDecodeError):
+            tensor_ipc.loads(payload)
+        with pytest.raises(TimeoutError):
+            listener.accept()  # nobody connected
+    finally:
+        listener.close()

@@ -12,13 +12,23 @@ from slime.engine.http import error_body, error_response, parse_json, route
 from slime.engine.sampling import BadRequest
 from slime.engine.state import EngineState, QueueFull
 
+# A body up to this size is parsed on the event loop (a thread hop costs more than the parse);
+# a larger one in EngineState.parse_pool.
+INLINE_PARSE_BYTES = 16 * 1024
+
 
 def generate_handler(state: EngineState):
     """POST /generate from its raw body: (HTTP status, answer)."""
 
+    def parse(raw: bytes):
+        return state.parse_generate(parse_json(raw, allow_empty=False))
+
     async def generate(raw: bytes) -> tuple[int, Any]:
         try:
-            reqs, is_batch = state.parse_generate(parse_json(raw, allow_empty=False))
+            if len(raw) <= INLINE_PARSE_BYTES:
+                reqs, is_batch = parse(raw)
+            else:  # off the event loop (EngineState.parse_pool)
+                reqs, is_batch = await asyncio.get_running_loop().run_in_executor(state.parse_pool, parse, raw)
         except BadRequest as e:
             return 400, error_body(str(e))
         try:

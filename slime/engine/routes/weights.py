@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import math
 import mmap
 import os
 import stat
 import warnings
+from collections.abc import Callable
 
 import torch
 from fastapi import FastAPI
@@ -69,7 +71,7 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
                 403,
             )
         try:
-            named = await asyncio.to_thread(ModelRunner.read_safetensors_dir, path)
+            named = await asyncio.to_thread(ModelRunner.read_safetensors_dir, path, _file_check(state, path))
         except WeightUpdateError as e:
             raise BadRequest(f"update_weights_from_disk: {e}") from None
         except Exception as e:  # noqa: BLE001
@@ -88,14 +90,28 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
 def disk_load_allowed(state: EngineState, path: str) -> bool:
     """`path` is --model-path itself or inside one of --weight-load-dirs (symlinks resolved):
     a caller must not make the server read whatever file it can name."""
+    return _is_model_path(state, path) or inside_load_dirs(state, path)
+
+
+def inside_load_dirs(state: EngineState, path: str) -> bool:
+    """`path`, symlinks resolved, is one of --weight-load-dirs or inside one."""
     real = os.path.realpath(path)
-    if real == os.path.realpath(state.args.model_path):
-        return True
-    for d in state.args.weight_load_dirs:
-        root = os.path.realpath(d)
-        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
-            return True
-    return False
+    return any(_within(real, os.path.realpath(d)) for d in state.args.weight_load_dirs)
+
+
+def _is_model_path(state: EngineState, path: str) -> bool:
+    return os.path.realpath(path) == os.path.realpath(state.args.model_path)
+
+
+def _within(real: str, root: str) -> bool:
+    return real == root or real.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _file_check(state: EngineState, path: str) -> Callable[[str], bool] | None:
+    """What each weight file read for a load of `path` must pass: none for --model-path (the
+    operator's own directory; a hub cache holds symlinks into its blobs), else it must resolve
+    inside the --weight-load-dirs."""
+    return None if _is_model_path(state, path) else functools.partial(inside_load_dirs, state)
 
 
 async def apply_update(state: EngineState, named: dict[str, torch.Tensor], body: dict, what: str) -> dict:
@@ -338,15 +354,27 @@ def _add_pull_route(app: FastAPI, state: EngineState) -> None:
             raise BadRequest("local_checkpoint_dir must be a directory path")
         if not isinstance(source, str) or not source:
             raise BadRequest("source_dir must be a directory path")
-        for key, v in (("local_checkpoint_dir", local), ("source_dir", source)):
-            if not disk_load_allowed(state, v):
+        for key, v, allowed in (
+            ("local_checkpoint_dir", local, inside_load_dirs),  # written to: never --model-path
+            ("source_dir", source, disk_load_allowed),
+        ):
+            if not allowed(state, v):
                 return error_response(
                     f"pull_weights: {key} {v!r} is not under a --weight-load-dirs directory of this server", 403
                 )
+        real_local, real_model = os.path.realpath(local), os.path.realpath(state.args.model_path)
+        if _within(real_local, real_model) or _within(real_model, real_local):
+            # /pull_weights writes into local_checkpoint_dir: never into the served model's files
+            return error_response(
+                f"pull_weights: local_checkpoint_dir {local!r} overlaps the served model's directory "
+                "(--model-path), which /pull_weights would write into; give a directory of its own",
+                403,
+            )
         target = _int_field(body, "target_version", 0)
+        file_ok = functools.partial(inside_load_dirs, state)
         async with lock:
             try:
-                done = await asyncio.to_thread(weight_delta.pull, local, state.args.model_path, source, target)
+                done = await asyncio.to_thread(weight_delta.pull, local, state.args.model_path, source, target, file_ok)
             except weight_delta.DeltaChecksumError as e:
                 return error_response(f"pull_weights: {e}", 409)
             except (weight_delta.DeltaError, OSError, KeyError, ValueError) as e:
