@@ -97,39 +97,12 @@ def runs(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
     """Two runs with the same seeds (a offloads both sides, b neither); a third with another
     --rollout-seed, traced by the profiler; and what run a printed."""
     a, b, c = (tmp_path_factory.mktemp(name) for name in ("same_a", "same_b", "other_seed"))
-    out_a = _run(_argv(tiny_model_dir, task_dir, a, "--seed", "7", "--rollout-seed", "11"))
-    _run(
-        _argv(
-            tiny_model_dir,
-            task_dir,
-            b,
-            "--seed",
-            "7",
-            "--rollout-seed",
-            "11",
-            "--no-offload-train",
-            "--no-offload-rollout",
-        )
-    )
-    _run(
-        _argv(
-            tiny_model_dir,
-            task_dir,
-            c,
-            "--seed",
-            "7",
-            "--rollout-seed",
-            "12",
-            "--use-pytorch-profiler",
-            "--profile-step-start",
-            "1",
-            "--profile-step-end",
-            "2",
-            "--profile-target",
-            "train_actor",
-            "train_log_probs",
-        )
-    )
+    seeds = ["--seed", "7", "--rollout-seed", "11"]
+    out_a = _run(_argv(tiny_model_dir, task_dir, a, *seeds))
+    _run(_argv(tiny_model_dir, task_dir, b, *seeds, "--no-offload-train", "--no-offload-rollout"))
+    profiled = ["--use-pytorch-profiler", "--profile-step-start", "1", "--profile-step-end", "2"]
+    profiled += ["--profile-target", "train_actor", "train_log_probs"]
+    _run(_argv(tiny_model_dir, task_dir, c, "--seed", "7", "--rollout-seed", "12", *profiled))
     return a, b, c, out_a
 
 
