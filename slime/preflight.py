@@ -24,6 +24,7 @@ from slime.observability.debug_data import load_rollout_data as load_debug_rollo
 from slime.ray.engine_launch import validate_sglang_args
 from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
+from slime.rollout.rm_hub.code import check_code_tests
 from slime.rollout.sglang_rollout import load_eval_prompts
 from slime.sandbox import check_sandbox
 from slime.sync.external import discover as discover_external_engines
@@ -139,6 +140,12 @@ def check_reward(args: Namespace) -> None:
         check_sandbox(args.sandbox_allow_unisolated)  # no isolation: stop now, naming what is missing
 
 
+def reward_data_check(rm_type: str | None):
+    """The reward's own check of a row's label, run as the data loads: the `code` reward's tests must
+    exist and, when assert-style, split for its judge."""
+    return check_code_tests if (rm_type or "").removeprefix("boxed_") == "code" else None
+
+
 def check_data(args: Namespace) -> int | None:
     """Read every prompt row now: a malformed line, a missing key, a chat template that fails or a
     length limit that leaves nothing stops the run before anything starts. Returns the prompt count.
@@ -163,6 +170,7 @@ def check_data(args: Namespace) -> int | None:
             apply_chat_template=args.apply_chat_template,
             apply_chat_template_kwargs=args.apply_chat_template_kwargs,
             max_prompt_len=args.rollout_max_prompt_len,
+            check=reward_data_check(args.rm_type),
         )
         if not prompts:
             raise SlimeError(
@@ -181,7 +189,7 @@ def check_eval_data(args: Namespace) -> None:
     for cfg in eval_dataset_configs(args):
         if tokenizer is None and (cfg.apply_chat_template or args.eval_max_prompt_len):
             tokenizer = load_tokenizer(args.hf_checkpoint)
-        load_eval_prompts(args, cfg, tokenizer)  # its errors name the data set
+        load_eval_prompts(args, cfg, tokenizer, reward_data_check(cfg.rm_type or args.rm_type))  # errors name the set
         try:
             if cfg.rm_type is not None:
                 validate_rm_type(cfg.rm_type)

@@ -203,7 +203,13 @@ def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--sandbox-timeout", type=float, default=10.0, help="--rm-type code: wall seconds per run.")
     g.add_argument("--sandbox-cpu-time", type=float, default=5.0, help="--rm-type code: CPU seconds per run.")
-    g.add_argument("--sandbox-memory-mb", type=int, default=1024, help="--rm-type code: address-space limit.")
+    g.add_argument(
+        "--sandbox-memory-mb",
+        type=int,
+        default=1024,
+        help="--rm-type code: memory of a program's processes all together (a cgroup: with the files it keeps "
+        "in memory, no swap; past it the kernel kills the program), and each process's address space.",
+    )
     g.add_argument("--sandbox-concurrency", type=int, default=2, help="--rm-type code: programs run at once.")
     g.add_argument("--sandbox-file-mb", type=int, default=16, help="--rm-type code: largest file a program may write.")
     g.add_argument(
@@ -216,7 +222,7 @@ def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
         "--sandbox-processes",
         type=int,
         default=32,
-        help="--rm-type code: processes (and threads) a program may have at once.",
+        help="--rm-type code: processes and threads a program may have at once, all together (a pids cgroup).",
     )
     g.add_argument("--sandbox-open-files", type=int, default=64, help="--rm-type code: open files per process.")
     g.add_argument(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -193,6 +193,7 @@ def load_prompt_samples(
     apply_chat_template: bool = False,
     apply_chat_template_kwargs: dict | None = None,
     max_prompt_len: int | None = None,
+    check: Callable[[Sample], None] | None = None,
 ) -> PromptSamples:
     """Read a prompt file into `Sample`s (`prompt`, `label` as str, `metadata`).
 
@@ -208,6 +209,8 @@ def load_prompt_samples(
       one; passed to the chat template as `tools=` and kept in `metadata["tools"]`.
     - With `max_prompt_len` and a `tokenizer`, prompts longer than that many tokens are dropped
       and counted in the result's `num_dropped`.
+    - `check(sample)` (e.g. the reward's own check of its labels) raising ValueError stops the load
+      with a `SlimeError` naming the file and row.
     """
     path = str(path)
     if apply_chat_template and tokenizer is None:
@@ -235,7 +238,13 @@ def load_prompt_samples(
         if tools is not None:
             metadata["tools"] = tools
         label = _label_to_str(row[label_key]) if label_key is not None else None
-        out.append(Sample(prompt=prompt, label=label, metadata=metadata))
+        sample = Sample(prompt=prompt, label=label, metadata=metadata)
+        if check is not None:
+            try:
+                check(sample)
+            except ValueError as e:
+                raise SlimeError(f"{where}: {e}") from None
+        out.append(sample)
     return out
 
 

@@ -9,6 +9,7 @@ import asyncio
 import copy
 import logging
 from argparse import Namespace
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -51,7 +52,9 @@ def eval_sampling_params(args: Namespace, cfg: EvalDatasetConfig) -> dict[str, A
     return params
 
 
-def load_eval_prompts(args: Namespace, cfg: EvalDatasetConfig, tokenizer: Any) -> PromptSamples:
+def load_eval_prompts(
+    args: Namespace, cfg: EvalDatasetConfig, tokenizer: Any, check: Callable[[Sample], None] | None = None
+) -> PromptSamples:
     """One eval data set's prompts, read with its own keys and chat template. Prompts longer than
     --eval-max-prompt-len (needs `tokenizer`) are dropped and counted in `num_dropped`; a set left
     empty is an error. `slime/preflight.py` calls this too, so start-up reads what eval will."""
@@ -67,6 +70,7 @@ def load_eval_prompts(args: Namespace, cfg: EvalDatasetConfig, tokenizer: Any) -
             apply_chat_template=bool(cfg.apply_chat_template),
             apply_chat_template_kwargs=cfg.apply_chat_template_kwargs,
             max_prompt_len=max_len,
+            check=check,
         )
     except SlimeError as e:
         raise SlimeError(f"eval data set {cfg.name!r}: {e}") from None

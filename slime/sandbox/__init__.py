@@ -5,12 +5,14 @@
 
 * `run`: `run_python`, its limits (`SandboxLimits`, from the `--sandbox-*` options) and result
   (`SandboxResult`), and the start-up check (`check_sandbox`);
-* `bwrap`: how a program is isolated (bubblewrap namespaces, a pids cgroup when run as root) and
+* `bwrap`: how a program is isolated (bubblewrap namespaces, a memory+pids cgroup bounding all its
+  processes together) and
   the probe that tells whether that works here;
-* `seccomp`: the system-call filter bubblewrap loads;
-* `test_driver`: a script, never imported by the host: its source runs *inside* the sandbox as
-  `main.py` and runs a solution, then its tests (`driver_source()`; the `code` reward of
-  `slime.rollout.rm_hub` is its host side).
+* `seccomp`: the system-call filter bubblewrap loads (optionally refusing new processes);
+* `assert_tests`: assert-style tests graded in two processes (`grade_assert_tests`): `split_tests`
+  splits them on the host; `probe_runner` runs in the sandbox beside the solution and reports the
+  values of the calls into it; `judge_runner` runs the asserts on those values in a process that
+  never ran the solution (the two runners are scripts, never imported by the host).
 
 The sandbox stands on the ground layer only (slime.errors), so anything above it (rewards, agents'
 tools, examples) may use it.
@@ -18,9 +20,7 @@ tools, examples) may use it.
 
 from __future__ import annotations
 
-from functools import lru_cache
-from pathlib import Path
-
+from slime.sandbox.assert_tests import grade_assert_tests
 from slime.sandbox.run import (
     SandboxLimits,
     SandboxResult,
@@ -30,20 +30,12 @@ from slime.sandbox.run import (
     run_python,
 )
 
-
-@lru_cache(maxsize=1)
-def driver_source() -> str:
-    """The source of `test_driver.py`, to run in the sandbox as `main.py` (read as a file: it is
-    shipped with the package like any module, and importing it here would be of no use)."""
-    return Path(__file__).with_name("test_driver.py").read_text(encoding="utf-8")
-
-
 __all__ = [
     "SandboxLimits",
     "SandboxResult",
     "SandboxUnavailable",
     "check_sandbox",
-    "driver_source",
+    "grade_assert_tests",
     "isolation",
     "run_python",
 ]

@@ -8,21 +8,25 @@ Python installation, one scratch tmpfs (`/sandbox`, also `/tmp`) of `scratch_mb`
 Limits, all in `SandboxLimits`:
 
 * wall time `timeout_s`: past it the whole process tree is killed (`timed_out`);
-* CPU time `cpu_s` (RLIMIT_CPU: SIGXCPU, then SIGKILL), address space `memory_mb` (RLIMIT_AS:
-  allocations fail with MemoryError), file size `file_mb` (RLIMIT_FSIZE), open files
-  `open_files` (RLIMIT_NOFILE), processes `processes` (RLIMIT_NPROC inside the user namespace,
-  plus a pids cgroup when slime runs as root), scratch space `scratch_mb`; no core dumps;
+* memory `memory_mb`: the total of all the sandbox's processes, with the tmpfs and memfd pages they
+  fill and no swap (the run's cgroup; past it the kernel kills a process: `memory_limit`), and also
+  each process's address space (RLIMIT_AS, so that one large allocation fails with MemoryError first);
+* processes `processes`: the sandbox's processes and threads at once (the run's pids cgroup, and
+  RLIMIT_NPROC inside the user namespace); `run_python(..., new_processes=False)` refuses new
+  processes altogether, in the kernel (the seccomp filter), for programs that need none;
+* CPU time `cpu_s` (RLIMIT_CPU per process: SIGXCPU, then SIGKILL), file size `file_mb`
+  (RLIMIT_FSIZE), open files `open_files` (RLIMIT_NOFILE), scratch space `scratch_mb`; no core dumps;
 * output: stdout and stderr are read while they stream, and a program that writes more than
   `max_output_kb` to either is killed (`output_limit`), so a flood never sits in memory whole.
 
 The sandbox dies with its caller (bwrap's --die-with-parent), and nothing it wrote survives it.
 
-Where bubblewrap cannot run (not installed, no user namespaces, root without a pids cgroup),
-`run_python` raises `SandboxUnavailable` naming what is missing and how to install it, unless
+Where bubblewrap cannot run (not installed, no user namespaces, no writable memory+pids cgroup),
+`run_python` raises `SandboxUnavailable` naming what is missing and how to get it, unless
 `allow_unisolated` (`--sandbox-allow-unisolated`): then the program runs as a plain child process
-in a temporary directory under the same rlimits, with an audit hook refusing sockets, ctypes and
-new processes. That is not isolation (it can read and write what the caller can); it is for
-trusted code on a machine without bubblewrap.
+in a temporary directory under the same rlimits (and the cgroup, if one can be made), with an audit
+hook refusing sockets, ctypes and new processes. That is not isolation (it can read and write what
+the caller can); it is for trusted code on a machine without bubblewrap.
 """
 
 from __future__ import annotations
@@ -46,11 +50,10 @@ from typing import Any
 from slime.errors import SlimeError
 from slime.sandbox.bwrap import (
     SCRATCH,
-    PidsCgroup,
+    SandboxCgroup,
     bwrap_command,
     isolation_problem,
     memfd,
-    needs_pids_cgroup,
     python_paths,
 )
 from slime.sandbox.seccomp import seccomp_program
@@ -102,6 +105,7 @@ class SandboxResult:
     timed_out: bool
     wall_s: float
     output_limit: bool = False
+    memory_limit: bool = False  # the kernel killed a process for the memory limit of the whole sandbox
 
     @property
     def ok(self) -> bool:
@@ -116,6 +120,8 @@ class SandboxResult:
             return "output limit"
         if self.returncode == 0:
             return ""
+        if self.memory_limit:
+            return "memory limit (all processes together)"
         sig = _signal_of(self.returncode)
         if sig is not None:
             name = signal.Signals(sig).name if sig in signal.valid_signals() else str(sig)
@@ -176,6 +182,18 @@ _sys.addaudithook(_slime_guard)
 del _sys
 """
 
+# new_processes=False on a machine without the seccomp filter (not x86-64 or aarch64): refused in
+# Python only, as for unisolated runs.
+_NO_PROCESSES = r"""
+import sys as _sys
+def _slime_no_processes(event, args, _blocked=frozenset(("_posixsubprocess.fork_exec", "subprocess.Popen",
+        "os.system", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn")), _denied=PermissionError):
+    if event in _blocked:
+        raise _denied("sandbox: " + event + " is not allowed")
+_sys.addaudithook(_slime_no_processes)
+del _sys
+"""
+
 
 _PR_SET_PDEATHSIG = 1
 
@@ -185,7 +203,7 @@ def _libc():
     return ctypes.CDLL(None, use_errno=True)
 
 
-def _rlimits(limits: SandboxLimits, cgroup: PidsCgroup | None):
+def _rlimits(limits: SandboxLimits, cgroup: SandboxCgroup | None):
     parent, libc = os.getpid(), _libc()
 
     def apply() -> None:  # in the child, before exec
@@ -198,6 +216,8 @@ def _rlimits(limits: SandboxLimits, cgroup: PidsCgroup | None):
             cgroup.join()
         cpu = max(1, int(round(limits.cpu_s)))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        # per process: one allocation too large fails with MemoryError rather than an OOM kill (the
+        # cgroup bounds the total, which forked children and files in memory would walk around this)
         mem = int(limits.memory_mb) * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (mem, mem))
         size = int(limits.file_mb) * 1024 * 1024
@@ -261,7 +281,7 @@ def _run(
     stdin: bytes,
     limits: SandboxLimits,
     pass_fds: tuple[int, ...],
-    cgroup: PidsCgroup | None,
+    cgroup: SandboxCgroup | None,
 ) -> SandboxResult:
     env = {
         "PATH": "/usr/bin:/bin",
@@ -287,7 +307,7 @@ def _run(
     out = _Capture(proc.stdout, cap, lambda: _kill_group(proc))
     err = _Capture(proc.stderr, cap, lambda: _kill_group(proc))
     threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
-    timed_out = False
+    timed_out = memory_limit = False
     try:
         proc.wait(timeout=limits.timeout_s)
     except subprocess.TimeoutExpired:
@@ -295,8 +315,11 @@ def _run(
     finally:
         _kill_group(proc)  # bwrap goes, and with it (--die-with-parent) everything in the sandbox
         if cgroup is not None:
-            cgroup.close()  # kills anything left in the cgroup
+            cgroup.kill()  # anything left in the cgroup, also what left the session
         proc.wait()
+        if cgroup is not None:
+            memory_limit = cgroup.memory_limit_hit()
+            cgroup.close()
     output_limit = out.exceeded or err.exceeded
     return SandboxResult(
         returncode=None if timed_out or output_limit else proc.returncode,
@@ -305,6 +328,7 @@ def _run(
         timed_out=timed_out,
         wall_s=time.monotonic() - t0,
         output_limit=output_limit and not timed_out,
+        memory_limit=memory_limit,
     )
 
 
@@ -314,18 +338,29 @@ def _check_names(files: dict[str, str]) -> None:
             raise ValueError(f"sandbox file name {name!r} must be a plain file name")
 
 
-def _run_isolated(files: dict[str, str], stdin: bytes, limits: SandboxLimits, proc_fs: bool) -> SandboxResult:
+def _cgroup(limits: SandboxLimits) -> SandboxCgroup:
+    return SandboxCgroup(int(limits.memory_mb), int(limits.processes) + 2)  # + bwrap and its init
+
+
+def _run_isolated(
+    files: dict[str, str], stdin: bytes, limits: SandboxLimits, proc_fs: bool, new_processes: bool
+) -> SandboxResult:
     exe, _ = python_paths()
+    program = seccomp_program(block_processes=not new_processes)
+    if program is None and not new_processes:  # no filter for this machine: the audit hook at least
+        files = {**files, "_sandbox_runner.py": _NO_PROCESSES + files["_sandbox_runner.py"]}
     fds: dict[str, int] = {name: memfd(name, text.encode("utf-8")) for name, text in files.items()}
-    program = seccomp_program()
     seccomp_fd = memfd("seccomp", program) if program is not None else None
-    cgroup = PidsCgroup(limits.processes + 2) if needs_pids_cgroup() else None  # + bwrap and its init
+    cgroup = None
     try:
+        cgroup = _cgroup(limits)  # the probe made one, so this one is made too (or the run stops here)
         argv = [exe, "-I", "-B", "_sandbox_runner.py", str(int(limits.processes))]
         cmd = bwrap_command(argv, files=fds, scratch_mb=int(limits.scratch_mb), seccomp_fd=seccomp_fd, proc_fs=proc_fs)
         pass_fds = tuple(fds.values()) + (() if seccomp_fd is None else (seccomp_fd,))
         return _run(cmd, cwd=None, stdin=stdin, limits=limits, pass_fds=pass_fds, cgroup=cgroup)
     finally:
+        if cgroup is not None:
+            cgroup.close()
         for fd in [*fds.values(), *([] if seccomp_fd is None else [seccomp_fd])]:
             os.close(fd)
 
@@ -333,13 +368,19 @@ def _run_isolated(files: dict[str, str], stdin: bytes, limits: SandboxLimits, pr
 def _run_unisolated(files: dict[str, str], stdin: bytes, limits: SandboxLimits) -> SandboxResult:
     workdir = tempfile.mkdtemp(prefix="slime-sandbox-")
     try:
+        cgroup = _cgroup(limits)  # a total bound where one can be made all the same
+    except OSError:
+        cgroup = None
+    try:
         files = {**files, "_sandbox_runner.py": _GUARD + files["_sandbox_runner.py"]}
         for name, text in files.items():
             Path(workdir, name).write_text(text, encoding="utf-8")
         # 0: no RLIMIT_NPROC, which outside a user namespace would count every process of this user
         cmd = [sys.executable, "-I", "-B", "_sandbox_runner.py", "0"]
-        return _run(cmd, cwd=workdir, stdin=stdin, limits=limits, pass_fds=(), cgroup=None)
+        return _run(cmd, cwd=workdir, stdin=stdin, limits=limits, pass_fds=(), cgroup=cgroup)
     finally:
+        if cgroup is not None:
+            cgroup.close()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -350,10 +391,15 @@ def run_python(
     files: dict[str, str] | None = None,
     limits: SandboxLimits | None = None,
     proc_fs: bool = True,
+    new_processes: bool = True,
     **overrides: Any,
 ) -> SandboxResult:
     """Run `code` as `main.py` in the sandbox (with `files` next to it); `overrides` replace single
-    limits (`timeout_s=`, `cpu_s=`, `memory_mb=`, ...). `proc_fs=False` mounts no /proc."""
+    limits (`timeout_s=`, `cpu_s=`, `memory_mb=`, ...). `proc_fs=False` mounts no /proc.
+    `new_processes=False` makes the kernel refuse every new process (fork, vfork, posix_spawn,
+    subprocess: PermissionError or another OSError; threads still work), for programs that have no
+    business starting any, such as a solution under test; with the default, a program may start up to
+    `processes` (a tool call running a shell command, say), all inside the sandbox's bounds."""
     limits = replace(limits or SandboxLimits(), **overrides)
     files = {**(files or {}), "main.py": code}
     _check_names(files)
@@ -361,5 +407,5 @@ def run_python(
     data = stdin.encode("utf-8") if isinstance(stdin, str) else stdin
     check_sandbox(limits.allow_unisolated)
     if isolation_problem():
-        return _run_unisolated(files, data, limits)
-    return _run_isolated(files, data, limits, proc_fs)
+        return _run_unisolated(files, data, limits)  # its audit hook refuses new processes anyway
+    return _run_isolated(files, data, limits, proc_fs, new_processes)

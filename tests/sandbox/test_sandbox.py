@@ -8,9 +8,11 @@ files on the host, host processes, a loopback listener. The list of attacks is t
 """
 
 import asyncio
+import glob
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -69,119 +71,10 @@ def test_isolation_is_bubblewrap_here():
 @needs_bwrap
 def test_a_correct_solution_passes_and_a_wrong_one_fails():
     assert code_reward("def add(a, b):\n    return a + b", ADD_TESTS) == (1.0, "passed")
-    reward, reason = code_reward(WRONG_ADD, ADD_TESTS)
-    assert reward == 0.0 and "AssertionError" in reason
+    assert code_reward(WRONG_ADD, ADD_TESTS) == (0.0, "tests line 1: assertion failed")
 
 
-# -------------------------------------------------------------- rewards the policy cannot game
-
-GAMES = {
-    "os._exit(0) before the tests": "import os\nos._exit(0)",
-    "sys.exit(0) before the tests": "import sys\nsys.exit(0)",
-    "raise SystemExit": "raise SystemExit(0)",
-    "atexit hook that exits 0": "import atexit, os\natexit.register(lambda: os._exit(0))\n" + WRONG_ADD,
-    "exception hook": "import sys, os\nsys.excepthook = lambda *a: os._exit(0)\n" + WRONG_ADD,
-    "kill itself": "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
-    "object equal to everything": (
-        "class Any:\n    def __eq__(self, other): return True\n    def __ne__(self, o): "
-        "return False\ndef add(a, b):\n    return Any()"
-    ),
-    "int subclass equal to everything": (
-        "class I(int):\n    def __eq__(self, other): return True\ndef add(a, b):\n    return I(0)"
-    ),
-    "patched builtins": (
-        "import builtins\nbuiltins.abs = lambda x: 0\ndef add(a, b):\n    return a - b",
-        "assert abs(add(1, 2) - 3) < 1e-9",
-    ),
-    "shadowed builtin used by the tests": (
-        "def abs(x):\n    return 0\ndef add(a, b):\n    return a - b",
-        "assert abs(add(1, 2) - 3) < 1e-9",
-    ),
-    "prints a fake success line": ("print('\\n@@slime-tests-passed ' + '0' * 32)\nimport os\nos._exit(0)"),
-    "closes stdout": "import os\nos.close(1)\n" + WRONG_ADD,
-    "redirects stdout": "import os\nos.dup2(os.open('/dev/null', os.O_WRONLY), 1)\n" + WRONG_ADD,
-    "rebinds the driver's helpers": (
-        "import __main__\n__main__._equal = lambda a, b: True\n"
-        "__main__._is_plain = lambda x: False\n__main__._BLOCKED_EVENTS = frozenset()\n"
-        "class Any:\n    def __eq__(self, other): return True\n"
-        "def add(a, b):\n    return Any()"
-    ),
-    "reads the token from the driver's frame": (
-        "import sys, os\nf = sys._getframe()\nwhile f is not None:\n"
-        "    if 'token' in f.f_locals:\n        os.write(1, b'\\n@@slime-tests-passed ' + f.f_locals['token'] + b'\\n'); os._exit(0)\n"
-        "    f = f.f_back"
-    ),
-    "finds the token through a traceback": (
-        "import os\ntry:\n    1/0\nexcept Exception as e:\n    f = e.__traceback__.tb_frame\n"
-        "    while f is not None:\n        tok = f.f_locals.get('token')\n"
-        "        if tok: os.write(1, b'\\n@@slime-tests-passed ' + tok + b'\\n'); os._exit(0)\n        f = f.f_back"
-    ),
-    "scans the heap for the token": (
-        "import gc, os, re\nfor o in gc.get_objects():\n    pass\nfor o in gc.get_referrers(os):\n    pass"
-    ),
-    "reads its own memory": "print(open('/proc/self/maps').read()[:10])",
-    "ctypes": "import ctypes\nctypes.string_at(id(1), 8)",
-    "starts a process": "import subprocess\nsubprocess.run(['true'])",
-    "imports a module the driver did not": "import fractions, heapq\n" + WRONG_ADD,
-    "inspect.stack() for the token": (
-        "import inspect, os\nfor info in inspect.stack():\n    tok = info.frame.f_locals.get('token')\n"
-        "    if tok: os.write(1, b'\\n@@slime-tests-passed ' + tok + b'\\n'); os._exit(0)"
-    ),
-    "code posing as the standard library": (
-        "import os, sysconfig\nsrc = 'import sys\\ndef up():\\n    return sys._getframe(3)\\n'\n"
-        "ns = {}\nexec(compile(src, sysconfig.get_paths()['stdlib'] + '/collections/x.py', 'exec'), ns)\n"
-        "f = ns['up']()\nos._exit(0)"
-    ),
-    "reads stdin for the token": (
-        "import sys, os\nt = sys.stdin.buffer.read()\n"
-        "os.write(1, b'\\n@@slime-tests-passed ' + t + b'\\n'); os._exit(0)"
-    ),
-}
-
-
-@needs_bwrap
-@pytest.mark.parametrize("trick", list(GAMES))
-def test_tricks_that_skip_or_fake_the_tests_score_zero(trick):
-    """Each trick comes with a wrong solution: the reward is 0 unless the trick works."""
-    program, tests = GAMES[trick] if isinstance(GAMES[trick], tuple) else (GAMES[trick], ADD_TESTS)
-    reward, reason = code_reward(program, tests)
-    assert reward == 0.0, (trick, reason)
-    assert reason != "passed"
-
-
-LEGIT = {
-    "namedtuple, dataclass, enum, TypeVar": (
-        "from collections import namedtuple, Counter, deque\nfrom dataclasses import dataclass\nimport enum, typing\n"
-        "P = namedtuple('P', 'x y')\nT = typing.TypeVar('T')\nclass Color(enum.Enum):\n    RED = 1\n"
-        "@dataclass\nclass Box:\n    v: int\n"
-        "def add(a, b):\n    return Box(P(a, b).x).v + Counter([b])[b] * b + Color.RED.value - 1"
-    ),
-    "heapq, itertools, functools, re, fractions": (
-        "import heapq, itertools, functools, re, fractions, math\n@functools.lru_cache(None)\n"
-        "def add(a, b):\n    h = [a, b]; heapq.heapify(h)\n"
-        "    return int(sum(itertools.chain(h)) + fractions.Fraction(0) + len(re.findall('z', 'x')) + math.floor(0))"
-    ),
-    "prints, catches its own exceptions, uses a class": (
-        "class Adder:\n    def __call__(self, a, b):\n        try:\n            raise ValueError('x')\n"
-        "        except ValueError:\n            print('handled')\n        return a + b\nadd = Adder()"
-    ),
-}
-
-
-@needs_bwrap
-@pytest.mark.parametrize("name", list(LEGIT))
-def test_ordinary_solutions_pass_under_the_driver(name):
-    assert code_reward(LEGIT[name], ADD_TESTS) == (1.0, "passed")
-
-
-@needs_bwrap
-def test_tests_may_use_classes_and_helpers_of_the_solution():
-    program = (
-        "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        self.items.append(x)\n"
-        "    def pop(self):\n        return self.items.pop()\n"
-    )
-    tests = "s = Stack()\ns.push(1); s.push(2)\nassert s.pop() == 2\nassert s.items == [1]\nassert s.items != [2]"
-    assert code_reward(program, tests) == (1.0, "passed")
+# ------------------------------------------------- rewards (the tricks: tests/sandbox/test_reward_hacking.py)
 
 
 @needs_bwrap
@@ -317,6 +210,159 @@ def test_fork_storm_hits_the_process_limit_and_leaves_nothing():
     assert len(_pids()) < before + 5  # the forked sleepers died with the sandbox
 
 
+def _sandbox_cgroups() -> set[str]:
+    """The sandbox cgroup directories there are now, wherever this process makes them."""
+    parents = {*(sandbox_isolation._cgroup_parents() or {}), *glob.glob("/sys/fs/cgroup/*/")}
+    return {p for parent in parents for p in glob.glob(os.path.join(parent, sandbox_isolation.CGROUP_PREFIX + "*"))}
+
+
+# six children, each holding 40 MB at the same time: 240 MB in all, each one far below 128 MB
+FORKED_HOGS = textwrap.dedent("""
+    import os, sys, time
+    kids = []
+    for i in range(6):
+        pid = os.fork()
+        if pid == 0:
+            block = b"x" * (40 << 20)
+            print("held", i, flush=True)
+            time.sleep(1.5)
+            os._exit(0)
+        kids.append(pid)
+    failed = [os.waitpid(pid, 0)[1] != 0 for pid in kids]
+    sys.exit(1 if any(failed) else 0)
+""")
+
+
+@needs_bwrap
+def test_memory_is_bounded_for_all_processes_together():
+    r = run_python(FORKED_HOGS, memory_mb=128, processes=16, timeout_s=30)
+    assert not r.ok and r.memory_limit, (r.returncode, r.stdout, r.stderr[-300:])
+    assert r.reason == "memory limit (all processes together)"
+    assert r.stdout.count("held") < 6, r.stdout  # they never held their memory all at once
+
+
+@needs_bwrap
+def test_memory_in_files_counts_too():
+    memfd = (
+        "import os\nfd = os.memfd_create('x')\nfor i in range(150):\n    os.write(fd, b'x' * (1 << 20))\nprint('wrote')"
+    )
+    tmpfs = "f = open('/tmp/big', 'wb')\nfor i in range(150):\n    f.write(b'x' * (1 << 20))\nf.flush()\nprint('wrote')"
+    for program in (memfd, tmpfs):
+        r = run_python(program, memory_mb=64, file_mb=1024, scratch_mb=1024, timeout_s=30)
+        assert not r.ok and "wrote" not in r.stdout, (program, r.stdout)
+        assert r.memory_limit and r.reason == "memory limit (all processes together)", (program, r.reason)
+
+
+@needs_bwrap
+def test_a_program_within_the_memory_limit_runs():
+    r = run_python(
+        "block = bytearray(50 << 20)\nblock[::4096] = b'y' * len(block[::4096])\nprint(len(block))", memory_mb=256
+    )
+    assert r.ok and r.stdout == f"{50 << 20}\n" and not r.memory_limit, r.stderr[-300:]
+    # a single allocation past the limit fails in the program (the per-process address-space limit)
+    r = run_python("try:\n    bytearray(300 << 20)\nexcept MemoryError:\n    print('MemoryError')", memory_mb=256)
+    assert r.ok and r.stdout == "MemoryError\n", r.stderr[-300:]
+
+
+NEW_PROCESSES = textwrap.dedent("""
+    import ctypes, errno, os, subprocess, sys, threading
+    refused = []
+    def attempt(name, start):
+        try:
+            start()
+            print(name, "started")
+        except OSError as e:
+            print(name, "refused", type(e).__name__)
+            refused.append(name)
+    def fork():
+        if os.fork() == 0:
+            os._exit(0)
+    attempt("fork", fork)
+    attempt("subprocess.run", lambda: subprocess.run([sys.executable, "-c", "pass"], check=True))
+    # a preexec_fn makes _posixsubprocess.fork_exec fork rather than vfork
+    attempt("fork_exec", lambda: subprocess.run(["/bin/true"], preexec_fn=lambda: None, check=True))
+    attempt("posix_spawn", lambda: os.waitpid(os.posix_spawn(sys.executable, [sys.executable, "-c", "pass"], {}), 0))
+    done = []
+    thread = threading.Thread(target=lambda: done.append(sum(range(10))))
+    thread.start()
+    thread.join()
+    print("thread", done)
+    if os.uname().machine == "x86_64" and refused:  # the system calls themselves, past the C library
+        libc = ctypes.CDLL(None, use_errno=True)
+        def raw(nr, *args):
+            pid = libc.syscall(nr, *args)
+            if pid == 0:
+                os._exit(0)
+            return pid, errno.errorcode.get(ctypes.get_errno(), "") if pid < 0 else "started"
+        print("raw", (raw(57), raw(58), raw(56, 17, 0, 0, 0, 0), raw(435, 0, 0)))  # fork, vfork, clone(SIGCHLD), clone3
+""")
+
+
+@needs_bwrap
+def test_new_processes_can_be_refused_by_the_kernel():
+    r = run_python(NEW_PROCESSES, new_processes=False)
+    assert r.ok, r.stderr[-500:]
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines())
+    for name in ("fork", "subprocess.run", "fork_exec", "posix_spawn"):
+        assert lines[name] == "refused PermissionError", (name, r.stdout)
+    assert lines["thread"] == "[45]"
+    if os.uname().machine == "x86_64":
+        assert eval(lines["raw"]) == ((-1, "EPERM"), (-1, "EPERM"), (-1, "EPERM"), (-1, "ENOSYS")), r.stdout
+    r = run_python(NEW_PROCESSES)  # by default a program may start processes (within its limits)
+    assert r.ok and "fork started" in r.stdout and "subprocess.run started" in r.stdout, r.stdout
+
+
+def _run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
+    """What a classic-BPF seccomp filter answers for one system call (the instructions it uses only)."""
+    data = struct.pack("=iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
+    insns = [struct.unpack("=HBBI", program[i : i + 8]) for i in range(0, len(program), 8)]
+    pc, acc = 0, 0
+    while True:
+        code, jt, jf, k = insns[pc]
+        if code == 0x20:  # ld word at k
+            acc = struct.unpack_from("=I", data, k)[0]
+            pc += 1
+        elif code == 0x06:  # ret k
+            return k
+        else:
+            taken = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
+            pc += 1 + (jt if taken else jf)
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_the_process_filter_allows_threads_only(machine):
+    allow, eperm, enosys = 0x7FFF0000, 0x00050001, 0x00050026
+    audit_arch = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}[machine]
+    clone, clone3, openat = {"x86_64": (56, 435, 257), "aarch64": (220, 435, 56)}[machine]
+    thread, process = 0x3D0F00, 0x11  # pthread_create's flags (with CLONE_THREAD); fork's (SIGCHLD)
+    blocking, default = seccomp_program(machine, block_processes=True), seccomp_program(machine)
+    assert _run_bpf(blocking, clone, audit_arch, thread) == allow
+    assert _run_bpf(blocking, clone, audit_arch, process) == eperm
+    assert _run_bpf(blocking, clone, audit_arch, 0x4111) == eperm  # CLONE_VM | CLONE_VFORK | SIGCHLD (posix_spawn)
+    assert _run_bpf(blocking, clone3, audit_arch) == enosys
+    assert _run_bpf(blocking, openat, audit_arch) == allow
+    assert _run_bpf(blocking, clone, 0x40000003) == eperm  # another ABI
+    if machine == "x86_64":
+        assert _run_bpf(blocking, 57, audit_arch) == eperm and _run_bpf(blocking, 58, audit_arch) == eperm
+        assert _run_bpf(blocking, 59, audit_arch) == allow  # execve: bubblewrap execs the program after the filter
+    for nr in (clone, clone3, openat):  # without block_processes, processes may be created
+        assert _run_bpf(default, nr, audit_arch, process) == allow
+    assert _run_bpf(default, 272 if machine == "x86_64" else 97, audit_arch) == eperm  # unshare, as before
+
+
+@needs_bwrap
+def test_no_cgroup_is_left_behind():
+    before = _sandbox_cgroups()
+    run_python("print(1)")
+    run_python(FORKED_HOGS, memory_mb=128, processes=16, timeout_s=30)
+    # a process that left the session (and so the process group the caller kills) still goes with the cgroup
+    escaped = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(60)\ntime.sleep(60)"
+    r = run_python(escaped, timeout_s=1)
+    assert r.timed_out
+    run_python("print(1)", allow_unisolated=True)
+    assert _sandbox_cgroups() == before
+
+
 @needs_bwrap
 def test_output_flood_is_cut_while_it_streams():
     t0 = time.monotonic()
@@ -354,6 +400,7 @@ def test_sleeper_dies_when_its_parent_is_killed(tmp_path):
     script.write_text(
         "from slime.sandbox import run_python\nrun_python('import time; time.sleep(120)', timeout_s=120, cpu_s=120)\n"
     )
+    cgroups = _sandbox_cgroups()
     parent = subprocess.Popen([sys.executable, str(script)], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         deadline = time.monotonic() + 30
@@ -373,6 +420,13 @@ def test_sleeper_dies_when_its_parent_is_killed(tmp_path):
             time.sleep(0.1)
         survivors = {pid: c for pid, c in tree.items() if alive(pid)}
         assert not survivors, survivors
+        # the killed caller never removed its cgroup: that is what remove_stale_cgroups is for (past an age)
+        left = _sandbox_cgroups() - cgroups
+        deadline = time.monotonic() + 10
+        while _sandbox_cgroups() & left and time.monotonic() < deadline:
+            sandbox_isolation.remove_stale_cgroups(min_age_s=0)
+            time.sleep(0.1)
+        assert not _sandbox_cgroups() & left
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -417,9 +471,10 @@ def test_missing_bubblewrap_refuses_with_the_install_command(monkeypatch, tmp_pa
     assert grade_code("def add(a, b):\n    return a + b", ADD_TESTS, allow_unisolated=True) == (1.0, "passed")
 
 
-def test_root_without_a_pids_cgroup_is_not_isolated(monkeypatch):
-    if os.geteuid() != 0:
-        pytest.skip("only root is exempt from RLIMIT_NPROC")
-    monkeypatch.setattr(sandbox_isolation, "_cgroup_parent", lambda: None)
+def test_without_a_memory_and_pids_cgroup_the_sandbox_is_not_isolated(monkeypatch):
+    monkeypatch.setattr(sandbox_isolation, "_cgroup_parents", lambda: None)
     problem = sandbox_isolation.isolation_problem.__wrapped__()
-    assert "pids cgroup" in problem
+    assert "memory+pids cgroup" in problem and "run slime as root" in problem and "\n" not in problem
+    monkeypatch.setattr("slime.sandbox.run.isolation_problem", lambda: problem)
+    with pytest.raises(SandboxUnavailable, match="memory\\+pids cgroup.*--sandbox-allow-unisolated"):
+        check_sandbox(allow_unisolated=False)

@@ -12,15 +12,17 @@ parsing, sympy / math-verify run in worker processes (`grader_pool`) for at most
 `--math-grader-timeout` seconds, on grader threads the event loop awaits. A refused or timed-out
 grade scores 0 and its reason goes to `sample.metadata["reward_error"]` (`dapo` reads 300
 characters with string rules only: nothing to bound).
-`code` runs in the bubblewrap sandbox (`slime.sandbox`) and test code reports success only by a
-per-run token (`slime.sandbox.test_driver`).
+`code` runs the program in the bubblewrap sandbox (`slime.sandbox`), which only reports the values
+of the tests' calls into it; the asserts run in a judge process that never ran the program
+(`slime.sandbox.assert_tests`).
 
 Adversarial list: what a policy was tried with, through this API, and scores 0 or is refused
-(tests/sandbox/test_sandbox.py, tests/rollout/test_bounded_graders.py): exits before the tests
-(os._exit, sys.exit, atexit, exception hook, killing itself), objects equal to everything, patched
-or shadowed builtins, a forged success line, closed or redirected output, rebinding the driver's
-helpers, looking for the token (frames, tracebacks, inspect, the heap, /proc, ctypes, stdin, code
-compiled under a library file name), host files read or written (also after umount/remount),
+(tests/sandbox/test_reward_hacking.py, tests/sandbox/test_sandbox.py,
+tests/rollout/test_bounded_graders.py): exits before the tests (os._exit, sys.exit, atexit,
+exception hook, killing itself), objects equal to everything (against ==, tolerances, `in`,
+ordering, chained comparisons), patched or shadowed builtins and math.isclose, forged verdict or
+value lines, closed or redirected output, rewriting the judge's functions, signal handlers reading
+frames, subprocesses, values nested or sized to break the judge, host files read or written (also after umount/remount),
 loopback network, signals to host processes, fork storms, output floods, disk fill, outliving a
 killed parent; math answers that would hang sympy or exhaust memory.
 With `--custom-rm-path` set, that function is used instead (slime's convention: called with one

@@ -3,11 +3,11 @@
 The program is the last ```python fenced block of the response (else the last ``` block, else the
 whole response). The tests come from `metadata["tests"]`, else from the label:
 
-* a string: Python test code (asserts). A driver in the sandbox runs the program as `__main__`,
-  then the tests against its names, and reports success only with a random token made for the run,
-  written after the last test (`slime.sandbox.test_driver`): a program that exits before the tests, hooks
-  `atexit` or the exception hook, patches builtins or returns objects that equal everything
-  scores 0;
+* a string: Python test code (asserts), graded in two processes (`slime.sandbox.assert_tests`):
+  the sandbox runs the program and evaluates only the calls into it, returning their values as
+  plain data; a separate judge process, which never ran a line of the program, runs the asserts
+  on those values. Tests whose shape cannot be split that way are the data's error, refused when
+  the data loads (`check_code_tests`);
 * a list of `{"input": stdin, "output": expected stdout}` cases: each runs the program alone;
   a case passes when the output matches line by line (trailing spaces and blank lines ignored).
 
@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 import threading
+from dataclasses import replace
 from typing import Any
 
-from slime.sandbox import SandboxLimits, driver_source, run_python
+from slime.sandbox import SandboxLimits, grade_assert_tests, run_python
+from slime.sandbox.split_tests import split_tests
 
 _FENCE_PY = re.compile(r"```python\s*(.*?)```", re.IGNORECASE | re.DOTALL)
 _FENCE_ANY = re.compile(r"```(?:py)?\s*(.*?)```", re.IGNORECASE | re.DOTALL)
@@ -60,33 +61,18 @@ def _tests_of(sample: Any) -> Any:
     )
 
 
-_MARK = "@@slime-tests-passed "  # as slime.sandbox.test_driver.MARK
-
-
-def run_tests(code: str, tests: str, limits: SandboxLimits | None = None, **overrides: Any) -> tuple[float, str]:
-    """Assert-style tests through the token driver: (1.0, "passed") only when the driver wrote this
-    run's token after the last test."""
-    token = secrets.token_hex(16)
-    result = run_python(
-        driver_source(),
-        stdin=token,
-        files={"solution.py": code, "tests.py": tests},
-        limits=limits,
-        proc_fs=False,
-        **overrides,
-    )
-    last = result.stdout.rstrip("\n").rpartition("\n")[2]
-    if result.ok and last == _MARK + token:
-        return 1.0, "passed"
-    if result.ok:  # exit status 0 without the token: the program ended the run itself
-        return 0.0, "the tests did not run to the end (the program exited early or took over the output)"
-    return 0.0, result.reason
+def check_code_tests(sample: Any) -> None:
+    """At data-loading time: the sample's tests exist and, when assert-style, can be split for the
+    judge (raises ValueError naming the line and why)."""
+    tests = _tests_of(sample)
+    if isinstance(tests, str):
+        split_tests(tests)
 
 
 def grade_code(code: str, tests: Any, limits: SandboxLimits | None = None, **overrides: Any) -> tuple[float, str]:
     """(reward, reason of the first failure or "passed") — blocking; runs in a worker thread."""
     if isinstance(tests, str):
-        return run_tests(code, tests, limits, **overrides)
+        return grade_assert_tests(code, tests, replace(limits or SandboxLimits(), **overrides))
     for i, case in enumerate(tests):
         result = run_python(
             code, stdin=str(case["input"] if case["input"] is not None else ""), limits=limits, **overrides
