@@ -435,6 +435,12 @@ class _Probes(ast.NodeTransformer):
             return self.generic_visit(node)  # abs(f(x) - 2.0): the judge calls abs on the value
         if isinstance(node, ast.Subscript) and not self.s.touches(node.value):
             return self.generic_visit(node)  # expected[f(1)]
+        if isinstance(node, ast.Name) and node.id not in self.s.side:
+            raise UnsplittableTests(
+                self.line,
+                f"the solution's {node.id!r} itself is judged (isinstance, callable, identity...): a class or "
+                f"function cannot leave the sandbox as data; judge what calling it returns",
+            )
         if isinstance(node, (ast.Name, ast.Call, ast.Attribute, ast.Subscript)):
             i = self.s.probe(node, self.line)
             return ast.copy_location(ast.Call(ast.Name(VALUE, ast.Load()), [ast.Constant(i)], []), node)

@@ -264,6 +264,7 @@ def test_expected_values_never_reach_the_sandbox():
         ("assert eval(f(1)) == 3", "eval()"),
         ("import pickle\nassert pickle.loads(f(1)) == 3", "turns data into code"),
         ("x = f(1)", "no assert"),
+        ("assert isinstance(make(), Stack)", "the solution's 'Stack' itself is judged"),
         ("assert f(1) ==", "syntax error"),
     ],
 )
