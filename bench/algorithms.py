@@ -6,7 +6,7 @@ Builds the default job's tiny model and data (in a temporary SLIME_HOME unless o
 default job's SFT stage once, then, for each estimator, an RL run of fixed length with the default
 job's RL settings (32 prompts x 8 samples, lr 3e-4). Prints held-out greedy accuracy (`eval/arith`)
 after SFT and after RL (mean of the last two evaluations: single evaluations swing by 10+ points)
-and the mean time per step (rollout + train + weight sync) as a table. The README quotes its output.
+and the mean time per step (rollout + train + weight sync) as a table. docs/benchmarks.md ("Every estimator") quotes its output.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
     .venv/bin/python bench/default_job.py [--runs 1]
 
 Prints held-out accuracy before SFT, after SFT and after RL, the wall time of each stage
-(start-up included) and the mean time per step of each phase. The README quotes its output.
+(start-up included) and the mean time per step of each phase. README.md and docs/benchmarks.md ("The default job") quote its output.
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def sglang_server_command(args: Namespace, rank: int, base_gpu_id: int, port: in
         str(base_gpu_id),
         *spec.extra,
     ]
-    # SGLang reads its keys from the command line only (visible to local users; see README)
+    # SGLang reads its keys from the command line only (visible to local users; see docs/security.md)
     if args.engine_api_key is not None:
         cmd += ["--api-key", args.engine_api_key]
     if args.engine_admin_api_key is not None:

@@ -1,4 +1,5 @@
-"""The default job (`slime train`, no arguments) visibly learns: the README's headline claim.
+"""The default job (`slime train`, no arguments) visibly learns: the headline claim of README.md
+(figures in docs/benchmarks.md, "The default job").
 
 Takes ~3.5 minutes on 2 idle cores; select or skip it with `-m slow` / `-m "not slow"`.
 """

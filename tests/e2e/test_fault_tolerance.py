@@ -4,7 +4,7 @@ router SIGKILLed in the middle of a rollout. The rollout step completes with eve
 the checkpoint's). A dead trainer rank ends the call at once, naming the rank and the checkpoint.
 
 Each test prints one `FAULT-TABLE` line (fault, what was observed, samples lost, recovery time): the
-README's table comes from them (`pytest -s -k fault`).
+table in docs/fault-tolerance.md ("Measured recovery") comes from them (`pytest -s -k fault`).
 """
 
 from __future__ import annotations

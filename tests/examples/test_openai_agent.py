@@ -2,8 +2,8 @@
 through `--custom-generate-function-path slime.agent.generate.generate --agent-function-path
 examples.openai_agent.agent.run` (Ray, the engine behind its run key, the adapter, the trainer).
 The tiny random model will not call the tool; what is checked is the path: every sample came out
-of an adapter session with exact masks, and the run trained on them. The README's numbers are
-from examples/openai_agent/run.sh."""
+of an adapter session with exact masks, and the run trained on them. The numbers in
+examples/openai_agent/README.md and docs/agents.md are from examples/openai_agent/run.sh."""
 
 from __future__ import annotations
 

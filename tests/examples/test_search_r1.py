@@ -47,7 +47,7 @@ def _get_json(url: str, body: dict | None = None) -> Any:
 
 
 def start_retrieval_server(port: int) -> subprocess.Popen:
-    """`python -m examples.search_r1.retrieval_server --port N`, as the README runs it; waits for /health."""
+    """`python -m examples.search_r1.retrieval_server --port N`, as examples/search_r1/README.md runs it; waits for /health."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "examples.search_r1.retrieval_server", "--port", str(port)],
         cwd=REPO,
@@ -95,7 +95,7 @@ async def reward_through_hook(args: Namespace, sample: Sample) -> float:
     turns = sample.metadata.get("turns")
     if not turns or turns[0]["role"] != "model" or len(sample.loss_mask) != sample.response_length:
         raise AssertionError(f"sample {sample.index} did not come through run_multi_turn: {turns}")
-    if "SEARCH_R1_URL" not in os.environ:  # the README's claim: the rollout process inherits it
+    if "SEARCH_R1_URL" not in os.environ:  # examples/search_r1/README.md's claim: the rollout process inherits it
         raise AssertionError("SEARCH_R1_URL did not reach the rollout process")
     return await reward(args, sample)
 

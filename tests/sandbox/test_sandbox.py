@@ -4,7 +4,7 @@ that hold against the policy.
 Everything here goes through the public API a rollout uses (`async_rm` with `--rm-type code`, or
 `run_python` for tool calls), as a policy's program would, and checks the host side: the reward,
 files on the host, host processes, a loopback listener. The list of attacks is the documented
-"adversarial" list of `slime.rollout.rm_hub` (see its README section).
+"adversarial" list of `slime.rollout.rm_hub` (docs/rewards-and-sandbox.md, "The adversarial list").
 """
 
 import asyncio
