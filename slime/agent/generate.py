@@ -22,7 +22,8 @@ Taken from the run's arguments: per-turn sampling defaults from the rollout's sa
 `max_tokens`, `stop` override them, as in slime); `--max-turns` is the adapter's
 `max_turns_per_sid` (429 beyond it); `--max-total-tokens` (else `--rollout-max-context-len`) the
 session's `max_context_tokens` (a longer prompt gets the API's context-length error);
-`--sglang-tool-call-parser` / `--sglang-reasoning-parser` the parsers (`slime.agent.parsing`).
+`--sglang-tool-call-parser` / `--sglang-reasoning-parser` the parsers (`slime.engine.parsing`, shared
+with the engine's /v1 routes).
 
 Outcomes: a session with turns -> its samples (reward: the agent's, else None for the reward
 model). An agent that raised (a 429 it did not catch, a bug) after some turns -> those samples,
@@ -45,8 +46,8 @@ from transformers import AutoTokenizer
 
 from slime.agent.adapters.openai import OpenAIAdapter
 from slime.agent.aiohttp_threaded import AppHandle, run_app_in_thread
-from slime.agent.parsing import check_parser_names
 from slime.engine.args import passthrough_value
+from slime.engine.parsing import check_parser_names
 from slime.errors import SlimeError
 from slime.rollout.generation import GenerateState, engine_url, prompt_ids_of
 from slime.utils.api_keys import key_for
@@ -89,7 +90,7 @@ _lock = threading.Lock()
 
 def engine_parser_option(args: Namespace, flag: str) -> str | None:
     """An `--sglang-<flag>` value the run was given, whether or not the engine itself uses it (the
-    built-in engine has no tool-call or reasoning parser: the adapters parse)."""
+    adapter parses the output it gets from /generate, whichever engine serves it)."""
     tokens = list(args.sglang_args) if hasattr(args, "sglang_args") else []
     for note in args.sglang_options_not_used if hasattr(args, "sglang_options_not_used") else []:
         name, _, value = note.partition(" ")

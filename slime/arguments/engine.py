@@ -156,7 +156,13 @@ def _add_router_and_request_arguments(g: argparse._ArgumentGroup) -> None:
         help="Max in-flight requests per engine from the rollout client.",
     )
     g.add_argument("--sglang-router-ip", type=str, default=None, help="Use an existing router/engine at this address.")
-    g.add_argument("--sglang-router-port", type=int, default=None)
+    g.add_argument(
+        "--sglang-router-port",
+        type=int,
+        default=None,
+        help="Port of an sglang-router that is already running (with --sglang-router-ip): the run uses it instead of"
+        " starting one.",
+    )
     g.add_argument(
         "--router-policy",
         choices=ROUTER_POLICIES,
@@ -466,17 +472,9 @@ def sort_passthrough(tokens: list[str], backend: str) -> tuple[list[str], list[s
     return forward, not_used
 
 
-# SGLang options that slime's agent adapter reads itself (slime.agent.generate parses the model's
-# output with them): with --agent-function-path the run uses them even where the engine does not.
-AGENT_PARSER_OPTIONS = ("--sglang-tool-call-parser", "--sglang-reasoning-parser")
-
-
 def unused_note(args: argparse.Namespace) -> str | None:
-    """One line naming the SGLang options set that the built-in engine does not use (and nothing
-    else in the run does: the agent adapter's parser options are not named when it runs)."""
+    """One line naming the SGLang options set that the built-in engine does not use."""
     not_used = list(getattr(args, "sglang_options_not_used", None) or [])
-    if args.agent_function_path:
-        not_used = [o for o in not_used if o.split(" ", 1)[0].split("=", 1)[0] not in AGENT_PARSER_OPTIONS]
     if not not_used:
         return None
     return "SGLang options accepted but not used by the built-in engine: " + "; ".join(not_used)

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from slime.engine.parsing import REASONING_PARSERS, TOOL_PARSERS
 from slime.errors import SlimeError
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
 
@@ -38,7 +39,7 @@ def server_threads(args: argparse.Namespace) -> int:
 
 def build_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m slime.engine.server",
+        prog="slime serve",  # also `python -m slime.engine.server`
         description="slime's built-in inference engine (a subset of SGLang's HTTP API, CPU).",
     )
     _add_model_args(p)
@@ -74,6 +75,7 @@ def build_arg_parser() -> argparse.ArgumentParser:
         "sets rather than its vendor (slime.runtime.mkl_vendor)",
     )
     _add_kv_cache_args(p)
+    _add_openai_args(p)
     p.add_argument(
         "--model-impl",
         default="auto",
@@ -142,6 +144,29 @@ def _add_kv_cache_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="KV token budget of the running batch (overrides --mem-fraction-static)",
+    )
+
+
+def _add_openai_args(p: argparse.ArgumentParser) -> None:
+    """The OpenAI-compatible routes (/v1/models, /v1/completions, /v1/chat/completions)."""
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model's id in /v1/models and in /v1 answers (SGLang's flag; default: --model-path)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=list(TOOL_PARSERS),
+        help="/v1/chat/completions with tools: parse the model's tool calls from its output in this "
+        "format (SGLang's flag and names; default: none, the output is plain content)",
+    )
+    p.add_argument(
+        "--reasoning-parser",
+        default=None,
+        choices=list(REASONING_PARSERS),
+        help="/v1/chat/completions: split the model's reasoning (<think>...</think>) off into "
+        "reasoning_content (SGLang's flag and names)",
     )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from slime.engine.http import dumps, error_body
+from slime.engine.http import dumps, error_body, openai_error_body
 from slime.utils.api_keys import bearer_matches, required_key
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -84,8 +84,9 @@ def body_cap(policy: Policy, path: str) -> int:
     return policy.max_weight_body if path in WEIGHT_BODY_PATHS else policy.max_body
 
 
-async def _answer(send, status: int, message: str) -> None:
-    body = dumps(error_body(message))
+async def _answer(send, path: str, status: int, message: str) -> None:
+    # the OpenAI-compatible routes answer every error in their own shape
+    body = dumps(openai_error_body(message, status) if path.startswith("/v1/") else error_body(message))
     await send(
         {
             "type": "http.response.start",
@@ -130,7 +131,7 @@ def guarded(app, policy: Policy):
                 return await app(scope, receive, send)
             body = await _read_capped(receive, body_cap(policy, scope["path"]))
         except Refused as e:
-            return await _answer(send, e.status, str(e))
+            return await _answer(send, scope["path"], e.status, str(e))
         if body is None:
             return
         sent = False

@@ -39,6 +39,30 @@ def error_body(msg: str) -> dict:
     return {"error": {"message": msg}, "success": False, "message": msg}
 
 
+# the `type` of an OpenAI-shaped error by HTTP status (the openai client's exception class names)
+OPENAI_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    413: "BadRequestError",
+    415: "BadRequestError",
+    500: "InternalServerError",
+    503: "ServiceUnavailableError",
+}
+
+
+def openai_error_body(msg: str, status: int = 400, param: str | None = None) -> dict:
+    """SGLang's error answer on its OpenAI-compatible routes (the openai client reads `message`)."""
+    return {
+        "object": "error",
+        "message": msg,
+        "type": OPENAI_ERROR_TYPES.get(status, "APIError"),
+        "param": param,
+        "code": status,
+    }
+
+
 def json_response(obj: Any = None, status: int = 200) -> Response:
     return Response(content=dumps(obj if obj is not None else {}), status_code=status, media_type="application/json")
 

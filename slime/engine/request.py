@@ -6,6 +6,8 @@ scheduler, SGLang's answer shape out.
 * `Req` carries what the scheduler needs and what it fills in while the request runs.
 * `result_of(req, tokenizer, weight_version)` is the JSON answer (`text`, `output_ids`,
   `meta_info` with `finish_reason`, token counts and log-probs).
+* `encode_text`, `check_token_ids` and `make_request` are the same steps for other front ends
+  (the OpenAI-compatible routes): one prompt's token ids, checked, into a `Req` that fits.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import functools
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -23,7 +26,6 @@ from slime.engine.sampling import BadRequest, SamplingParams
 # Top-level /generate fields accepted only at their neutral value (the feature is not built in).
 _NEUTRAL_FIELDS: dict[str, Any] = {
     "stream": False,
-    "top_logprobs_num": 0,
     "token_ids_logprob": None,
     "lora_path": None,
     "lora_id": None,
@@ -67,7 +69,11 @@ _FIELDS = {
     "logprob_start_len",
     "rid",
     "return_text_in_logprobs",
+    "top_logprobs_num",
 }
+# the most alternatives one token's top log-probs may list (`top_logprobs_num`): each costs every
+# step a top-k and the answer a [log-prob, id, text] triple per token
+MAX_TOP_LOGPROBS = 256
 
 
 @dataclass(eq=False)
@@ -78,10 +84,13 @@ class Req:
     return_logprob: bool = False
     logprob_start_len: int = -1
     return_text_in_logprobs: bool = False
+    top_logprobs_num: int = 0  # with return_logprob: the k best log-probs of every position too
     # filled while it runs
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    output_top_logprobs: list[tuple[list[float], list[int]]] = field(default_factory=list)
     input_logprobs: list[float | None] | None = None
+    input_top_logprobs: list[tuple[list[float], list[int]] | None] | None = None
     finish_reason: dict | None = None
     stop_str_pos: int | None = None  # where a matched stop string starts in the decoded text
     stop_checked: int = 0  # output tokens already searched for stop strings
@@ -96,6 +105,7 @@ class Req:
     # delivery: the server sets these
     future: Any = None
     loop: Any = None
+    on_token: Callable[[], None] | None = None  # called on the worker thread after each new token (streaming)
 
     @property
     def finished(self) -> bool:
@@ -131,6 +141,7 @@ def parse_generate(body: Any, runner, max_total_tokens: int | None) -> tuple[lis
             ("return_logprob", False),
             ("logprob_start_len", -1),
             ("return_text_in_logprobs", False),
+            ("top_logprobs_num", 0),
         )
     }
     rid = body.get("rid")
@@ -146,11 +157,36 @@ def parse_generate(body: Any, runner, max_total_tokens: int | None) -> tuple[lis
             params_of[id(raw)] = SamplingParams.from_dict(
                 raw, vocab_size=runner.vocab_size, where=f"sampling_params{where}"
             )
-        sp = _with_room(params_of[id(raw)], len(ids), where, runner.context_length, max_total_tokens)
-        req = _request(ids, sp, {k: v[b] for k, v in columns.items()}, where, runner)
-        _check_fits(req, where, runner.context_length, max_total_tokens)
-        reqs.append(req)
+        fields = _checked_fields({k: v[b] for k, v in columns.items()}, where, runner.vocab_size)
+        reqs.append(make_request(ids, params_of[id(raw)], runner, max_total_tokens, where=where, **fields))
     return reqs, is_batch
+
+
+def make_request(
+    ids: list[int],
+    sp: SamplingParams,
+    runner,
+    max_total_tokens: int | None,
+    *,
+    where: str = "",
+    new_tokens_name: str = "max_new_tokens",
+    **fields: Any,
+) -> Req:
+    """A `Req` for checked prompt ids, with its max_new_tokens resolved; BadRequest when the prompt
+    and its new tokens do not fit the context or the KV budget (`new_tokens_name` names the cap
+    in that message). `fields`: `Req` fields (return_logprob, logprob_start_len, rid, ...)."""
+    sp = _with_room(sp, len(ids), where, runner.context_length, max_total_tokens)
+    rid = fields.pop("rid", None)
+    stop_ids = set(sp.stop_token_ids)
+    if not sp.ignore_eos:
+        stop_ids |= runner.eos_token_ids
+    req = Req(input_ids=list(ids), params=sp, stop_ids=frozenset(stop_ids), **fields)
+    if rid is not None:
+        req.rid = rid
+    if sp.sampling_seed is not None:
+        req.generator = torch.Generator().manual_seed(sp.sampling_seed)
+    _check_fits(req, where, runner.context_length, max_total_tokens, new_tokens_name)
+    return req
 
 
 def _check_fields(body: dict) -> None:
@@ -174,33 +210,45 @@ def _prompts(body: dict, runner) -> tuple[list[list[int]], bool]:
             raise BadRequest("input_ids must be a non-empty list of token ids (or a list of such lists)")
         is_batch = isinstance(input_ids[0], list)
         prompts = input_ids if is_batch else [input_ids]
-        vocab = runner.vocab_size
         for b, ids in enumerate(prompts):
-            where = f"input_ids[{b}]" if is_batch else "input_ids"
-            if not isinstance(ids, list) or not ids:
-                raise BadRequest(f"{where} must be a non-empty list of token ids")
-            for t in ids:
-                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                    raise BadRequest(f"{where} contains {t!r}, not a token id in [0, {vocab})")
+            check_token_ids(ids, f"input_ids[{b}]" if is_batch else "input_ids", runner.vocab_size)
         return prompts, is_batch
     is_batch = isinstance(text, list)
     texts = text if is_batch else [text]
     if not texts or not all(isinstance(t, str) for t in texts):
         raise BadRequest("text must be a string or a non-empty list of strings")
-    for b, t in enumerate(texts):
-        # refused before tokenizing (which takes seconds for megabytes): a text longer than this
-        # cannot encode to fewer tokens than the context length
-        if len(t) > runner.max_prompt_chars:
-            raise BadRequest(
-                f"text{f'[{b}]' if is_batch else ''} has {len(t)} characters, more than the context length "
-                f"can hold ({runner.context_length} tokens of at most {runner.max_token_chars} characters "
-                f"each: {runner.max_prompt_chars}); send a shorter text"
-            )
-    prompts = [runner.tokenizer.encode(t) for t in texts]
-    for b, ids in enumerate(prompts):
-        if not ids:
-            raise BadRequest(f"text{f'[{b}]' if is_batch else ''} encodes to no tokens")
-    return prompts, is_batch
+    for b, t in enumerate(texts):  # every length first: none is tokenized if one is too long
+        check_text_length(t, f"text[{b}]" if is_batch else "text", runner)
+    return [encode_text(t, f"text[{b}]" if is_batch else "text", runner) for b, t in enumerate(texts)], is_batch
+
+
+def check_token_ids(ids: Any, name: str, vocab: int) -> None:
+    if not isinstance(ids, list) or not ids:
+        raise BadRequest(f"{name} must be a non-empty list of token ids", param=name.split("[", 1)[0])
+    for t in ids:
+        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            raise BadRequest(f"{name} contains {t!r}, not a token id in [0, {vocab})", param=name.split("[", 1)[0])
+
+
+def check_text_length(text: str, name: str, runner) -> None:
+    """Refused before tokenizing (which takes seconds for megabytes): a text longer than this
+    cannot encode to fewer tokens than the context length."""
+    if len(text) > runner.max_prompt_chars:
+        raise BadRequest(
+            f"{name} has {len(text)} characters, more than the context length can hold "
+            f"({runner.context_length} tokens of at most {runner.max_token_chars} characters each: "
+            f"{runner.max_prompt_chars}); send a shorter text",
+            param=name.split("[", 1)[0],
+        )
+
+
+def encode_text(text: str, name: str, runner, *, add_special_tokens: bool = True) -> list[int]:
+    """`text`'s token ids (its length checked first); BadRequest when it encodes to none."""
+    check_text_length(text, name, runner)
+    ids = list(runner.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    if not ids:
+        raise BadRequest(f"{name} encodes to no tokens", param=name.split("[", 1)[0])
+    return ids
 
 
 def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list:
@@ -211,12 +259,14 @@ def _per_item(value: Any, n: int, name: str, is_batch: bool) -> list:
     return [value] * n
 
 
-def _request(ids: list[int], sp: SamplingParams, fields: dict[str, Any], where: str, runner) -> Req:
-    rl, tl, ls, r_id = (
+def _checked_fields(fields: dict[str, Any], where: str, vocab: int) -> dict[str, Any]:
+    """One /generate prompt's per-request fields, type-checked, as `Req` keyword arguments."""
+    rl, tl, ls, r_id, top = (
         fields["return_logprob"],
         fields["return_text_in_logprobs"],
         fields["logprob_start_len"],
         fields["rid"],
+        fields["top_logprobs_num"],
     )
     rl = False if rl is None else rl
     if not isinstance(rl, bool):
@@ -228,22 +278,18 @@ def _request(ids: list[int], sp: SamplingParams, fields: dict[str, Any], where: 
         raise BadRequest(f"logprob_start_len{where} must be an integer >= -1, got {ls!r}")
     if r_id is not None and not isinstance(r_id, str):
         raise BadRequest(f"rid{where} must be a string, got {r_id!r}")
-    stop_ids = set(sp.stop_token_ids)
-    if not sp.ignore_eos:
-        stop_ids |= runner.eos_token_ids
-    req = Req(
-        input_ids=list(ids),
-        params=sp,
-        return_logprob=rl,
-        logprob_start_len=ls,
-        return_text_in_logprobs=tl,
-        stop_ids=frozenset(stop_ids),
-    )
-    if r_id is not None:
-        req.rid = r_id
-    if sp.sampling_seed is not None:
-        req.generator = torch.Generator().manual_seed(sp.sampling_seed)
-    return req
+    top = 0 if top is None else top
+    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= min(MAX_TOP_LOGPROBS, vocab):
+        raise BadRequest(
+            f"top_logprobs_num{where} must be an integer in [0, {min(MAX_TOP_LOGPROBS, vocab)}], got {top!r}"
+        )
+    return {
+        "return_logprob": rl,
+        "return_text_in_logprobs": tl,
+        "logprob_start_len": ls,
+        "rid": r_id,
+        "top_logprobs_num": top if rl else 0,
+    }
 
 
 def _with_room(
@@ -259,31 +305,42 @@ def _with_room(
     return replace(sp, max_new_tokens=room)
 
 
-def _check_fits(req: Req, where: str, context_length: int, max_total_tokens: int | None) -> None:
+def _check_fits(
+    req: Req, where: str, context_length: int, max_total_tokens: int | None, new_name: str = "max_new_tokens"
+) -> None:
     n, new = len(req.input_ids), req.max_new_tokens
     if n + new > context_length:
         raise BadRequest(
-            f"prompt{where} has {n} tokens and max_new_tokens is {new}: "
-            f"together more than the context length {context_length}"
+            f"prompt{where} has {n} tokens and {new_name} is {new}: "
+            f"together more than the context length {context_length}",
+            param=new_name,
         )
     if max_total_tokens is not None and n + new > max_total_tokens:
         raise BadRequest(
-            f"prompt{where} has {n} tokens and max_new_tokens is {new}: together more than the "
-            f"KV token budget {max_total_tokens} (--max-total-tokens / --mem-fraction-static)"
+            f"prompt{where} has {n} tokens and {new_name} is {new}: together more than the "
+            f"KV token budget {max_total_tokens} (--max-total-tokens / --mem-fraction-static)",
+            param=new_name,
         )
 
 
 # ------------------------------------------------------------------------------------ while it runs
-def input_logprobs(logits: torch.Tensor, r: Req) -> list[float | None]:
-    """Log-probs of prompt tokens from index `logprob_start_len` (the first token gets None).
-    `logits` [len(prompt + output so far), V]: row t predicts token t + 1."""
+TopLogprobs = tuple[list[float], list[int]]  # one position's k best (log-probs, token ids), best first
+
+
+def input_logprobs(logits: torch.Tensor, r: Req) -> tuple[list[float | None], list[TopLogprobs | None] | None]:
+    """Log-probs of prompt tokens from index `logprob_start_len` (the first token gets None), and
+    with `top_logprobs_num` each position's top-k (else None). `logits` [len(prompt + output so
+    far), V]: row t predicts token t + 1."""
     ids = r.input_ids
     n = len(ids)
     start = min(r.logprob_start_len, n)
     out: list[float | None] = []
+    tops: list[TopLogprobs | None] | None = [] if r.top_logprobs_num > 0 else None
     first = start
     if start == 0:
         out.append(None)
+        if tops is not None:
+            tops.append(None)
         first = 1
     if first < n:
         temp = 1.0 if r.params.greedy else r.params.temperature
@@ -291,9 +348,12 @@ def input_logprobs(logits: torch.Tensor, r: Req) -> list[float | None]:
         if temp != 1.0:
             rows = rows / temp
         lp = torch.log_softmax(rows, dim=-1)
-        tgt = torch.tensor(ids[first:n], dtype=torch.long).unsqueeze(1)
+        tgt = torch.tensor(ids[first:n], dtype=torch.long, device=lp.device).unsqueeze(1)
         out.extend(lp.gather(1, tgt).squeeze(1).tolist())
-    return out
+        if tops is not None:
+            values, top_ids = lp.topk(min(r.top_logprobs_num, lp.shape[-1]), dim=-1)
+            tops.extend(zip(values.tolist(), top_ids.tolist(), strict=True))
+    return out, tops
 
 
 def check_stop_strings(r: Req, tokenizer) -> None:
@@ -352,14 +412,23 @@ def result_of(r: Req, tokenizer, weight_version: str) -> dict:
         "e2e_latency": time.perf_counter() - r.created,
     }
     if r.return_logprob:
-        meta["output_token_logprobs"] = _logprob_triples(
-            r.output_logprobs, r.output_ids, tokenizer, r.return_text_in_logprobs
-        )
+        with_text = r.return_text_in_logprobs
+        meta["output_token_logprobs"] = _logprob_triples(r.output_logprobs, r.output_ids, tokenizer, with_text)
+        if r.top_logprobs_num > 0:
+            meta["output_top_logprobs"] = [_top_triples(t, tokenizer, with_text) for t in r.output_top_logprobs]
         if r.logprob_start_len >= 0:
             in_ids = r.input_ids[min(r.logprob_start_len, len(r.input_ids)) :]
             lps = r.input_logprobs or [None] * len(in_ids)
-            meta["input_token_logprobs"] = _logprob_triples(lps, in_ids, tokenizer, r.return_text_in_logprobs)
+            meta["input_token_logprobs"] = _logprob_triples(lps, in_ids, tokenizer, with_text)
+            if r.top_logprobs_num > 0:
+                tops = r.input_top_logprobs or [None] * len(in_ids)
+                meta["input_top_logprobs"] = [_top_triples(t, tokenizer, with_text) for t in tops]
     return {"text": text, "output_ids": list(r.output_ids), "meta_info": meta}
+
+
+def _top_triples(top: TopLogprobs | None, tokenizer, with_text: bool) -> list[list] | None:
+    """One position's top-k as SGLang's triples (None where there is none: a prompt's first token)."""
+    return None if top is None else _logprob_triples(top[0], top[1], tokenizer, with_text)
 
 
 def _logprob_triples(logprobs, ids, tokenizer, with_text: bool) -> list[list]:

@@ -86,7 +86,7 @@ def add_rows(
     if full is not None:
         for i, r in enumerate(new):
             if need_input_lp[i]:
-                r.input_logprobs = input_logprobs(full[i], r)
+                r.input_logprobs, r.input_top_logprobs = input_logprobs(full[i], r)
         del full
     done_now = [r for r in new if len(r.output_ids) >= r.max_new_tokens]
     for r in done_now:
@@ -101,15 +101,24 @@ def add_rows(
     return rows + [new[i] for i in staying], last.index_select(0, torch.tensor(staying, dtype=torch.long))
 
 
-def record_step(rows: list[Req], tokens: list[int], logprobs: list[float], tokenizer) -> list[Req]:
-    """Append each running row's sampled token; returns the rows this step finished."""
+def record_step(
+    rows: list[Req],
+    tokens: list[int],
+    logprobs: list[float],
+    tokenizer,
+    tops: dict[int, tuple[list[float], list[int]]] | None = None,
+) -> list[Req]:
+    """Append each running row's sampled token (and its top-k log-probs, `tops` by row, for the rows
+    that asked); returns the rows this step finished."""
     newly: list[Req] = []
     for i, r in enumerate(rows):
         if r.finish_reason is not None:  # finished earlier, waiting for compaction
             continue
         t = tokens[i]
-        r.output_ids.append(t)
+        if tops is not None and i in tops:  # before the token: a streaming reader never sees it without them
+            r.output_top_logprobs.append(tops[i])
         r.output_logprobs.append(logprobs[i])
+        r.output_ids.append(t)
         n = len(r.output_ids)
         p = r.params
         if n >= p.min_new_tokens:
@@ -121,6 +130,8 @@ def record_step(rows: list[Req], tokens: list[int], logprobs: list[float], token
             r.finish_reason = {"type": "length", "length": r.max_new_tokens}
         if r.finish_reason is not None:
             newly.append(r)
+        elif r.on_token is not None:  # a finished row is delivered instead
+            r.on_token()
     return newly
 
 

@@ -21,7 +21,12 @@ import torch
 
 
 class BadRequest(ValueError):
-    """A malformed request; the server answers HTTP 400 with this message."""
+    """A malformed request; the server answers HTTP 400 with this message. `param`: the request
+    field at fault, where one is (the OpenAI-compatible routes report it)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 # Parameters SGLang accepts that this engine does not implement: allowed only at their neutral
@@ -70,10 +75,15 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, d: Any, *, vocab_size: int, where: str = "sampling_params") -> SamplingParams:
+        """`where`: the prefix of field names in error messages ("" names the bare fields)."""
         if d is None:
             d = {}
         if not isinstance(d, dict):
-            raise BadRequest(f"{where} must be an object, got {type(d).__name__}")
+            raise BadRequest(f"{where} must be an object, got {type(d).__name__}", param=where or None)
+
+        def name(key: str) -> str:
+            return f"{where}.{key}" if where else key
+
         p = cls()
         for key, value in d.items():
             if key in _IGNORED:
@@ -81,36 +91,46 @@ class SamplingParams:
             if key in _NEUTRAL_ONLY:
                 if value is not None and value != _NEUTRAL_ONLY[key]:
                     raise BadRequest(
-                        f"{where}.{key}={value!r} is not supported by the built-in engine (only {_NEUTRAL_ONLY[key]!r})"
+                        f"{name(key)}={value!r} is not supported by the built-in engine (only {_NEUTRAL_ONLY[key]!r})",
+                        param=key,
                     )
                 continue
             if key not in _FIELDS:
-                raise BadRequest(f"unknown sampling parameter {where}.{key!r}")
+                raise BadRequest(f"unknown sampling parameter {name(key)!r}", param=key)
             if value is None:  # null means "default", as in SGLang (for max_new_tokens: no limit of its own)
                 if key == "max_new_tokens":
                     p.max_new_tokens = None
                 continue
-            setattr(p, key, _FIELDS[key](value, f"{where}.{key}", vocab_size))
-        if p.top_p <= 0.0 or p.top_p > 1.0:
-            raise BadRequest(f"{where}.top_p must be in (0, 1], got {p.top_p}")
-        if p.top_k == 0 or p.top_k < -1:
-            raise BadRequest(f"{where}.top_k must be -1 (disabled) or >= 1, got {p.top_k}")
-        if not 0.0 <= p.min_p <= 1.0:
-            raise BadRequest(f"{where}.min_p must be in [0, 1], got {p.min_p}")
-        if p.temperature < 0:
-            raise BadRequest(f"{where}.temperature must be >= 0, got {p.temperature}")
-        if p.max_new_tokens is not None and p.max_new_tokens < 0:
-            raise BadRequest(f"{where}.max_new_tokens must be >= 0, got {p.max_new_tokens}")
-        if p.min_new_tokens < 0 or (p.max_new_tokens is not None and p.min_new_tokens > p.max_new_tokens):
-            raise BadRequest(
-                f"{where}.min_new_tokens must be in [0, max_new_tokens={p.max_new_tokens}], got {p.min_new_tokens}"
-            )
+            setattr(p, key, _FIELDS[key](value, name(key), vocab_size))
+        p._check_ranges(name)
         return p
+
+    def _check_ranges(self, name) -> None:
+        def bad(key: str, rule: str, value: Any) -> BadRequest:
+            return BadRequest(f"{name(key)} must be {rule}, got {value}", param=key)
+
+        if self.top_p <= 0.0 or self.top_p > 1.0:
+            raise bad("top_p", "in (0, 1]", self.top_p)
+        if self.top_k == 0 or self.top_k < -1:
+            raise bad("top_k", "-1 (disabled) or >= 1", self.top_k)
+        if not 0.0 <= self.min_p <= 1.0:
+            raise bad("min_p", "in [0, 1]", self.min_p)
+        if self.temperature < 0:
+            raise bad("temperature", ">= 0", self.temperature)
+        if self.max_new_tokens is not None and self.max_new_tokens < 0:
+            raise bad("max_new_tokens", ">= 0", self.max_new_tokens)
+        if self.min_new_tokens < 0 or (self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens):
+            raise bad("min_new_tokens", f"in [0, max_new_tokens={self.max_new_tokens}]", self.min_new_tokens)
+
+
+def _field(name: str) -> str:
+    """'sampling_params[0].top_p' -> 'top_p'."""
+    return name.rsplit(".", 1)[-1]
 
 
 def _as_float(v: Any, name: str, _vocab: int) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise BadRequest(f"{name} must be a finite number, got {v!r}")
+        raise BadRequest(f"{name} must be a finite number, got {v!r}", param=_field(name))
     return float(v)
 
 
@@ -118,13 +138,13 @@ def _as_int(v: Any, name: str, _vocab: int) -> int:
     if isinstance(v, float) and v.is_integer():
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
-        raise BadRequest(f"{name} must be an integer, got {v!r}")
+        raise BadRequest(f"{name} must be an integer, got {v!r}", param=_field(name))
     return v
 
 
 def _as_bool(v: Any, name: str, _vocab: int) -> bool:
     if not isinstance(v, bool):
-        raise BadRequest(f"{name} must be true or false, got {v!r}")
+        raise BadRequest(f"{name} must be true or false, got {v!r}", param=_field(name))
     return v
 
 
@@ -139,11 +159,19 @@ def _as_stop(v: Any, name: str, _vocab: int) -> list[str]:
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not all(isinstance(s, str) and s for s in v):
-        raise BadRequest(f"{name} must be a non-empty string or a list of non-empty strings, got {str(v)[:200]!r}")
+        raise BadRequest(
+            f"{name} must be a non-empty string or a list of non-empty strings, got {str(v)[:200]!r}",
+            param=_field(name),
+        )
     if len(v) > MAX_STOP_STRINGS:
-        raise BadRequest(f"{name} has {len(v)} stop strings; at most {MAX_STOP_STRINGS} are accepted")
+        raise BadRequest(
+            f"{name} has {len(v)} stop strings; at most {MAX_STOP_STRINGS} are accepted", param=_field(name)
+        )
     if sum(map(len, v)) > MAX_STOP_CHARS:
-        raise BadRequest(f"{name} holds {sum(map(len, v))} characters; at most {MAX_STOP_CHARS} in all are accepted")
+        raise BadRequest(
+            f"{name} holds {sum(map(len, v))} characters; at most {MAX_STOP_CHARS} in all are accepted",
+            param=_field(name),
+        )
     return list(v)
 
 
@@ -151,10 +179,10 @@ def _as_token_ids(v: Any, name: str, vocab: int) -> list[int]:
     if isinstance(v, int) and not isinstance(v, bool):
         v = [v]
     if not isinstance(v, list):
-        raise BadRequest(f"{name} must be a list of token ids, got {v!r}")
+        raise BadRequest(f"{name} must be a list of token ids, got {v!r}", param=_field(name))
     for t in v:
         if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-            raise BadRequest(f"{name} contains {t!r}, not a token id in [0, {vocab})")
+            raise BadRequest(f"{name} contains {t!r}, not a token id in [0, {vocab})", param=_field(name))
     return list(v)
 
 
@@ -177,6 +205,15 @@ _FIELDS = {
     "ignore_eos": _as_bool,
     "sampling_seed": _as_seed,
 }
+
+
+def top_logprobs(logprobs: torch.Tensor, rows: list[tuple[int, int]]) -> dict[int, tuple[list[float], list[int]]]:
+    """{row: (its k best log-probs, their token ids)} for each (row, k) of `rows`; one topk call."""
+    idx = torch.tensor([i for i, _ in rows], dtype=torch.long, device=logprobs.device)
+    k = min(max(k for _, k in rows), logprobs.shape[-1])
+    values, ids = logprobs.index_select(0, idx).topk(k, dim=-1)
+    values_l, ids_l = values.tolist(), ids.tolist()
+    return {i: (values_l[j][:want], ids_l[j][:want]) for j, (i, want) in enumerate(rows)}
 
 
 class BatchSampler:
@@ -211,6 +248,9 @@ class BatchSampler:
             s and (p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0) for s, p in zip(sampled, ps, strict=True)
         )
         self.seeded = [i for i, r in enumerate(rows) if r.generator is not None]
+        # rows that asked for the top-k log-probs of every step (`top_logprobs_num`)
+        self.top_rows = [(i, k) for i, r in enumerate(rows) if (k := getattr(r, "top_logprobs_num", 0)) > 0]
+        self.last_top: dict[int, tuple[list[float], list[int]]] | None = None
 
     def select(self, keep: list[int]) -> None:
         """Keep only these row positions (rows that finished leave the batch)."""
@@ -218,9 +258,11 @@ class BatchSampler:
 
     def sample(self, logits: torch.Tensor, suppress: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """logits: [B, V] fp32. suppress: optional [B, V] bool of tokens that must not be drawn
-        (min_new_tokens). Returns (tokens [B] long, logprobs [B] fp32)."""
+        (min_new_tokens). Returns (tokens [B] long, logprobs [B] fp32); the top-k log-probs of the
+        rows that asked for them are left in `last_top` ({row: (log-probs, token ids)}, best first)."""
         scaled = logits if self.all_temp_one else logits / self.temps.unsqueeze(1)
         logprobs_all = torch.log_softmax(scaled, dim=-1)
+        self.last_top = top_logprobs(logprobs_all, self.top_rows) if self.top_rows else None
         if suppress is not None:
             scaled = scaled.masked_fill(suppress, float("-inf"))
         if self.all_greedy:

@@ -406,7 +406,9 @@ class Scheduler:
         steps_since_admit = 0
         while True:
             tokens_t, logprobs_t = run.sampler.sample(logits, run.suppress(logits.shape[1]))
-            newly = record_step(run.rows, tokens_t.tolist(), logprobs_t.tolist(), runner.tokenizer)
+            newly = record_step(
+                run.rows, tokens_t.tolist(), logprobs_t.tolist(), runner.tokenizer, run.sampler.last_top
+            )
             self.tokens_generated += run.alive
             if self._interrupt:
                 newly += self._handle_interrupt(run.rows)

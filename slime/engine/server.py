@@ -3,6 +3,7 @@
     python -m slime.engine.server --model-path DIR [--host 127.0.0.1] [--port 30000]
         [--dtype auto|float32|bfloat16] [--num-threads N (all cores)] [--random-seed 0]
         [--max-running-requests 256] [--context-length N] [--parent-pid PID] [--log-level info]
+        [--served-model-name NAME] [--tool-call-parser qwen25|...] [--reasoning-parser qwen3|...]
 
 Endpoints (SGLang names and shapes):
   POST /generate                      text|input_ids (single or batch), sampling_params,
@@ -22,6 +23,14 @@ Endpoints (SGLang names and shapes):
   POST /update_weights_from_distributed {"names", "dtypes", "shapes", "group_name", ...}
   POST /destroy_weights_update_group {"group_name"}
 
+OpenAI-compatible (SGLang's fields and error shape; docs/openai-api.md):
+  GET  /v1/models, /v1/models/{id}    the served model (--served-model-name, else --model-path)
+  POST /v1/completions                prompt (text or token ids, one or a list), max_tokens, n,
+                                      temperature, top_p, top_k, min_p, stop, seed, logprobs,
+                                      echo, stream, ...
+  POST /v1/chat/completions           messages (the model's chat template), tools (parsed with
+                                      --tool-call-parser), logprobs + top_logprobs, stream, ...
+
 Who may call (`slime.engine.guard`): with --api-key (or $SLIME_API_KEY) every endpoint but
 /health and /health_generate needs `Authorization: Bearer <key>` (401 otherwise); with
 --admin-api-key the weight and control endpoints need that key instead (SGLang's rules). Host
@@ -30,7 +39,8 @@ bodies must be application/json (415) and under --max-request-body-mb (413); mor
 --max-queued-requests waiting answer 503; /update_weights_from_disk reads only --model-path and
 --weight-load-dirs (403 otherwise); a client that disconnects has its /generate aborted.
 
-Errors a client causes answer HTTP 400 with {"error": {"message": ...}, "success": false}.
+Errors a client causes answer HTTP 400 with {"error": {"message": ...}, "success": false}; on
+/v1/* with {"object": "error", "message", "type", "param", "code"} (SGLang's OpenAI shape).
 The log-prob semantics are documented in `slime.engine.sampling`.
 """
 
@@ -49,6 +59,7 @@ from slime.engine.guard import Policy, guarded
 from slime.engine.http import generate_ahead_of
 from slime.engine.routes.control import add_control_routes
 from slime.engine.routes.generation import add_generation_routes, generate_handler
+from slime.engine.routes.openai import openai_ahead_of
 from slime.engine.routes.weights import add_weight_routes
 from slime.engine.state import EngineState
 from slime.errors import SlimeError
@@ -61,7 +72,7 @@ logger = logging.getLogger("slime.engine.server")
 
 
 def create_app(state: EngineState):
-    """The ASGI app: FastAPI for every route but /generate, which a plain handler serves first."""
+    """The ASGI app: FastAPI for every route but /generate and /v1/*, which plain handlers serve first."""
 
     @asynccontextmanager
     async def lifespan(app):
@@ -78,7 +89,8 @@ def create_app(state: EngineState):
     add_generation_routes(app, state)
     add_control_routes(app, state)
     add_weight_routes(app, state)
-    return guarded(generate_ahead_of(app, generate_handler(state)), guard_policy(state))
+    app_and_v1 = openai_ahead_of(app, state)
+    return guarded(generate_ahead_of(app_and_v1, generate_handler(state)), guard_policy(state))
 
 
 def guard_policy(state: EngineState) -> Policy:

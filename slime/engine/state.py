@@ -116,6 +116,12 @@ class EngineState:
         """Submit `reqs` to the worker and wait for their answers (on this event loop).
         QueueFull when the waiting queue is at --max-queued-requests; cancelled (the client
         left), the requests are aborted."""
+        self.submit(reqs)
+        return await self.wait(reqs)
+
+    def submit(self, reqs: list[Req]) -> None:
+        """Queue `reqs`, each with a future on the running loop that gets its answer (`wait`);
+        QueueFull when the waiting queue is at --max-queued-requests."""
         loop = asyncio.get_running_loop()
         for r in reqs:
             r.loop, r.future = loop, loop.create_future()
@@ -123,6 +129,9 @@ class EngineState:
             raise QueueFull(
                 f"the engine's queue is full (--max-queued-requests {self.args.max_queued_requests}); retry later"
             )
+
+    async def wait(self, reqs: list[Req]) -> list[dict]:
+        """The answers of submitted `reqs`; cancelled (the client left), the requests are aborted."""
         try:
             return list(await asyncio.gather(*(r.future for r in reqs)))
         except asyncio.CancelledError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from slime.agent.parsing import check_parser_names, parse_model_output
+from slime.engine.parsing import check_parser_names, parse_model_output
 from slime.errors import SlimeError
 
 TOOLS = [

@@ -294,10 +294,10 @@ def test_sglang_options_the_builtin_engine_cannot_use_are_named_not_forwarded():
         parse_args(BASE + ["--sglang-cuda-graph-bss", "1"])
 
 
-def test_agent_parser_options_are_not_named_unused_when_the_agent_adapter_reads_them():
-    """--sglang-tool-call-parser / --sglang-reasoning-parser: the built-in engine has no parser, but
-    slime's agent adapter (--agent-function-path) parses with them, so the note leaves them out then;
-    without an agent they are named like any other option nothing uses."""
+def test_parser_options_reach_the_engine_and_the_agent_adapter():
+    """--sglang-tool-call-parser / --sglang-reasoning-parser: the built-in engine parses with them
+    (its /v1/chat/completions), and slime's agent adapter (--agent-function-path) reads them too;
+    neither is named as unused."""
     from slime.agent.generate import engine_parser_option
 
     parsers = ["--sglang-tool-call-parser", "qwen25", "--sglang-reasoning-parser=qwen3"]
@@ -307,8 +307,10 @@ def test_agent_parser_options_are_not_named_unused_when_the_agent_adapter_reads_
         "--agent-function-path",
         "examples.openai_agent.agent.run",
     ]
-    a = parse_args(BASE + agent + parsers)
-    assert not [n for n in startup_notes(a) if n.startswith("SGLang options")]
+    for argv in (BASE + agent + parsers, BASE + parsers):
+        a = parse_args(argv)
+        assert not [n for n in startup_notes(a) if n.startswith("SGLang options")]
+        assert a.sglang_args == ["--tool-call-parser", "qwen25", "--reasoning-parser=qwen3"]
     assert engine_parser_option(a, "--tool-call-parser") == "qwen25"  # still reaches the adapter
     assert engine_parser_option(a, "--reasoning-parser") == "qwen3"
     note = next(
@@ -317,8 +319,6 @@ def test_agent_parser_options_are_not_named_unused_when_the_agent_adapter_reads_
         if n.startswith("SGLang options")
     )
     assert note.endswith("not used by the built-in engine: --sglang-ep-size 2")
-    plain = next(n for n in startup_notes(parse_args(BASE + parsers)) if n.startswith("SGLang options"))
-    assert "--sglang-tool-call-parser qwen25" in plain and "--sglang-reasoning-parser=qwen3" in plain
 
 
 def test_router_options_are_checked_against_sglang_routers_parser():

@@ -30,7 +30,7 @@ from slime.agent.adapters.common import (
     sid_from_bearer,
     tool_call_dict,
 )
-from slime.agent.parsing import ParsedModelOutput
+from slime.engine.parsing import ParsedModelOutput
 
 logger = logging.getLogger(__name__)
 

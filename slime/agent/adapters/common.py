@@ -39,12 +39,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from slime.agent.parsing import (
+from slime.agent.trajectory import TrajectoryManager, TurnRecord
+from slime.engine.chat import flatten_content, render_chat, tool_call_dict
+from slime.engine.parsing import (
     ParsedModelOutput,
     check_parser_names,
     parse_model_output,
 )
-from slime.agent.trajectory import TrajectoryManager, TurnRecord
 from slime.utils.api_keys import auth_headers
 
 __all__ = [
@@ -84,37 +85,6 @@ class AdapterError(Exception):
     def __init__(self, status: int, kind: str, message: str, *, code: str | None = None, param: str | None = None):
         super().__init__(message)
         self.status, self.kind, self.message, self.code, self.param = status, kind, message, code, param
-
-
-def flatten_content(c: Any) -> str:
-    """A wire content value (string, or a list of OpenAI / Anthropic blocks) as template text."""
-    if c is None:
-        return ""
-    if isinstance(c, str):
-        return c
-    if not isinstance(c, list):
-        return str(c)
-    parts: list[str] = []
-    for b in c:
-        if isinstance(b, str):
-            parts.append(b)
-        elif not isinstance(b, dict):
-            parts.append(str(b))
-        elif b.get("type") in ("text", "input_text", "output_text"):
-            parts.append(b.get("text") or "")
-        elif b.get("type") in ("image", "image_url", "input_image"):
-            parts.append("[image omitted]")
-        elif "content" in b:
-            parts.append(flatten_content(b.get("content")))
-        elif "text" in b:
-            parts.append(str(b.get("text") or ""))
-    return "\n".join(p for p in parts if p)
-
-
-def tool_call_dict(name: str, arguments: dict | None) -> dict:
-    """The tool call as stored in chat-template messages: arguments a dict, no wire id (so a
-    reply and its replay by the agent compare equal)."""
-    return {"type": "function", "function": {"name": name, "arguments": arguments or {}}}
 
 
 def manager_finish_reason(tool_uses: list[dict], raw_finish: str) -> str:
@@ -279,11 +249,8 @@ class BaseAdapter:
 
     # -- prompt rendering -------------------------------------------------------------------
     def _render_text(self, messages: list[dict], tools: list[dict] | None, add_generation_prompt: bool) -> str:
-        kwargs = dict(self.chat_template_kwargs)
-        if tools:
-            kwargs["tools"] = tools
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs
+        return render_chat(
+            self.tokenizer, messages, tools, self.chat_template_kwargs, add_generation_prompt=add_generation_prompt
         )
 
     def _encode(self, text: str) -> list[int]:
