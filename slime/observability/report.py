@@ -5,19 +5,24 @@
 
 The file opens from disk (no server, no network: its CSS, JS and SVG are inline) and holds
 
+* a summary on top, per stage (report_summary): first / final / best score of each eval set, the
+  reward trend, the wall time split into start-up, rollout, train, weight sync and eval, the rollouts;
 * curves over the step (each metrics row's rollout id; the global step across the stages of a
   run): reward (and passrate/*), every eval metric (pass@k included), response length,
   truncation ratio, pg_clipfrac, ppo_kl, entropy, grad norm, train/rollout log-prob difference,
   the step time split into rollout / train / weight sync / eval, and the staleness of async modes;
   drag to zoom (all curves together), double-click to reset, hover for values; any other metric
-  from a menu;
+  from a menu. Only charts of metrics the run logged are drawn (a synchronous run's staleness, 0
+  throughout, is none); tick labels carry the decimals their step needs (report_ticks);
 * a rollout browser over the sample log (slime.observability.sample_log): for a chosen rollout
   (or evaluation) every logged group with its prompt and samples (reward, status, advantage,
   weight version); a click on a sample shows its response tokens coloured by loss mask (trained
   vs environment/tool tokens) and shaded by the engine's log-prob, turn by turn for multi-turn
-  trajectories; filters by status and reward;
-* the run's facts: the resolved arguments (args.json), package versions (torch, transformers,
-  ray), the machine, and the wall time of each stage.
+  trajectories (a byte-level token that is no whole character reads `<0xE2>`: report_tokens);
+  filters by status and reward;
+* the run's facts: the resolved arguments (args.json; those set for the run first, the others
+  collapsed: report_args), package versions (torch, transformers, ray), the machine, and the wall
+  time of each stage.
 
 It is written at the end of every run and at each --save-interval (slime.train). What cannot be
 read is said in a note at the top and the rest is rendered: a directory that is not a run
@@ -40,13 +45,13 @@ from typing import Any
 from slime.errors import SlimeError
 from slime.observability.metrics import METRICS_FILE, RESERVED_KEYS, parse_metrics_lines
 from slime.observability.plots import global_steps
+from slime.observability.report_args import ArgDefaults, args_html
 from slime.observability.report_assets import PAGE_CSS, PAGE_JS
-from slime.observability.sample_log import (
-    RUN_FACTS_FILE,
-    SAMPLES_DIR,
-    read_sample_log,
-    run_facts,
-)
+from slime.observability.report_samples import read_json as _read_json
+from slime.observability.report_samples import sample_logs as _sample_logs
+from slime.observability.report_summary import render_summary, stage_summaries, stage_wall
+from slime.observability.report_ticks import axis, y_range
+from slime.observability.sample_log import RUN_FACTS_FILE, SAMPLES_DIR, run_facts
 
 __all__ = [
     "PANELS",
@@ -91,9 +96,9 @@ PANELS: list[tuple[str, str, tuple[str, ...], tuple[str, ...]]] = [
     ),
     ("staleness", "Staleness (async)", (), (r"staleness",)),
 ]
+# panels of async runs only: a synchronous run logs their keys as 0 throughout (on policy), drawn as nothing
+ZERO_MEANS_UNUSED = ("staleness",)
 STAGE_TIME_KEYS = ("perf/rollout_time", "perf/train_time", "perf/update_weights_time", "perf/eval_time")
-_LOG_NAME = re.compile(r"^(rollout|eval)_(-?\d+)\.json$")  # eval_-00001: the eval before training
-_ADV_NAME = re.compile(r"^rollout_(\d+)\.adv\.rank(\d+)\.json$")
 
 
 def read_metrics_lenient(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -114,7 +119,7 @@ def read_metrics_lenient(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
             )
         elif problem:
             notes.append(f"{path.name}:{lineno}: {problem}; line left out")
-        else:
+        elif obj is not None:  # always, when there is no problem
             records.append(obj)
     return records, notes
 
@@ -135,6 +140,38 @@ def panel_keys(keys: Sequence[str]) -> dict[str, list[str]]:
     return out
 
 
+def _drawn(pid: str, keys: list[str], series: dict[str, list[list[Any]]]) -> bool:
+    """Whether a panel is drawn: it has a key the run logged (a number somewhere), and for an
+    async-only panel a value other than 0."""
+    if not keys:
+        return False
+    return pid not in ZERO_MEANS_UNUSED or any(p[1] != 0 for k in keys for p in series[k])
+
+
+def chart_axes(points: list[list[Any]]) -> dict[str, Any]:
+    """The full view of a chart of `points` ([x, y, ...]): x and y range and their ticks (the page
+    draws these; a zoomed view computes the same in its script)."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x0, x1 = min(xs), max(xs)
+    if x0 == x1:
+        x0, x1 = x0 - 0.5, x1 + 0.5
+    y0, y1 = y_range(min(ys), max(ys))
+    return {"x0": x0, "x1": x1, "y0": y0, "y1": y1, "xticks": axis(x0, x1, 6, 1), "yticks": axis(y0, y1, 4)}
+
+
+def _panels(series: dict[str, list[list[Any]]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the panels drawn, each with its keys and axes; the titles of those the run logged nothing for)."""
+    keys = panel_keys(list(series))
+    drawn, left_out = [], []
+    for pid, title, _, _ in PANELS:
+        if _drawn(pid, keys[pid], series):
+            pts = [p for k in keys[pid] for p in series[k]]
+            drawn.append({"id": pid, "title": title, "keys": keys[pid], "axes": chart_axes(pts)})
+        else:
+            left_out.append(title)
+    return drawn, left_out
+
+
 def _series(records: list[dict[str, Any]]) -> tuple[dict[str, list[list[Any]]], list[int | None]]:
     """key -> [[x, y, rollout_id, stage], ...] over the records with a finite number for key."""
     xs = global_steps(records)
@@ -152,9 +189,10 @@ def _series(records: list[dict[str, Any]]) -> tuple[dict[str, list[list[Any]]], 
 
 
 def _stage_times(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per stage (in order of appearance): rows, steps, wall time (the last row's `time`: seconds
-    since the stage's logger started) and the sum of each perf/*_time."""
+    """Per stage (in order of appearance): rows, steps, wall time and start-up (from `time`: seconds
+    since the stage's logger started; report_summary.stage_wall) and the sum of each perf/*_time."""
     stages: dict[str, dict[str, Any]] = {}
+    rows: dict[str, list[dict[str, Any]]] = {}
     for r in records:
         name = r.get("stage") or "(run)"
         st = stages.setdefault(
@@ -165,105 +203,22 @@ def _stage_times(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "first_step": None,
                 "last_step": None,
                 "wall_s": None,
+                "startup_s": None,
                 **dict.fromkeys(STAGE_TIME_KEYS, 0.0),
             },
         )
+        rows.setdefault(name, []).append(r)
         st["rows"] += 1
         rid = r.get("rollout_id")
         if _is_number(rid):
             st["first_step"] = rid if st["first_step"] is None else min(st["first_step"], rid)
             st["last_step"] = rid if st["last_step"] is None else max(st["last_step"], rid)
-        if _is_number(r.get("time")):
-            st["wall_s"] = max(st["wall_s"] or 0.0, float(r["time"]))
         for k in STAGE_TIME_KEYS:
             if _is_number(r.get(k)):
                 st[k] += float(r[k])
+    for name, st in stages.items():
+        st["wall_s"], st["startup_s"], _ = stage_wall(rows[name])
     return list(stages.values())
-
-
-def _evenly(items: list[int], n: int) -> list[int]:
-    """n of items, evenly spaced, first and last included (n == 1: the last)."""
-    if n >= len(items):
-        return list(items)
-    if n <= 1:
-        return [items[-1]]
-    return [items[round(j * (len(items) - 1) / (n - 1))] for j in range(n)]
-
-
-def _read_json(path: Path, notes: list[str]) -> Any:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        notes.append(f"{path.name}: not readable ({type(e).__name__}: {e}); left out")
-        return None
-
-
-def _sample_logs(run_dir: Path, notes: list[str], max_rollouts: int | None, max_bytes: int) -> list[dict[str, Any]]:
-    """Every sample log under <run_dir>/samples (stage folders too), advantages merged in, thinned
-    evenly (first and last kept) past `max_rollouts` or `max_bytes`."""
-    base = run_dir / SAMPLES_DIR
-    if not base.is_dir():
-        return []
-    found: list[tuple[str | None, str, int, Path]] = []
-    adv_files: dict[tuple[str | None, int], list[Path]] = {}
-    for d in [base, *sorted(p for p in base.iterdir() if p.is_dir())]:
-        stage = None if d == base else d.name
-        for f in sorted(d.iterdir()):
-            m = _LOG_NAME.match(f.name)
-            if m:
-                found.append((stage, m.group(1), int(m.group(2)), f))
-                continue
-            m = _ADV_NAME.match(f.name)
-            if m:
-                adv_files.setdefault((stage, int(m.group(1))), []).append(f)
-    found.sort(key=lambda t: (t[0] or "", t[2], t[1]))
-    sizes = [f.stat().st_size for *_, f in found]
-    keep = list(range(len(found)))
-    limit = len(found) if max_rollouts is None else max(1, max_rollouts)
-    if len(keep) > limit:
-        keep = _evenly(keep, limit)
-    while len(keep) > 1 and sum(sizes[i] for i in keep) > max_bytes:
-        total = sum(sizes[i] for i in keep)
-        keep = _evenly(keep, min(len(keep) - 1, max(1, len(keep) * max_bytes // max(total, 1))))
-    if len(keep) < len(found):
-        notes.append(
-            f"{len(found)} sample logs in {base}; {len(keep)} are embedded (evenly spaced, the last "
-            f"included; --max-rollouts / size limit). The others stay on disk as JSON."
-        )
-    logs = []
-    for i in keep:
-        stage, kind, rid, f = found[i]
-        obj, why = read_sample_log(f)
-        if obj is None:
-            notes.append(f"{why}; left out")
-            continue
-        adv: dict[str, Any] = {}
-        if kind == "rollout":
-            for af in adv_files.get((stage, rid), []):
-                a = _read_json(af, notes)
-                if isinstance(a, dict) and isinstance(a.get("advantages"), dict):
-                    adv.update(a["advantages"])
-        n_failed = 0
-        for g in obj["groups"]:
-            for s in g.get("samples") or []:
-                ti = s.get("train_index")
-                if ti is not None and str(ti) in adv:
-                    s["advantages"] = adv[str(ti)]
-                n_failed += s.get("status") == "failed"
-        logs.append(
-            {
-                "key": f"{stage or ''}:{kind}:{rid}",
-                "stage": stage,
-                "kind": kind,
-                "rollout_id": rid,
-                "num_groups": obj.get("num_groups"),
-                "num_samples": obj.get("num_samples"),
-                "num_failed_logged": n_failed,
-                "has_advantages": bool(adv),
-                "groups": obj["groups"],
-            }
-        )
-    return logs
 
 
 def _read_records(run_dir: Path, metrics_path: Path, args_files: list[Path], notes: list[str]) -> list[dict[str, Any]]:
@@ -295,10 +250,16 @@ def _recorded_facts(run_dir: Path, notes: list[str]) -> tuple[dict[str, Any], st
 
 
 def collect(
-    run_dir: str | Path, *, max_rollouts: int | None = None, max_bytes: int = DEFAULT_MAX_BYTES
+    run_dir: str | Path,
+    *,
+    max_rollouts: int | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    arg_defaults: ArgDefaults | None = None,
 ) -> dict[str, Any]:
     """Everything the report shows, read from a run directory (see the module doc). Raises
-    SlimeError only when `run_dir` is not a directory; anything else unreadable becomes a note."""
+    SlimeError only when `run_dir` is not a directory; anything else unreadable becomes a note.
+    `arg_defaults`: `slime train`'s parser defaults (report_args.defaults_of(build_parser())), to
+    tell which arguments of an args.json without `options_given` were set."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise SlimeError(
@@ -309,12 +270,12 @@ def collect(
     metrics_path = run_dir / METRICS_FILE
     args_files = sorted(run_dir.glob("args*.json"))
     records = _read_records(run_dir, metrics_path, args_files, notes)
-    series, _ = _series(records)
-    panels = panel_keys(list(series))
-    if records and not panels["eval"]:
+    series, xs = _series(records)
+    panels, left_out = _panels(series)
+    if records and not any(p["id"] == "eval" for p in panels):
         notes.append(
             "no evaluation points in metrics.jsonl (run without --eval-prompt-data, or no eval step "
-            "yet): the evaluation panel is empty"
+            "yet): no evaluation chart"
         )
     failed_rows = [
         r.get("rollout_id")
@@ -334,7 +295,7 @@ def collect(
             args_json[f.name] = obj
     facts, facts_source = _recorded_facts(run_dir, notes)
 
-    rollouts = _sample_logs(run_dir, notes, max_rollouts, max_bytes)
+    rollouts = _sample_logs(run_dir, notes, max_rollouts, max_bytes, args_json)
     if (run_dir / SAMPLES_DIR).is_dir() and not rollouts:
         notes.append(f"{SAMPLES_DIR}/ holds no readable sample log")
     elif not (run_dir / SAMPLES_DIR).is_dir() and (metrics_path.is_file() or args_files):
@@ -354,10 +315,14 @@ def collect(
         "notes": notes,
         "num_records": len(records),
         "series": series,
-        "panels": [{"id": pid, "title": title, "keys": panels[pid]} for pid, title, _, _ in PANELS],
+        "panels": panels,
+        "panels_left_out": left_out,
+        "key_axes": {k: chart_axes(pts) for k, pts in series.items()},
         "all_keys": sorted(series),
+        "summary": stage_summaries(records, xs),
         "stages": _stage_times(records),
         "args": args_json,
+        "args_html": args_html(args_json, arg_defaults),
         "facts": facts,
         "facts_source": facts_source,
         "rollouts": rollouts,
@@ -393,10 +358,28 @@ def _sanitize(obj: Any) -> Any:
     return obj
 
 
+# rendered as HTML by Python, so left out of the page's JSON
+_STATIC_KEYS = ("args", "args_html", "summary", "files")
+
+
+def _left_out_hint(titles: list[str]) -> str:
+    if not titles:
+        return ""
+    return (
+        '<div class="hint" id="panels-left-out">Not logged by this run, so not drawn: '
+        f"{html.escape(', '.join(titles))}.</div>"
+    )
+
+
+def _files_html(files: list[str]) -> str:
+    return f'<h3>Files in the run directory</h3><div class="hint">{html.escape("  ".join(files))}</div>'
+
+
 def render(data: dict[str, Any]) -> str:
     """The HTML page of `collect`'s data: one file, inline CSS/JS, no network."""
     title = f"slime run report: {Path(data['run_dir']).name}"
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in data["notes"])
+    page_data = {k: v for k, v in data.items() if k not in _STATIC_KEYS}
     return (
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         f"<title>{html.escape(title)}</title>"
@@ -405,13 +388,15 @@ def render(data: dict[str, Any]) -> str:
         f"<style>{PAGE_CSS}</style></head><body>"
         f'<header><h1>{html.escape(title)}</h1><div class="sub">{html.escape(data["run_dir"])} · '
         f"{data['num_records']} metrics rows · {len(data['rollouts'])} sample logs</div>"
-        '<nav><a href="#curves">Curves</a> <a href="#browser">Rollout browser</a> '
+        '<nav><a href="#summary">Summary</a> <a href="#curves">Curves</a> <a href="#browser">Rollout browser</a> '
         '<a href="#facts">Run facts</a></nav></header>'
+        + render_summary(data["summary"])
         + (f'<section id="notes" class="notes"><h2>Notes</h2><ul>{notes}</ul></section>' if notes else "")
         + '<section id="curves"><h2>Curves</h2><div class="hint">x: step (a metrics row\'s rollout id; '
         "the global step across stages). Drag across a chart to zoom all charts, double-click or "
         '<button id="reset-zoom" type="button">reset zoom</button>; hover for values.</div>'
-        '<div id="charts" class="charts"></div>'
+        + _left_out_hint(data["panels_left_out"])
+        + '<div id="charts" class="charts"></div>'
         '<div class="any"><label>Any metric: <select id="any-metric"></select></label>'
         '<div id="any-chart" class="charts"></div></div></section>'
         '<section id="browser"><h2>Rollout browser</h2><div class="controls">'
@@ -424,9 +409,11 @@ def render(data: dict[str, Any]) -> str:
         '<div id="rollout-note" class="rollout-note"></div>'
         '<div class="browser"><div id="groups" class="groups"></div>'
         '<div id="sample-detail" class="detail"><em>Click a sample to see its tokens.</em></div></div></section>'
-        '<section id="facts"><h2>Run facts</h2><div id="facts-body"></div></section>'
+        '<section id="facts"><h2>Run facts</h2><div id="facts-body"></div>'
+        f'<h3>Resolved arguments</h3><div id="args-body">{data["args_html"]}</div>'
+        f"{_files_html(data['files'])}</section>"
         '<div id="tooltip" class="tooltip"></div>'
-        f'<script id="report-data" type="application/json">{_json_for_script(_sanitize(data))}</script>'
+        f'<script id="report-data" type="application/json">{_json_for_script(_sanitize(page_data))}</script>'
         f"<script>{PAGE_JS}</script></body></html>\n"
     )
 
@@ -437,10 +424,11 @@ def write_report(
     *,
     max_rollouts: int | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
+    arg_defaults: ArgDefaults | None = None,
 ) -> tuple[Path, list[str]]:
     """Write the report (default `<run_dir>/report.html`, via a temporary file and a rename);
     returns its path and the notes it shows."""
-    data = collect(run_dir, max_rollouts=max_rollouts, max_bytes=max_bytes)
+    data = collect(run_dir, max_rollouts=max_rollouts, max_bytes=max_bytes, arg_defaults=arg_defaults)
     out = Path(output) if output is not None else Path(run_dir) / REPORT_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
@@ -449,11 +437,11 @@ def write_report(
     return out, data["notes"]
 
 
-def report_run(run_dir: str | Path) -> Path | None:
+def report_run(run_dir: str | Path, arg_defaults: ArgDefaults | None = None) -> Path | None:
     """The training loop's call (end of a run, each save): write the report, say where; a failure
     to write it is a warning, never the end of a run."""
     try:
-        out, _ = write_report(run_dir)
+        out, _ = write_report(run_dir, arg_defaults=arg_defaults)
     except Exception as e:  # noqa: BLE001 - printed; a report never ends a run
         print(f"[slime] report not written ({type(e).__name__}: {e})", flush=True)
         return None
@@ -461,7 +449,8 @@ def report_run(run_dir: str | Path) -> Path | None:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, arg_defaults: ArgDefaults | None = None) -> int:
+    """`slime report` (`arg_defaults`: see `collect`; a caller above slime.arguments can pass them)."""
     p = argparse.ArgumentParser(
         prog="slime report",
         description="Write a self-contained HTML report of a run directory "
@@ -481,7 +470,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"slime report: error: --max-rollouts must be >= 1, got {a.max_rollouts}", file=sys.stderr)
         return 2
     try:
-        out, notes = write_report(a.run_dir, a.output, max_rollouts=a.max_rollouts)
+        out, notes = write_report(a.run_dir, a.output, max_rollouts=a.max_rollouts, arg_defaults=arg_defaults)
     except SlimeError as e:
         print(f"slime: error: {e}", file=sys.stderr)
         return 2

@@ -1,9 +1,12 @@
 """The inline CSS and JavaScript of `slime report`'s page (slime.observability.report).
 
 Plain browser JavaScript, no library: SVG line charts with a shared, drag-to-zoom x range and
-hover read-outs; the rollout browser; the facts tables. The page's data is the JSON in
-`<script id="report-data">`. Elements the browser test looks for: `svg.chart` with `circle.pt`
-data points, `.group` per logged group, `.sample` per sample, `.tok.m1` / `.tok.m0` tokens.
+hover read-outs; the rollout browser; the machine and wall-time tables (the summary and the
+arguments are static HTML from Python). The page's data is the JSON in `<script id="report-data">`.
+A chart's full view uses the axes Python computed (report_ticks); a zoomed view computes them with
+TICKS_JS, the same algorithm (tests/observability/test_report_ticks.py runs it under node).
+Elements the browser test looks for: `svg.chart` with `circle.pt` data points and `text.ytick` /
+`text.xtick` labels, `.group` per logged group, `.sample` per sample, `.tok.m1` / `.tok.m0` tokens.
 """
 
 PAGE_CSS = r"""
@@ -42,11 +45,40 @@ svg.chart .hover{stroke:#888;stroke-dasharray:3 3}svg.chart .brush{fill:rgba(70,
 .rollout-note{color:#8a5a00;font-size:12px;margin:4px 0}
 table.kv{border-collapse:collapse;font-size:12px;margin-bottom:10px}table.kv td,table.kv th{border:1px solid #e3e6ea;padding:2px 8px;text-align:left;vertical-align:top}
 table.kv th{background:#f1f3f6}details{margin:6px 0}
+.tok.bytes{color:#7a2e8c;font-size:10px}
+#summary .stage-sum{background:#fff;border:1px solid #e3e6ea;border-radius:6px;padding:4px 12px 10px;margin-bottom:10px}
+#summary h3{font-size:14px;margin:6px 0}#summary .at{color:#889;font-size:11px}#summary td.final{font-weight:bold}
+#summary .trend{margin:6px 0}.timebar{display:flex;height:14px;max-width:640px;border-radius:3px;overflow:hidden;background:#eef0f3;margin:6px 0 2px}
+.timebar .seg{display:block;height:100%}.timetext{font-size:12px;color:#445}.timetext i{display:inline-block;width:9px;height:9px;margin-right:3px;border-radius:2px}
+.t-0{background:#9aa5b1}.t-1{background:#2a6fdb}.t-2{background:#e0662b}.t-3{background:#2f9e44}.t-4{background:#b8336a}.t-5{background:#d6d9de}
 """
 
-PAGE_JS = r"""
+# The tick algorithm of slime/observability/report_ticks.py, for zoomed views (kept equal: a test runs both).
+TICKS_JS = r"""
+function pow10(e){ return e >= 0 ? Math.pow(10, e) : 1 / Math.pow(10, -e); }
+function niceStep(span, n, minStep){ const raw = Math.max(span / n, minStep || 0); let e = Math.floor(Math.log10(raw));
+  const norm = raw / pow10(e); let m = norm >= Math.sqrt(50) ? 10 : norm >= Math.sqrt(10) ? 5 : norm >= Math.sqrt(2) ? 2 : 1; if (m === 10){ m = 1; e += 1; } return [m, e]; }
+function tickLabel(n, e, exponent){ if (n === 0) return '0'; const sign = n < 0 ? '-' : ''; let digits = String(Math.abs(n));
+  if (exponent) return sign + digits[0] + (digits.length > 1 ? '.' + digits.slice(1) : '') + 'e' + (digits.length - 1 + e);
+  if (e >= 0) return sign + digits + '0'.repeat(e);
+  digits = digits.padStart(-e + 1, '0'); return sign + digits.slice(0, digits.length + e) + '.' + digits.slice(digits.length + e); }
+function axisTicks(lo, hi, n, minStep){ if (!(isFinite(lo) && isFinite(hi)) || hi <= lo) return [];
+  const [m, e] = niceStep(hi - lo, n, minStep); const step = m * pow10(e);
+  const first = Math.ceil(lo / step - 1e-9), last = Math.floor(hi / step + 1e-9);
+  if (Math.max(Math.abs(first), Math.abs(last)) > 1e15) return [];  // too narrow for its magnitude
+  const biggest = Math.max(Math.abs(first), Math.abs(last)) * m * pow10(e); const exponent = biggest >= 1e6 || (biggest < 1e-3 && e < -4); const out = [];
+  for (let k = first; k <= last; k++) out.push([k * m * pow10(e), tickLabel(k * m, e, exponent)]); return out; }
+function yRange(lo, hi){ if (lo === hi){ const l = lo, h = hi; lo = l - Math.abs(l) * 0.1 - 0.5; hi = h + Math.abs(h) * 0.1 + 0.5; }
+  const pad = (hi - lo) * 0.06; return [lo - pad, hi + pad]; }
+"""
+
+
+PAGE_JS = (
+    r"""
 (function(){
-'use strict';
+'use strict';"""
+    + TICKS_JS
+    + r"""
 const D = JSON.parse(document.getElementById('report-data').textContent);
 const COLORS = ['#2a6fdb','#e0662b','#2f9e44','#b8336a','#7950f2','#0b8a8a','#a67c00','#555'];
 const tip = document.getElementById('tooltip');
@@ -57,18 +89,15 @@ function el(tag, attrs, text){ const e = document.createElement(tag);
   for (const k in (attrs||{})) e.setAttribute(k, attrs[k]); if (text !== undefined) e.textContent = text; return e; }
 function svgEl(tag, attrs){ const e = document.createElementNS('http://www.w3.org/2000/svg', tag);
   for (const k in (attrs||{})) e.setAttribute(k, attrs[k]); return e; }
+// values read out on hover and in tables: 6 significant digits, so close values stay apart
 function fmt(v){ if (v === null || v === undefined) return '–'; if (typeof v !== 'number') return String(v);
-  const a = Math.abs(v); if (a !== 0 && (a < 1e-3 || a >= 1e5)) return v.toExponential(3); return (+v.toPrecision(4)).toString(); }
-function ticks(lo, hi, n, minStep){ if (hi === lo) return [lo]; const span = hi - lo, step0 = Math.max(span / n, minStep || 0);
-  const mag = Math.pow(10, Math.floor(Math.log10(step0))); const norm = step0 / mag;
-  const step = (norm < 1.5 ? 1 : norm < 3 ? 2 : norm < 7 ? 5 : 10) * mag; const out = [];
-  for (let t = Math.ceil(lo / step) * step; t <= hi + 1e-9 * span; t += step) out.push(+t.toPrecision(12)); return out; }
+  const a = Math.abs(v); if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(4); return (+v.toPrecision(6)).toString(); }
 function showTip(evt, text){ tip.textContent = text; tip.style.display = 'block';
   tip.style.left = (evt.clientX + 14) + 'px'; tip.style.top = (evt.clientY + 10) + 'px'; }
 function hideTip(){ tip.style.display = 'none'; }
 
 // ---- charts ------------------------------------------------------------------------------
-function makeChart(container, title, keys){
+function makeChart(container, title, keys, axes){
   const box = el('div', {'class': 'chart-box', 'data-title': title}); box.appendChild(el('h3', {}, title));
   const W = 460, H = 220, M = {l: 52, r: 10, t: 8, b: 26};
   const svg = svgEl('svg', {'class': 'chart', width: W, height: H, viewBox: `0 0 ${W} ${H}`});
@@ -77,7 +106,7 @@ function makeChart(container, title, keys){
   keys.forEach((k, i) => { const s = el('span'); const sw = el('i'); sw.style.background = COLORS[i % COLORS.length];
     s.appendChild(sw); s.appendChild(document.createTextNode(k)); legend.appendChild(s); });
   box.appendChild(legend); container.appendChild(box);
-  const ch = {svg, keys, W, H, M, box}; charts.push(ch); drawChart(ch); attachInteraction(ch); return ch;
+  const ch = {svg, keys, W, H, M, box, axes}; charts.push(ch); drawChart(ch); attachInteraction(ch); return ch;
 }
 function drawChart(ch){
   const {svg, keys, W, H, M} = ch; while (svg.firstChild) svg.removeChild(svg.firstChild);
@@ -85,19 +114,13 @@ function drawChart(ch){
   let xs = all.map(p => p[0]);
   if (!xs.length){ const t = svgEl('text', {x: W / 2, y: H / 2, 'text-anchor': 'middle'}); t.textContent = 'no data';
     svg.appendChild(t); svg.setAttribute('data-points', '0'); ch.scale = null; return; }
-  let x0 = Math.min(...xs), x1 = Math.max(...xs);
-  if (xDomain){ x0 = xDomain[0]; x1 = xDomain[1]; }
-  const vis = all.filter(p => p[0] >= x0 && p[0] <= x1);
-  let ys = vis.map(p => p[1]); if (!ys.length) ys = all.map(p => p[1]);
-  let y0 = Math.min(...ys), y1 = Math.max(...ys);
-  if (y0 === y1){ y0 -= Math.abs(y0) * 0.1 + 0.5; y1 += Math.abs(y1) * 0.1 + 0.5; }
-  const pad = (y1 - y0) * 0.06; y0 -= pad; y1 += pad; if (x0 === x1){ x0 -= 0.5; x1 += 0.5; }
+  const ax = (!xDomain && ch.axes) ? ch.axes : zoomedAxes(all, xs); const {x0, x1, y0, y1} = ax;
   const sx = x => M.l + (x - x0) / (x1 - x0) * (W - M.l - M.r), sy = y => H - M.b - (y - y0) / (y1 - y0) * (H - M.t - M.b);
   ch.scale = {x0, x1, sx, inv: px => x0 + (px - M.l) / (W - M.l - M.r) * (x1 - x0)};
-  ticks(y0, y1, 4).forEach(t => { svg.appendChild(svgEl('line', {'class': 'grid', x1: M.l, x2: W - M.r, y1: sy(t), y2: sy(t)}));
-    const tx = svgEl('text', {x: M.l - 4, y: sy(t) + 3, 'text-anchor': 'end'}); tx.textContent = fmt(t); svg.appendChild(tx); });
-  ticks(x0, x1, 6, 1).filter(t => Number.isInteger(t)).forEach(t => {  // steps are whole numbers
-    const tx = svgEl('text', {x: sx(t), y: H - M.b + 13, 'text-anchor': 'middle'}); tx.textContent = fmt(t); svg.appendChild(tx); });
+  ax.yticks.forEach(([t, label]) => { svg.appendChild(svgEl('line', {'class': 'grid', x1: M.l, x2: W - M.r, y1: sy(t), y2: sy(t)}));
+    const tx = svgEl('text', {'class': 'ytick', x: M.l - 4, y: sy(t) + 3, 'text-anchor': 'end'}); tx.textContent = label; svg.appendChild(tx); });
+  ax.xticks.forEach(([t, label]) => {  // steps are whole numbers: min step 1
+    const tx = svgEl('text', {'class': 'xtick', x: sx(t), y: H - M.b + 13, 'text-anchor': 'middle'}); tx.textContent = label; svg.appendChild(tx); });
   svg.appendChild(svgEl('line', {'class': 'axis', x1: M.l, x2: M.l, y1: M.t, y2: H - M.b}));
   svg.appendChild(svgEl('line', {'class': 'axis', x1: M.l, x2: W - M.r, y1: H - M.b, y2: H - M.b}));
   const clipId = 'clip' + charts.indexOf(ch);
@@ -112,6 +135,15 @@ function drawChart(ch){
   svg.setAttribute('data-points', String(n));
   ch.hover = svgEl('line', {'class': 'hover', y1: M.t, y2: H - M.b, x1: -10, x2: -10}); svg.appendChild(ch.hover);
   ch.brush = svgEl('rect', {'class': 'brush', y: M.t, height: H - M.t - M.b, x: 0, width: 0}); svg.appendChild(ch.brush);
+}
+// a zoomed view: the x range dragged, the y range of the points in it (the full view's axes come from Python)
+function zoomedAxes(all, xs){
+  let x0 = Math.min(...xs), x1 = Math.max(...xs);
+  if (xDomain){ x0 = xDomain[0]; x1 = xDomain[1]; }
+  const vis = all.filter(p => p[0] >= x0 && p[0] <= x1);
+  const ys = (vis.length ? vis : all).map(p => p[1]); const [y0, y1] = yRange(Math.min(...ys), Math.max(...ys));
+  if (x0 === x1){ x0 -= 0.5; x1 += 0.5; }
+  return {x0, x1, y0, y1, yticks: axisTicks(y0, y1, 4), xticks: axisTicks(x0, x1, 6, 1)};
 }
 function attachInteraction(ch){
   const svg = ch.svg; let drag = null;
@@ -140,15 +172,14 @@ function setZoom(dom){ xDomain = dom; charts.forEach(drawChart); }
 
 function buildCharts(){
   const host = document.getElementById('charts'); const used = new Set();
-  D.panels.forEach(p => { if (!p.keys.length){ const b = el('div', {'class': 'chart-box empty', 'data-title': p.title});
-      b.textContent = `${p.title}: no such metric in this run`; host.appendChild(b); return; }
-    p.keys.forEach(k => used.add(k)); makeChart(host, p.title, p.keys); });
+  // only panels with metrics this run logged come here (report.py leaves the others out)
+  D.panels.forEach(p => { p.keys.forEach(k => used.add(k)); makeChart(host, p.title, p.keys, p.axes); });
   const sel = document.getElementById('any-metric'); const anyHost = document.getElementById('any-chart');
   sel.appendChild(el('option', {value: ''}, '(choose)'));
   D.all_keys.forEach(k => sel.appendChild(el('option', {value: k}, k + (used.has(k) ? '' : ' *'))));
   sel.addEventListener('change', () => { const idx = charts.findIndex(c => c.box.parentNode === anyHost);
     if (idx >= 0){ anyHost.removeChild(charts[idx].box); charts.splice(idx, 1); }
-    if (sel.value) makeChart(anyHost, sel.value, [sel.value]); });
+    if (sel.value) makeChart(anyHost, sel.value, [sel.value], D.key_axes[sel.value]); });
   document.getElementById('reset-zoom').addEventListener('click', () => setZoom(null));
 }
 
@@ -217,6 +248,7 @@ function tokSpan(s, i){
   const m = (s.loss_mask && s.loss_mask[i] !== undefined) ? s.loss_mask[i] : 1;
   const lp = s.log_probs ? s.log_probs[i] : null; const text = s.response_tokens ? s.response_tokens[i] : `⟨${s.response_ids[i]}⟩`;
   const sp = el('span', {'class': 'tok m' + (m ? 1 : 0)}, text);
+  if (/^(<0x[0-9A-F]{2}>)+$/.test(text)) sp.classList.add('bytes');  // part of a character: its bytes
   // trained tokens: darker = less likely under the engine (alpha grows with 1 - p)
   if (m && lp !== null && lp !== undefined) sp.style.setProperty('--a', (0.12 + 0.78 * (1 - Math.exp(lp))).toFixed(3));
   const adv = s.advantages ? s.advantages[i] : null;
@@ -263,17 +295,13 @@ function buildFacts(){
   host.appendChild(el('h3', {}, 'Wall time per stage'));
   if (!D.stages.length) host.appendChild(el('div', {'class': 'empty'}, 'no metrics rows'));
   else { const t = el('table', {'class': 'kv', id: 'stage-times'}); const hdr = el('tr');
-    ['stage', 'rows', 'steps', 'wall (s)', 'rollout (s)', 'train (s)', 'weight sync (s)', 'eval (s)'].forEach(h => hdr.appendChild(el('th', {}, h))); t.appendChild(hdr);
-    D.stages.forEach(s => { const tr = el('tr'); [s.stage, s.rows, `${s.first_step}–${s.last_step}`, fmt(s.wall_s), fmt(s['perf/rollout_time']), fmt(s['perf/train_time']), fmt(s['perf/update_weights_time']), fmt(s['perf/eval_time'])]
+    ['stage', 'rows', 'steps', 'wall (s)', 'start-up (s)', 'rollout (s)', 'train (s)', 'weight sync (s)', 'eval (s)'].forEach(h => hdr.appendChild(el('th', {}, h))); t.appendChild(hdr);
+    D.stages.forEach(s => { const tr = el('tr'); [s.stage, s.rows, `${s.first_step}–${s.last_step}`, fmt(s.wall_s), fmt(s.startup_s), fmt(s['perf/rollout_time']), fmt(s['perf/train_time']), fmt(s['perf/update_weights_time']), fmt(s['perf/eval_time'])]
       .forEach(v => tr.appendChild(el('td', {}, String(v)))); t.appendChild(tr); }); host.appendChild(t); }
-  host.appendChild(el('h3', {}, 'Resolved arguments'));
-  const names = Object.keys(D.args || {}); if (!names.length) host.appendChild(el('div', {'class': 'empty'}, 'no args.json'));
-  names.forEach((name, i) => { const d = el('details'); if (i === names.length - 1) d.open = true; d.appendChild(el('summary', {}, name));
-    d.appendChild(kvTable(Object.keys(D.args[name]).sort().map(k => [k, D.args[name][k] === null ? 'None' : D.args[name][k]]))); host.appendChild(d); });
-  host.appendChild(el('h3', {}, 'Files in the run directory')); host.appendChild(el('div', {'class': 'hint'}, (D.files || []).join('  ')));
 }
 
 buildCharts(); buildBrowser(); buildFacts();
 document.body.setAttribute('data-ready', '1');
 })();
 """
+)

@@ -35,6 +35,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from slime.observability.report_tokens import token_texts
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
@@ -118,8 +119,8 @@ def _tokenizer(path: str | None):
 def _token_strings(tokenizer: Any, ids: list[int]) -> list[str] | None:
     if tokenizer is None or not ids:
         return None if tokenizer is None else []
-    try:
-        return [str(t) for t in tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False)]
+    try:  # a byte-level piece that is not whole UTF-8 alone is logged as its bytes (`<0xE2>`), not as �
+        return token_texts(tokenizer, ids)
     except Exception:  # noqa: BLE001 - ids this tokenizer cannot decode: the log still holds the ids
         return None
 

@@ -211,6 +211,15 @@ def test_report_in_chromium_shows_curves_groups_tokens_and_failed_samples(report
         svg = charts[title].find_element(By.CSS_SELECTOR, "svg.chart")
         assert int(svg.get_attribute("data-points")) >= 2, title
         assert svg.find_elements(By.CSS_SELECTOR, "circle.pt"), title
+    # every chart's tick labels tell the ticks apart (they once read "5.752" four times)
+    for title, box in charts.items():
+        labels = [t.text for t in box.find_elements(By.CSS_SELECTOR, "svg.chart text.ytick")]
+        assert len(labels) >= 2 and len(set(labels)) == len(labels), (title, labels)
+    assert "Staleness (async)" not in charts  # a synchronous run: on policy throughout, no chart
+    # the summary on top: the eval set's scores, the reward trend, the wall time split
+    summary = browser.find_element(By.ID, "summary").text
+    for word in ("arith", "eval/arith", "rollout/raw_reward", "start-up", "rollout", "train", "weight sync"):
+        assert word in summary, word
     time_keys = charts["Step time: rollout / train / weight sync / eval (s)"].text
     assert "perf/rollout_time" in time_keys and "perf/train_time" in time_keys
     assert "perf/update_weights_time" in time_keys
@@ -278,7 +287,7 @@ def test_report_in_chromium_shows_curves_groups_tokens_and_failed_samples(report
     )
     assert len(browser.find_elements(By.CSS_SELECTOR, "#groups .sample")) == want
 
-    facts = browser.find_element(By.ID, "facts-body").text
+    facts = browser.find_element(By.ID, "facts").text
     for word in ("torch", "transformers", "ray", "cpu_count", "rollout_batch_size", "Wall time per stage"):
         assert word in facts, word
     browser.execute_script("window.scrollTo(0, 0)")

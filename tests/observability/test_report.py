@@ -306,3 +306,19 @@ def test_eval_series_match_an_independent_read(tmp_path):
         vals = [r[key] for r in direct if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
         assert [p[1] for p in pts] == pytest.approx(vals), key
     assert statistics.mean(p[1] for p in data["series"]["rollout/raw_reward"]) == pytest.approx(0.2)
+
+
+def test_only_charts_of_metrics_the_run_logged_are_drawn(tmp_path):
+    run = tmp_path / "run"
+    with MetricsLogger(run, console=False) as log:
+        for k in (1, 2):  # a synchronous run: staleness 0 throughout; a metric that is never finite
+            log.log(k, {"rollout/raw_reward": 0.5, "rollout/staleness/mean": 0.0, "train/grad_norm": float("nan")})
+    data = report.collect(run)
+    assert [p["id"] for p in data["panels"]] == ["reward"]
+    assert "Staleness (async)" in data["panels_left_out"] and "Grad norm" in data["panels_left_out"]
+    assert data["panels"][0]["axes"]["yticks"] and "rollout/staleness/mean" in data["key_axes"]  # still in the menu
+    page = report.render(data)
+    assert 'id="panels-left-out"' in page and "no such metric" not in page
+    with MetricsLogger(run, console=False) as log:  # an async run: drawn
+        log.log(3, {"rollout/staleness/mean": 1.0})
+    assert "staleness" in [p["id"] for p in report.collect(run)["panels"]]
