@@ -1,19 +1,28 @@
 #!/usr/bin/env bash
-# Create .venv and install slime-rl with its test and router extras (CPU torch pinned).
+# Create .venv and install slime-rl with what running it needs (CPU torch pinned, the router,
+# bubblewrap for the code sandbox). `--tests` adds what the tests and benchmarks need: the test
+# extra, Chromium for the report's browser test and the TRL venv (scripts/test.sh passes it).
 # Idempotent: a second run only checks that everything is there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TESTS=0
+[ "${1:-}" = --tests ] && TESTS=1
+EXTRAS=router
+[ "$TESTS" = 1 ] && EXTRAS=test,router
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 # Every pip call takes constraints.txt: an unpinned torch would pull a multi-GB CUDA build.
-# Re-run whenever pyproject.toml changed since the last install (a stamp file remembers it).
+# Re-run whenever pyproject.toml or the extras changed since the last install (a stamp file
+# remembers both; an install with the test extra also serves a plain setup).
 stamp=.venv/.slime-installed
-if [ ! -f "$stamp" ] || ! cmp -s pyproject.toml "$stamp"; then
+want=$(printf '%s\n' "extras: $EXTRAS"; cat pyproject.toml)
+have_tests=$(printf '%s\n' "extras: test,router"; cat pyproject.toml)
+if [ ! -f "$stamp" ] || { [ "$(cat "$stamp")" != "$want" ] && [ "$(cat "$stamp")" != "$have_tests" ]; }; then
   .venv/bin/pip install -q --upgrade pip -c constraints.txt
-  .venv/bin/pip install -q -c constraints.txt -e ".[test,router]"
-  cp pyproject.toml "$stamp"
+  .venv/bin/pip install -q -c constraints.txt -e ".[$EXTRAS]"
+  printf '%s\n' "$want" > "$stamp"
 fi
 # PyPI's torchvision/torchaudio are CUDA builds that break CPU torch imports.
 .venv/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
@@ -29,6 +38,7 @@ if ! command -v bwrap >/dev/null 2>&1; then
     echo "  sudo apt-get update && sudo apt-get install -y bubblewrap" >&2
   fi
 fi
+[ "$TESTS" = 1 ] || exit 0
 # The report test (tests/e2e/test_report_browser.py) opens `slime report`'s HTML in headless
 # Chromium driven by selenium: install Debian's chromium + chromium-driver when they are missing.
 if ! command -v chromedriver >/dev/null 2>&1 || ! { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }; then

@@ -6,7 +6,7 @@
 # runs them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --tests
 export HF_HUB_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1 OMP_WAIT_POLICY=PASSIVE
 if [ "${SLIME_SKIP_CHECKS:-0}" != 1 ] || [ "${CI:-}" = true ]; then
   # The hooks are local (language: system): the tools come from .venv, at constraints.txt's versions.

@@ -62,9 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return data_main(rest) or 0
     if cmd == "report":
+        from slime.arguments.parser import build_parser
         from slime.observability.report import main as report_main
+        from slime.observability.report_args import defaults_of
 
-        return report_main(rest)
+        # the defaults tell a run's own settings from the rest, for runs that did not record them
+        return report_main(rest, arg_defaults=defaults_of(build_parser()))
     close = difflib.get_close_matches(cmd, ["train", "train-async", "serve", "tiny-model", "make-data", "report"], n=1)
     hint = f"; did you mean {close[0]!r}?" if close else ""
     print(f"slime: unknown command {cmd!r}{hint}\n\n{USAGE}", file=sys.stderr)

@@ -29,12 +29,16 @@ from slime.observability.ci_checks import check_weight_versions
 from slime.observability.metrics import MetricsLogger, tensorboard_dir
 from slime.observability.plots import plot_run
 from slime.observability.report import report_run
+from slime.observability.run_dir import args_path
 from slime.observability.timer import timer
 from slime.preflight import preflight
 from slime.ray.placement_group import create_placement, init_ray
 from slime.ray.rollout import RolloutManager
 from slime.ray.train_group import RayTrainGroup
+from slime.sync.shm import buffers as shm_buffers
+from slime.sync.shm import remove_stale_buffers
 from slime.utils.checkpoint_layout import commit as commit_checkpoint
+from slime.utils.checkpoint_layout import latest_checkpoint_note, latest_dir
 from slime.utils.progress import StageProgress
 
 logger = logging.getLogger("slime")
@@ -62,7 +66,7 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
     preflight(args)
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    save_args(args, run_dir / (f"args.{args.stage}.json" if args.stage else "args.json"))
+    save_args(args, args_path(args))
     print(f"[slime] run directory: {run_dir.resolve()}", flush=True)
     for note in [*startup_notes(args), custom_config_note(args)]:
         if note:
@@ -72,6 +76,7 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
     global _ray_started_here
     _ray_started_here = init_ray(args) or _ray_started_here
     placement = create_placement(args)
+    shm_before = shm_buffers()  # weight buffers under /dev/shm that are not this run's
     rollout_manager = actor_model = None
     try:
         rollout_manager = RolloutManager.options(num_cpus=0).remote(args, placement)
@@ -79,16 +84,24 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
         rollout_ready = rollout_manager.init.remote()  # engines start while the trainer loads its model
         resumed_at = actor_model.init() if actor_model else 0  # the --load checkpoint's rollout + 1, else 0
         ray.get(rollout_ready)
+        if resumed_at:
+            print(
+                f"[slime] resumed from {latest_dir(args.load)}: training continues at rollout {resumed_at}", flush=True
+            )
         if args.start_rollout_id is None:  # slime's rule: unset, the loop starts where the checkpoint left off
             # written into args as slime does (slime/ray/placement_group.py create_training_models)
             args.start_rollout_id = resumed_at
         return _loop(args, rollout_manager, actor_model, metrics_log, max_lag)
+    except KeyboardInterrupt:  # say where to pick up: the same command with --load
+        note = latest_checkpoint_note(args.save) if args.save else "no --save: there is no checkpoint to resume from"
+        print(f"[slime] interrupted; {note}", file=sys.stderr, flush=True)
+        raise
     finally:
         metrics_log.close()
-        _release(rollout_manager, actor_model, placement)
+        _release(rollout_manager, actor_model, placement, shm_before)
 
 
-def _release(rollout_manager, actor_model: RayTrainGroup | None, placement) -> None:
+def _release(rollout_manager, actor_model: RayTrainGroup | None, placement, shm_before: set[str]) -> None:
     """Stop engines and the router, kill this stage's actors and free its placement group: everything
     the stage created in a Ray session that may outlive it (the next stage's, a shared cluster)."""
     if rollout_manager is not None:
@@ -96,9 +109,17 @@ def _release(rollout_manager, actor_model: RayTrainGroup | None, placement) -> N
             ray.get(rollout_manager.dispose.remote(), timeout=60)
         except Exception:  # noqa: BLE001 - cleanup: the manager may already be dead; its engines exit with their owner
             pass
-    for actor in [*(actor_model.actors if actor_model else []), *filter(None, [rollout_manager])]:
+    trainers = actor_model.actors if actor_model else []
+    for actor in trainers:  # killed, a trainer would leave its /dev/shm weight buffer behind
+        try:
+            ray.get(actor.close_weight_sync.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - a dead rank: its buffer is stale, removed below
+            pass
+    for actor in [*trainers, *filter(None, [rollout_manager])]:
         ray.kill(actor)
     remove_placement_group(placement.pg)
+    # the run's buffers whose rank died without closing (killed, crashed, interrupted)
+    remove_stale_buffers(shm_buffers() - shm_before, wait_s=10)
 
 
 def _loop(
@@ -296,9 +317,9 @@ def run_cli(body: Callable[[], None]) -> int:
         shutdown()
 
 
-def main(argv: Sequence[str] | None = None, max_lag: int = 0) -> int:
+def main(argv: Sequence[str] | None = None, max_lag: int = 0, command: str = "slime train") -> int:
     def body() -> None:
-        args = parse_args(argv)
+        args = parse_args(argv, prog=command)
         train(args, max_lag=max_lag)
         finish_run(args)
 

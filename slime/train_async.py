@@ -33,7 +33,7 @@ def train(args: Namespace) -> dict[str, float]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return train_main(argv, max_lag=POLICY_LAG)
+    return train_main(argv, max_lag=POLICY_LAG, command="slime train-async")
 
 
 if __name__ == "__main__":

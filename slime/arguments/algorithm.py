@@ -53,14 +53,40 @@ def _add_advantage_arguments(g: argparse._ArgumentGroup) -> None:
 
 def _add_policy_loss_arguments(g: argparse._ArgumentGroup) -> None:
     """The loss: PPO clip, KL and entropy terms, which log-probs, reward and advantage normalisation."""
-    g.add_argument("--loss-type", choices=LOSS_TYPES, default="policy_loss")
-    g.add_argument("--eps-clip", type=float, default=0.2)
+    g.add_argument(
+        "--loss-type",
+        choices=LOSS_TYPES,
+        default="policy_loss",
+        help="policy_loss (RL), sft_loss (supervised on the response tokens) or custom_loss (--custom-loss-function-"
+        "path).",
+    )
+    g.add_argument(
+        "--eps-clip",
+        type=float,
+        default=0.2,
+        help="PPO clip range: the probability ratio is clipped to [1 - eps, 1 + --eps-clip-high].",
+    )
     g.add_argument("--eps-clip-high", type=float, default=None, help="Default: --eps-clip.")
-    g.add_argument("--use-kl-loss", action="store_true")
-    g.add_argument("--kl-loss-coef", type=float, default=0.0)
-    g.add_argument("--kl-loss-type", choices=KL_TYPES, default="k1")
-    g.add_argument("--entropy-coef", type=float, default=0.0)
-    g.add_argument("--calculate-per-token-loss", action="store_true")
+    g.add_argument(
+        "--use-kl-loss",
+        action="store_true",
+        help="Add the KL to a reference model (--ref-load) to the loss, weighted by --kl-loss-coef.",
+    )
+    g.add_argument("--kl-loss-coef", type=float, default=0.0, help="Weight of the KL loss (--use-kl-loss).")
+    g.add_argument(
+        "--kl-loss-type",
+        choices=KL_TYPES,
+        default="k1",
+        help="KL estimator of the KL loss (k1: log-ratio, k2, k3: low-variance).",
+    )
+    g.add_argument(
+        "--entropy-coef", type=float, default=0.0, help="Weight of the entropy bonus (subtracted from the loss)."
+    )
+    g.add_argument(
+        "--calculate-per-token-loss",
+        action="store_true",
+        help="Average the loss over every token of the global batch, instead of per sample, then over samples.",
+    )
     g.add_argument(
         "--use-rollout-logprobs",
         action="store_true",
@@ -103,8 +129,10 @@ def _add_ppo_arguments(g: argparse._ArgumentGroup) -> None:
 def _add_mismatch_arguments(g: argparse._ArgumentGroup) -> None:
     """Train/rollout mismatch (TIS, built in or custom; OPSM) and a custom pg-loss reduction."""
     g.add_argument("--use-tis", action="store_true", help="Truncated importance sampling for train/rollout mismatch.")
-    g.add_argument("--tis-clip", type=float, default=2.0)
-    g.add_argument("--tis-clip-low", type=float, default=0.0)
+    g.add_argument(
+        "--tis-clip", type=float, default=2.0, help="--use-tis: upper clip of the train/rollout probability ratio."
+    )
+    g.add_argument("--tis-clip-low", type=float, default=0.0, help="--use-tis: lower clip of that ratio.")
     g.add_argument(
         "--custom-tis-function-path",
         type=str,
@@ -122,7 +150,13 @@ def _add_mismatch_arguments(g: argparse._ArgumentGroup) -> None:
         "sum_of_sample_mean); the global-batch division follows.",
     )
     g.add_argument("--use-opsm", action="store_true", help="Off-policy sequence masking.")
-    g.add_argument("--opsm-delta", type=float, default=1e-4)
+    g.add_argument(
+        "--opsm-delta",
+        type=float,
+        default=1e-4,
+        help="--use-opsm: a negative-advantage sample whose mean log-ratio to the rollout policy exceeds this is "
+        "masked.",
+    )
 
 
 def _add_distillation_and_custom_arguments(g: argparse._ArgumentGroup) -> None:
@@ -135,7 +169,9 @@ def _add_distillation_and_custom_arguments(g: argparse._ArgumentGroup) -> None:
         help="megatron: teacher forward in the trainer (--opd-teacher-load); "
         "sglang: samples carry teacher_log_probs from the rollout.",
     )
-    g.add_argument("--opd-kl-coef", type=float, default=1.0)
+    g.add_argument(
+        "--opd-kl-coef", type=float, default=1.0, help="On-policy distillation: weight of the KL to the teacher."
+    )
     g.add_argument("--opd-teacher-load", type=str, default=None, help="Teacher model directory (--opd-type megatron).")
     g.add_argument("--custom-loss-function-path", type=str, default=None, help="With --loss-type custom_loss.")
     g.add_argument(
@@ -162,7 +198,9 @@ def _add_reference_and_critic_arguments(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--num-critic-only-steps", type=int, default=0, help="ppo: first N rollouts train the critic only.")
     g.add_argument("--critic-load", type=str, default=None, help="ppo critic backbone (default: --hf-checkpoint).")
     g.add_argument("--critic-lr", type=float, default=None, help="Default: --lr.")
-    g.add_argument("--critic-lr-warmup-iters", type=int, default=0)
+    g.add_argument(
+        "--critic-lr-warmup-iters", type=int, default=0, help="ppo: warm-up steps of the critic's learning rate."
+    )
 
 
 def _add_overlong_penalty_arguments(g: argparse._ArgumentGroup) -> None:
@@ -173,7 +211,13 @@ def _add_overlong_penalty_arguments(g: argparse._ArgumentGroup) -> None:
         default=None,
         help="DAPO soft overlong penalty over the last N tokens of --rollout-max-response-len.",
     )
-    g.add_argument("--overlong-penalty-factor", type=float, default=1.0)
+    g.add_argument(
+        "--overlong-penalty-factor",
+        type=float,
+        default=1.0,
+        help="Weight of the DAPO overlong penalty (--overlong-buffer-len): up to this much reward is taken, linearly"
+        " over the buffer.",
+    )
 
 
 def finalize(args: argparse.Namespace) -> None:

@@ -12,7 +12,12 @@ TRAIN_BACKENDS = ("fsdp", "megatron")
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("cluster")
-    g.add_argument("--actor-num-nodes", type=int, default=1)
+    g.add_argument(
+        "--actor-num-nodes",
+        type=int,
+        default=1,
+        help="Nodes for the trainer (trainer ranks = this x --actor-num-gpus-per-node).",
+    )
     g.add_argument(
         "--actor-num-gpus-per-node", type=int, default=1, help="Training ranks per node (on CPU: trainer processes)."
     )
@@ -22,7 +27,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="Total engine slots (on CPU: engine worker processes x per-engine).",
     )
-    g.add_argument("--rollout-num-gpus-per-engine", type=int, default=1)
+    g.add_argument(
+        "--rollout-num-gpus-per-engine",
+        type=int,
+        default=1,
+        help="Devices per inference engine (its tensor-parallel size): engines = --rollout-num-gpus / this.",
+    )
     g.add_argument(
         "--colocate",
         action="store_true",
@@ -53,7 +63,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Release Megatron training actors during rollout and recreate them before each train step. "
         "Requires disk weight sync and --save for Megatron reload.",
     )
-    g.add_argument("--train-backend", choices=TRAIN_BACKENDS, default="fsdp")
+    g.add_argument(
+        "--train-backend",
+        choices=TRAIN_BACKENDS,
+        default="fsdp",
+        help="fsdp (torch FSDP2, runs on CPU too) or megatron (Megatron-LM; needs GPUs).",
+    )
+    _add_cpu_arguments(g)
+
+
+def _add_cpu_arguments(g: argparse._ArgumentGroup) -> None:
+    """How the CPU's cores and threads are shared between the processes."""
     g.add_argument(
         "--train-num-threads",
         type=int,

@@ -18,10 +18,29 @@ LOSS_MASK_TYPES = ("qwen", "qwen3", "qwen3_5", "distill_qwen")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--prompt-data", type=str, default=None, help="JSONL (or Parquet) prompt file.")
-    g.add_argument("--input-key", type=str, default="input")
-    g.add_argument("--label-key", type=str, default=None)
-    g.add_argument("--metadata-key", type=str, default="metadata")
-    g.add_argument("--apply-chat-template", action="store_true")
+    g.add_argument(
+        "--input-key",
+        type=str,
+        default="input",
+        help="Column of --prompt-data holding the prompt (a string, or a list of chat messages).",
+    )
+    g.add_argument(
+        "--label-key",
+        type=str,
+        default=None,
+        help="Column holding the label a reward reads (a reference answer, tests).",
+    )
+    g.add_argument(
+        "--metadata-key",
+        type=str,
+        default="metadata",
+        help="Column holding per-row metadata (an object, or a JSON string of one): sample.metadata.",
+    )
+    g.add_argument(
+        "--apply-chat-template",
+        action="store_true",
+        help="Render each prompt with the tokenizer's chat template, generation prompt added.",
+    )
     g.add_argument("--apply-chat-template-kwargs", type=json.loads, default="{}", help="JSON dict.")
     g.add_argument(
         "--tool-key",
@@ -30,7 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Column with the tools (a list, or a JSON string of one) passed to the chat template "
         "as `tools=` and kept in sample.metadata['tools'] (rows without it have none).",
     )
-    g.add_argument("--rollout-shuffle", action="store_true")
+    g.add_argument(
+        "--rollout-shuffle", action="store_true", help="Shuffle the prompts every epoch (seeded by --rollout-seed)."
+    )
     g.add_argument(
         "--rollout-seed",
         type=int,
@@ -52,6 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Passes over --prompt-data; sets --num-rollout to num_epoch x prompts // "
         "--rollout-batch-size when --num-rollout is not given (counted when the run starts).",
     )
+    _add_source_arguments(g)
+
+
+def _add_source_arguments(g: argparse._ArgumentGroup) -> None:
+    """Where a rollout's prompts come from: the data source, the Data Buffer, and the SFT loss mask."""
     g.add_argument(
         "--data-source-path",
         type=str,

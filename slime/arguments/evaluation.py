@@ -29,7 +29,12 @@ logger = logging.getLogger(__name__)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("eval")
-    g.add_argument("--eval-interval", type=int, default=None)
+    g.add_argument(
+        "--eval-interval",
+        type=int,
+        default=None,
+        help="Evaluate every N rollouts, and after the last (unset: no evaluation during training).",
+    )
     g.add_argument(
         "--eval-function-path",
         type=str,
@@ -53,7 +58,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-input-key", type=str, default=None, help="Default: --input-key.")
     g.add_argument("--eval-label-key", type=str, default=None, help="Default: --label-key.")
     g.add_argument("--eval-tool-key", type=str, default=None, help="Default: --tool-key.")
-    g.add_argument("--n-samples-per-eval-prompt", type=int, default=1)
+    g.add_argument(
+        "--n-samples-per-eval-prompt",
+        type=int,
+        default=1,
+        help="Responses per eval prompt (pass@k is reported up to this k).",
+    )
     g.add_argument("--eval-temperature", type=float, default=None, help="Default: --rollout-temperature.")
     g.add_argument("--eval-top-p", type=float, default=None, help="Default: --rollout-top-p.")
     g.add_argument("--eval-top-k", type=int, default=None, help="Default: --rollout-top-k.")
@@ -77,7 +87,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="The engine's context during eval: each generate call asks for at most this minus the "
         "prompt's tokens (default: --rollout-max-context-len).",
     )
-    g.add_argument("--skip-eval-before-train", action="store_true")
+    g.add_argument("--skip-eval-before-train", action="store_true", help="Do not evaluate before the first rollout.")
 
 
 def finalize(args: argparse.Namespace) -> None:

@@ -68,7 +68,20 @@ WANDB_DESTS = (
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("logging")
-    g.add_argument("--run-dir", type=str, default=None, help="Default: runs/<timestamp>.")
+    g.add_argument(
+        "--run-dir",
+        type=str,
+        default=None,
+        help="Where the run writes its metrics, arguments, samples and report. Default: runs/<timestamp>. "
+        "One run per directory: a directory holding an earlier run is refused unless --load resumes it "
+        "or --overwrite-run-dir is given.",
+    )
+    g.add_argument(
+        "--overwrite-run-dir",
+        action="store_true",
+        help="Start over in a --run-dir that holds an earlier run: that directory is moved aside to "
+        "<run-dir>.replaced-<time> (nothing is deleted) and the run starts in a fresh one.",
+    )
     g.add_argument(
         "--check-weight-update-equal",
         action="store_true",

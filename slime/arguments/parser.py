@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,24 +62,78 @@ class SlimeArgumentParser(argparse.ArgumentParser):
         raise SlimeError(f"{message}{hint}")
 
 
-def build_parser() -> SlimeArgumentParser:
+class _HelpFormatter(argparse.HelpFormatter):
+    """Each option's default after its help line, unless the help already says it (or there is none);
+    short value names (N, X, PATH, VALUE) instead of the option's name again in capitals."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=44, width=min(120, shutil.get_terminal_size((120, 24)).columns))
+
+    def _get_default_metavar_for_optional(self, action: argparse.Action) -> str:
+        if action.type is int:
+            return "N"
+        if action.type is float:
+            return "X"
+        if action.dest.endswith(("_path", "_dir", "_data", "_load", "_checkpoint")) or action.dest in ("load", "save"):
+            return "PATH"
+        return "VALUE"
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (
+            text
+            and text != argparse.SUPPRESS
+            and "default" not in text.lower()
+            and default not in (None, False, argparse.SUPPRESS, [], "")
+            and action.nargs != 0  # flags: their default is "off"
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
+class _HelpAll(argparse.Action):
+    """`--help-all`: the help with slime's and Megatron-LM's pass-through options too."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> None:
+        build_parser(full_help=True, prog=parser.prog).print_help()
+        parser.exit()
+
+
+def build_parser(full_help: bool = False, prog: str = "slime train") -> SlimeArgumentParser:
+    """`slime train`'s parser. Its `--help` shows slime-rl's own options, grouped by concern, each
+    with a help line and its default; slime's and Megatron-LM's other options are accepted too
+    and listed by `--help-all` (`full_help`)."""
     p = SlimeArgumentParser(
-        prog="slime train", description="RL post-training with slime's arguments.", allow_abbrev=False
+        prog=prog,
+        usage=f"{prog} [options]   (--help: the options by concern; --help-all: every option)",
+        description="RL post-training with slime's arguments.",
+        allow_abbrev=False,
+        formatter_class=_HelpFormatter,
     )
     p.add_argument("--config", type=str, default=None, help="YAML file of arguments (command line wins).")
+    p.add_argument("--help-all", action=_HelpAll, help="Show every option, slime's and Megatron-LM's too, and exit.")
     for group in GROUPS:
         group.add_arguments(p)
+    own = len(p._actions)
     # then slime's and Megatron-LM's other options, as data: slime-rl's own definitions win
     p.slime_names = upstream.add_arguments(p, megatron_names=set(megatron.megatron_options()))
     p.megatron_names = megatron.add_arguments(p)
     upstream.set_slime_defaults(p, p.megatron_names)
+    if not full_help:  # accepted, but ~700 of them: listed by --help-all only
+        for action in p._actions[own:]:
+            action.help = argparse.SUPPRESS
     return p
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """Parse and validate `slime train` arguments. Raises SlimeError on any user error."""
+def parse_args(argv: Sequence[str] | None = None, prog: str = "slime train") -> argparse.Namespace:
+    """Parse and validate `slime train` arguments (`prog`: the command, for --help). Raises SlimeError
+    on any user error."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(prog=prog)
     known = {s for a in parser._actions for s in a.option_strings}
 
     own, passthrough = engine.split_passthrough(argv, known)
@@ -106,6 +161,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         raise SlimeError(f"unexpected value {bad!r} (no argument takes it)")
     args.sglang_args = passthrough
     args.router_args = router  # sglang-router's own options, checked against its parser at start-up
+    args.options_given = given_options(own, known)  # what the user set (the report lists these first)
     args.slime_options_given = given_options(own, parser.slime_names)
     upstream.check_given(args.slime_options_given)
     args.megatron_options_given = given_options(own, parser.megatron_names)

@@ -14,9 +14,19 @@ DEFAULT_ROLLOUT_FUNCTION = "slime.rollout.sglang_rollout.generate_rollout"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("rollout")
-    g.add_argument("--num-rollout", type=int, default=None)
+    g.add_argument(
+        "--num-rollout",
+        type=int,
+        default=None,
+        help="Rollouts to run, one training step each (or --num-epoch: counted from the data).",
+    )
     g.add_argument("--rollout-batch-size", type=int, default=None, help="Prompts per rollout.")
-    g.add_argument("--n-samples-per-prompt", type=int, default=1)
+    g.add_argument(
+        "--n-samples-per-prompt",
+        type=int,
+        default=1,
+        help="Responses generated per prompt: the group GRPO normalises over.",
+    )
     g.add_argument(
         "--rollout-max-response-len",
         type=int,
@@ -32,12 +42,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "minus the tokens it sends (prompt and response so far); --rollout-max-prompt-len "
         "defaults to this - 1, as slime's.",
     )
-    g.add_argument("--rollout-temperature", type=float, default=1.0)
-    g.add_argument("--rollout-top-p", type=float, default=1.0)
-    g.add_argument("--rollout-top-k", type=int, default=-1)
-    g.add_argument("--rollout-stop", type=str, nargs="+", default=None)
-    g.add_argument("--rollout-stop-token-ids", type=int, nargs="+", default=None)
-    g.add_argument("--rollout-skip-special-tokens", action="store_true")
+    g.add_argument(
+        "--rollout-temperature", type=float, default=1.0, help="Sampling temperature of rollouts (0: greedy)."
+    )
+    g.add_argument(
+        "--rollout-top-p",
+        type=float,
+        default=1.0,
+        help="Nucleus sampling of rollouts: the smallest set of tokens holding this much probability, in (0, 1].",
+    )
+    g.add_argument(
+        "--rollout-top-k", type=int, default=-1, help="Sample among the k most likely tokens (-1: all of them)."
+    )
+    g.add_argument(
+        "--rollout-stop", type=str, nargs="+", default=None, help="Stop strings: a response ends at the first one."
+    )
+    g.add_argument(
+        "--rollout-stop-token-ids",
+        type=int,
+        nargs="+",
+        default=None,
+        help="Token ids that end a response, besides the tokenizer's EOS.",
+    )
+    g.add_argument(
+        "--rollout-skip-special-tokens",
+        action="store_true",
+        help="Decode responses without special tokens (SGLang's skip_special_tokens).",
+    )
     _add_generation_arguments(g)
     _add_sample_hook_arguments(g)
     g.add_argument(
@@ -64,8 +95,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _add_generation_arguments(g: argparse._ArgumentGroup) -> None:
     """The rollout and generate functions, dynamic sampling, partial and fully async rollouts."""
-    g.add_argument("--rollout-function-path", type=str, default=DEFAULT_ROLLOUT_FUNCTION)
-    g.add_argument("--custom-generate-function-path", type=str, default=None)
+    g.add_argument(
+        "--rollout-function-path",
+        type=str,
+        default=DEFAULT_ROLLOUT_FUNCTION,
+        help="The rollout function, generate_rollout(args, rollout_id, data_source, evaluation): one rollout's "
+        "groups of samples.",
+    )
+    g.add_argument(
+        "--custom-generate-function-path",
+        type=str,
+        default=None,
+        help="Per-sample generation hook, async generate(args, sample, sampling_params) -> Sample (multi-turn, "
+        "tools, agents). Default: one /generate call.",
+    )
     g.add_argument(
         "--agent-function-path",
         type=str,
@@ -170,8 +213,20 @@ def _add_sample_hook_arguments(g: argparse._ArgumentGroup) -> None:
 
 def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("rewards")
-    g.add_argument("--rm-type", type=str, default=None)
-    g.add_argument("--custom-rm-path", type=str, default=None)
+    g.add_argument(
+        "--rm-type",
+        type=str,
+        default=None,
+        help="Built-in reward: math, deepscaler, dapo, f1, gpqa, math_verify, remote_rm, code, random; a boxed_ "
+        "prefix grades the last \\boxed{} content.",
+    )
+    g.add_argument(
+        "--custom-rm-path",
+        type=str,
+        default=None,
+        help="Reward function async rm(args, sample) -> float (with --group-rm: the group's samples -> a list), used"
+        " instead of --rm-type.",
+    )
     g.add_argument("--reward-key", type=str, default=None, help="Key of a dict reward to train on.")
     g.add_argument(
         "--eval-reward-key",
@@ -201,6 +256,11 @@ def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
         "may take in its worker process; past it the worker is killed and the answer scores 0, "
         "the reason in metadata['reward_error'].",
     )
+    _add_sandbox_arguments(g)
+
+
+def _add_sandbox_arguments(g: argparse._ArgumentGroup) -> None:
+    """--rm-type code's sandbox (slime.sandbox): its limits and where it may run."""
     g.add_argument("--sandbox-timeout", type=float, default=10.0, help="--rm-type code: wall seconds per run.")
     g.add_argument("--sandbox-cpu-time", type=float, default=5.0, help="--rm-type code: CPU seconds per run.")
     g.add_argument(
@@ -239,11 +299,32 @@ def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _check_sampling(args: argparse.Namespace) -> None:
+    """SGLang's ranges for the sampling options (its SamplingParams.verify), at parse time: a bad
+    value stops the run here, not as failed requests after the engines started."""
+    for prefix in ("rollout", "eval"):
+        temperature, top_p, top_k = (
+            getattr(args, f"{prefix}_{name}", None) for name in ("temperature", "top_p", "top_k")
+        )
+        if temperature is not None and not (math.isfinite(temperature) and temperature >= 0):
+            raise SlimeError(f"--{prefix}-temperature must be >= 0 (0: greedy), got {temperature}")
+        if top_p is not None and not 0.0 < top_p <= 1.0:
+            raise SlimeError(f"--{prefix}-top-p must be in (0, 1], got {top_p}")
+        if top_k is not None and (top_k == 0 or top_k < -1):
+            raise SlimeError(f"--{prefix}-top-k must be -1 (disabled) or >= 1, got {top_k}")
+
+
 def finalize(args: argparse.Namespace) -> None:
-    if args.rollout_batch_size is None:
-        raise SlimeError("--rollout-batch-size is required")
-    if args.num_rollout is None and args.num_epoch is None:
-        raise SlimeError("--num-rollout (or --num-epoch) is required")
+    missing = [
+        name
+        for name, unset in (
+            ("--rollout-batch-size", args.rollout_batch_size is None),
+            ("--num-rollout (or --num-epoch)", args.num_rollout is None and args.num_epoch is None),
+        )
+        if unset
+    ]
+    if missing:  # all at once, not one per try
+        raise SlimeError(" and ".join(missing) + (" are" if len(missing) > 1 else " is") + " required")
     require_positive(
         args,
         "rollout_batch_size",
@@ -255,6 +336,7 @@ def finalize(args: argparse.Namespace) -> None:
         "over_sampling_batch_size",
     )
     _finalize_context(args)
+    _check_sampling(args)
     if not 0.0 <= args.max_failed_sample_ratio <= 1.0:
         raise SlimeError(f"--max-failed-sample-ratio must be in [0, 1], got {args.max_failed_sample_ratio}")
     if args.over_sampling_batch_size is not None and not (args.dynamic_sampling_filter_path or args.partial_rollout):

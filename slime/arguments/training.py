@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 from pathlib import Path
@@ -51,7 +52,12 @@ def _add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ref-load", type=str, default=None, help="Reference model (default: --hf-checkpoint).")
     g.add_argument("--load", type=str, default=None, help="Resume from the latest checkpoint in this directory.")
     g.add_argument("--save", type=str, default=None, help="Checkpoint directory (default: <run-dir>/checkpoints).")
-    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument(
+        "--save-interval",
+        type=int,
+        default=None,
+        help="Save a checkpoint to --save every N rollouts, and after the last.",
+    )
     # Megatron-LM's option too (megatron_lm.json, default None); this definition wins, with slime's default.
     g.add_argument(
         "--no-save-optim",
@@ -73,14 +79,29 @@ def _add_batching_arguments(p: argparse.ArgumentParser) -> None:
     """Batches and micro-batches of a training step, and how often weights are synced."""
     g = p.add_argument_group("batching")
     g.add_argument("--global-batch-size", type=int, default=None, help="Samples per optimizer step.")
-    g.add_argument("--micro-batch-size", type=int, default=1)
-    g.add_argument("--num-steps-per-rollout", type=int, default=None)
+    g.add_argument(
+        "--micro-batch-size",
+        type=int,
+        default=1,
+        help="Samples per forward/backward pass; gradients accumulate over the global batch.",
+    )
+    g.add_argument(
+        "--num-steps-per-rollout",
+        type=int,
+        default=None,
+        help="Optimizer steps per rollout (sets --global-batch-size to the rollout's samples / N).",
+    )
     g.add_argument(
         "--use-dynamic-batch-size",
         action="store_true",
         help="Micro-batches packed (no padding) up to --max-tokens-per-gpu tokens; ignores --micro-batch-size.",
     )
-    g.add_argument("--max-tokens-per-gpu", type=int, default=None)
+    g.add_argument(
+        "--max-tokens-per-gpu",
+        type=int,
+        default=None,
+        help="With --use-dynamic-batch-size: tokens per packed micro-batch on each trainer rank.",
+    )
     g.add_argument(
         "--share-prompt-forward",
         action=argparse.BooleanOptionalAction,
@@ -109,23 +130,30 @@ def _add_batching_arguments(p: argparse.ArgumentParser) -> None:
 def _add_optimizer_arguments(p: argparse.ArgumentParser) -> None:
     """The optimizer, its schedule, the seed and determinism, and which parameters train."""
     g = p.add_argument_group("optimizer")
-    g.add_argument("--optimizer", choices=("adam",), default="adam")
-    g.add_argument("--lr", type=float, default=1e-6)
+    g.add_argument("--optimizer", choices=("adam",), default="adam", help="adam (AdamW: decoupled --weight-decay).")
+    g.add_argument("--lr", type=float, default=1e-6, help="Learning rate, reached after --lr-warmup-iters.")
     # Megatron-LM's defaults, which a slime script runs with: linear decay, weight decay 0.01, beta2 0.999
-    g.add_argument("--lr-decay-style", choices=LR_DECAY_STYLES, default="linear")
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument(
+        "--lr-decay-style",
+        choices=LR_DECAY_STYLES,
+        default="linear",
+        help="Learning-rate schedule after warm-up, down to --min-lr.",
+    )
+    g.add_argument("--lr-warmup-iters", type=int, default=0, help="Optimizer steps of linear warm-up from 0 to --lr.")
     g.add_argument(
         "--lr-decay-iters",
         type=int,
         default=None,
         help="Default: all optimizer steps of the run (num_rollout x steps per rollout).",
     )
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.999)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--min-lr", type=float, default=0.0, help="The learning rate the decay ends at.")
+    g.add_argument("--weight-decay", type=float, default=0.01, help="Decoupled weight decay (AdamW).")
+    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam's beta1 (first-moment decay).")
+    g.add_argument("--adam-beta2", type=float, default=0.999, help="Adam's beta2 (second-moment decay).")
+    g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam's epsilon.")
+    g.add_argument(
+        "--clip-grad", type=float, default=1.0, help="Clip the global gradient norm to this (0: no clipping)."
+    )
     g.add_argument(
         "--seed",
         type=int,
@@ -208,6 +236,12 @@ def finalize(args: argparse.Namespace) -> None:
         f"--log-probs-chunk-size must be -1 (no chunking) or >= 1, got {args.log_probs_chunk_size}",
     )
     need(args.lr_warmup_iters >= 0 and args.critic_lr_warmup_iters >= 0, "--lr-warmup-iters must be >= 0")
+    for opt in ("lr", "critic_lr"):
+        value = getattr(args, opt, None)
+        need(
+            value is None or (math.isfinite(value) and value >= 0),
+            f"--{opt.replace('_', '-')} must be a finite number >= 0, got {value}",
+        )
     need(0.0 <= args.min_lr <= args.lr, f"--min-lr ({args.min_lr}) must be in [0, --lr ({args.lr})]")
     if args.num_rollout is not None:  # else set when --num-epoch is counted (slime.arguments.set_num_rollout)
         finalize_schedule(args)

@@ -7,7 +7,10 @@ logger was created) and the metrics with slime's keys (``rollout/raw_reward``, `
 ``eval/<name>``, ``perf/rollout_time``, ...). Non-finite values are written as ``null``.
 
 Several stages of one run (e.g. SFT then RL) append to the same file; the second stage's logger
-continues the global step after the first (``step_offset=None`` works it out from the file).
+continues the global step after the first (``step_offset=None`` works it out from the file). A
+resumed stage continues its own global steps, and its first record supersedes the rows the
+interrupted run wrote from that rollout on (past its last checkpoint): they move to
+``metrics.superseded.jsonl``, so ``metrics.jsonl`` holds each rollout once.
 
 All sinks are fed from ``MetricsLogger.log``: TensorBoard and wandb receive the same scalars (every
 numeric, finite metric of the JSON record; strings and non-finite values are in the JSON only) at
@@ -42,6 +45,7 @@ __all__ = [
 ]
 
 METRICS_FILE = "metrics.jsonl"
+SUPERSEDED_FILE = "metrics.superseded.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 RESERVED_KEYS = ("rollout_id", "global_step", "stage", "time")
 
@@ -151,7 +155,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 def _auto_step_offset(path: Path, stage: str | None) -> int:
     """Offset that makes this logger's global steps continue the file's.
 
-    Same stage as the file's last record (a resumed stage): keep that record's offset.
+    Same stage as the file's last record (a resumed stage, also without a stage name): keep that
+    record's offset.
     New stage: start right after the largest global step so far. No file / no records: 0.
     """
     if not path.exists():
@@ -164,7 +169,7 @@ def _auto_step_offset(path: Path, stage: str | None) -> int:
     if not steps:
         return 0
     last = steps[-1]
-    if stage is not None and last.get("stage") == stage and isinstance(last.get("rollout_id"), int):
+    if last.get("stage") == stage and isinstance(last.get("rollout_id"), int):
         return last["global_step"] - last["rollout_id"]
     return max(r["global_step"] for r in steps) + 1
 
@@ -204,6 +209,7 @@ class MetricsLogger:
         self._t0 = time.monotonic()
         self._lock = threading.Lock()
         self._file = open(self.path, "a", encoding="utf-8")
+        self._superseded_checked = False
         self._writer = None
         self._wandb = wandb
         if use_tensorboard:
@@ -264,6 +270,9 @@ class MetricsLogger:
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"MetricsLogger for {self.path} is closed")
+            if not self._superseded_checked:
+                self._superseded_checked = True
+                self._supersede_from(step, stage)
             self._file.write(line + "\n")
             self._file.flush()
             scalars = sink_scalars(record)  # one set of scalars, one step, for every sink below
@@ -276,6 +285,31 @@ class MetricsLogger:
         if self.console:
             print(self.summary_line(record, nonfinite), flush=True)
         return record
+
+    def _supersede_from(self, step: int, stage: str | None) -> None:
+        """A resumed stage starts again at `step`: rows of this stage from `step` on were written past
+        the checkpoint it resumed from. Move them to SUPERSEDED_FILE (kept, not deleted)."""
+        self._file.flush()
+        try:
+            records = read_metrics(self.path)
+        except (ValueError, OSError):
+            return  # a file this logger cannot read is left as it is
+        late = [
+            r
+            for r in records
+            if r.get("stage") == stage and isinstance(r.get("rollout_id"), int) and r["rollout_id"] >= step
+        ]
+        if not late:
+            return
+        late_ids = {id(r) for r in late}
+        keep = [r for r in records if id(r) not in late_ids]
+        with open(self.path.with_name(SUPERSEDED_FILE), "a", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in late)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep), encoding="utf-8")
+        self._file.close()
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a", encoding="utf-8")
 
     def summary_line(self, record: Mapping[str, Any], nonfinite: list[str] | None = None) -> str:
         """``[stage] step 3 (global 13) | rollout/raw_reward=0.5 train/pg_loss=-0.01234 ...``."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from argparse import Namespace
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,13 @@ WORKER_ENV = {
 AUTH_DOC = "https://docs.ray.io/en/latest/ray-security/token-auth.html"
 
 
+def plain_logs_when_redirected() -> None:
+    """Ray colours the `(Actor pid=...)` prefix of the worker lines it prints here; into a file or a
+    pipe those are escape codes, not colours (RAY_COLOR_PREFIX=0, unless the user set it)."""
+    if not sys.stdout.isatty():
+        os.environ.setdefault("RAY_COLOR_PREFIX", "0")
+
+
 def init_ray(args: Namespace) -> bool:
     """Join `RAY_ADDRESS` if set, else start a local cluster sized for this job; returns whether
     this call did either. When Ray is already initialized in this process (an earlier stage of the
@@ -51,6 +59,7 @@ def init_ray(args: Namespace) -> bool:
     if ray.is_initialized():
         return False
     os.environ.update({k: v for k, v in WORKER_ENV.items() if k not in os.environ})
+    plain_logs_when_redirected()
     # Hooks are loaded by dotted path inside actors: give workers the driver's import path.
     pythonpath = os.pathsep.join(
         dict.fromkeys([os.getcwd(), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])

@@ -34,6 +34,7 @@ from slime.ray.engine_watcher import EngineWatcher
 from slime.ray.placement_group import Placement, ProcessPlace, thread_budget
 from slime.ray.router import start_router
 from slime.rollout.base_types import unwrap_eval_output, unwrap_train_output
+from slime.rollout.failure_report import report_failures
 from slime.rollout.generation import set_engine_urls
 from slime.rollout.sample_hooks import set_current_rollout_id
 from slime.rollout.train_data import (
@@ -119,8 +120,8 @@ def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: fl
     """Stop the run when too many of a rollout's samples FAILED (a broken hook or reward service).
 
     Up to `--max-failed-sample-ratio` of the samples may fail (they are kept, never trained on, and
-    counted in `rollout/status/failed`); above it, or when every sample failed, the run stops and
-    names the first error.
+    counted in `rollout/status/failed`; `report_failures` has said them, a line per distinct error);
+    above it, or when every sample failed, the run stops and names the first error.
     """
     samples = [s for g in groups for s in g]
     failed = [s for s in samples if s.status == Sample.Status.FAILED]
@@ -134,13 +135,6 @@ def check_failed_samples(groups: list[list[Any]], rollout_id: int, max_ratio: fl
             f"--max-failed-sample-ratio {max_ratio:g} allows; first error: {first}",
             server_lost=any(s.metadata.get("server_lost") for s in failed),
         )
-    logger.warning(
-        "rollout %d: %d of %d samples FAILED (first: %s)",
-        rollout_id,
-        len(failed),
-        len(samples),
-        failed[0].metadata.get("error"),
-    )
 
 
 def sample_weight_version(sample: Sample) -> int | None:
@@ -416,6 +410,7 @@ class RolloutManager:
         # as generated, before any filter or conversion (slime's point of saving)
         save_debug_rollout_data(self.args, [s for g in groups for s in g], rollout_id)
         write_rollout_samples(self.args, groups, rollout_id)  # the report's sample log (first groups)
+        report_failures(self.args, [s for g in groups for s in g], f"rollout {rollout_id}")  # a line per error
         check_failed_samples(groups, rollout_id, self.args.max_failed_sample_ratio)
         if self.sample_filter is not None:  # marks sample.remove_sample; groups keep their shape
             try:
@@ -468,6 +463,8 @@ class RolloutManager:
             self.args, [s for res in results.values() for s in res.get("samples") or []], rollout_id, evaluation=True
         )
         write_eval_samples(self.args, results, rollout_id)  # the report's sample log (first groups)
+        for name, res in results.items():
+            report_failures(self.args, res.get("samples") or [], f"eval {name!r} at rollout {rollout_id}")
         if skips_default_log(
             self.args,
             "custom_eval_rollout_log_function_path",

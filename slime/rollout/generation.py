@@ -359,7 +359,7 @@ async def _sample_hooks(args: Namespace, sample: Sample, evaluation: bool) -> Sa
         try:
             sample = await apply_hook(args, sample, path, rollout_id=current_rollout_id(), evaluation=evaluation)
         except Exception as e:
-            logger.exception("--rollout-sample-hook-path %s failed for sample %s", path, sample.index)
+            logger.debug("--rollout-sample-hook-path %s failed for sample %s", path, sample.index, exc_info=True)
             _mark_failed(sample, f"--rollout-sample-hook-path {path}", e)
             _ensure_tokens(GenerateState(args), sample)
             break
@@ -387,7 +387,7 @@ async def _reward(args: Namespace, samples: list[Sample]) -> None:
             if len(rewards) != len(todo):
                 raise ValueError(f"returned {len(rewards)} rewards for a group of {len(todo)} samples")
         except Exception as e:
-            logger.exception("group reward failed for group %s", todo[0].group_index)
+            logger.debug("group reward failed for group %s", todo[0].group_index, exc_info=True)
             for s in todo:
                 _mark_failed(s, "reward (--group-rm)", e)
             return
@@ -399,7 +399,7 @@ async def _reward(args: Namespace, samples: list[Sample]) -> None:
         try:
             s.reward = await async_rm(args, s)
         except Exception as e:
-            logger.exception("reward failed for sample %s", s.index)
+            logger.debug("reward failed for sample %s", s.index, exc_info=True)
             _mark_failed(s, "reward", e)
 
     await asyncio.gather(*(one(s) for s in todo if s.reward is None))
@@ -435,7 +435,7 @@ async def _call_generate_hook(
             raise TypeError(f"returned {type(result).__name__}, not a Sample or a list of Samples")
         return result
     except Exception as e:
-        logger.exception("generate function %s failed for sample %s", path, sample.index)
+        logger.debug("generate function %s failed for sample %s", path, sample.index, exc_info=True)
         _mark_failed(sample, f"--custom-generate-function-path {path}", e, generating=True)
         _ensure_tokens(state, sample)
         return sample
@@ -455,7 +455,7 @@ async def _default_generate_one(
     try:
         return await generate(args, sample, sampling_params, evaluation=evaluation)
     except Exception as e:
-        logger.exception("generate failed for sample %s", sample.index)
+        logger.debug("generate failed for sample %s", sample.index, exc_info=True)
         _mark_failed(sample, "generate", e, generating=True)
         _ensure_tokens(GenerateState(args), sample)
         return sample
@@ -495,7 +495,7 @@ async def generate_and_rm(
                 if len(rewards) != len(todo):
                     raise ValueError(f"returned {len(rewards)} rewards for {len(todo)} samples")
             except Exception as e:
-                logger.exception("reward failed for the samples of %s", sample.index)
+                logger.debug("reward failed for the samples of %s", sample.index, exc_info=True)
                 for s in todo:
                     _mark_failed(s, "reward", e)
                 return result
@@ -554,7 +554,7 @@ async def generate_and_rm_group(
                 else:
                     await each(lambda s: generate(args, s, params_of(s), evaluation=evaluation))
             except Exception as e:  # one bad group must not kill the rollout; it is marked and counted
-                logger.exception("generate failed for group %s", group[0].group_index)
+                logger.debug("generate failed for group %s", group[0].group_index, exc_info=True)
                 for s in todo:
                     _mark_failed(s, "generate", e, generating=True)
                     _ensure_tokens(state, s)

@@ -16,6 +16,7 @@ import logging
 import mmap
 import os
 import re
+import time
 import uuid
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "slime-weights-"
 ALIGN = 64
+_BUFFER = re.compile(re.escape(SHM_PREFIX) + r"(\d+)-[0-9a-f]+")  # <prefix><writer pid>-<random>
 
 
 def plan(tensors: dict[str, torch.Tensor]) -> tuple[list[tuple[str, torch.dtype, list[int], int]], int]:
@@ -63,19 +65,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _remove_stale_buffers() -> None:
-    """Buffers whose writer is gone (a trainer killed before close())."""
+def buffers() -> set[str]:
+    """The weight buffers under /dev/shm now (any process's)."""
     try:
-        names = os.listdir(SHM_DIR)
+        return {n for n in os.listdir(SHM_DIR) if _BUFFER.fullmatch(n)}
     except OSError:
-        return
-    for name in names:
-        m = re.fullmatch(re.escape(SHM_PREFIX) + r"(\d+)-[0-9a-f]+", name)
-        if m and not _alive(int(m.group(1))):
-            try:
-                os.unlink(os.path.join(SHM_DIR, name))
-            except OSError:
-                pass
+        return set()
+
+
+def remove_stale_buffers(among: set[str] | None = None, wait_s: float = 0.0) -> None:
+    """Remove the buffers whose writer is gone (a trainer killed before close()). `among`: only these
+    (a run's own, when it ends); `wait_s`: first give their writers that long to exit (a rank that
+    was just killed may take a moment), polling."""
+    names = buffers() if among is None else among
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = set()
+        for name in names:
+            m = _BUFFER.fullmatch(name)
+            if m and not _alive(int(m.group(1))):
+                try:
+                    os.unlink(os.path.join(SHM_DIR, name))
+                except OSError:
+                    pass
+            elif m and os.path.exists(os.path.join(SHM_DIR, name)):
+                left.add(name)
+        if not left or time.monotonic() >= deadline:
+            return
+        names = left
+        time.sleep(0.1)
 
 
 class SharedMemoryWeightSync:
@@ -92,7 +110,7 @@ class SharedMemoryWeightSync:
 
     def _allocate(self, size: int) -> None:
         self.close()
-        _remove_stale_buffers()
+        remove_stale_buffers()
         path = os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -163,5 +181,5 @@ class SharedMemoryWeightSync:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown
+        except BaseException:  # noqa: BLE001 - interpreter shutdown, or a SystemExit raised while closing
             pass

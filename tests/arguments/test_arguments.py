@@ -64,6 +64,14 @@ def test_invalid_choice_suggests_closest():
         (["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"], r"multiple of"),
         (["--train-backend", "megatron"], r"megatron needs GPUs"),
         (["--n-samples-per-prompt", "0"], r"--n-samples-per-prompt must be >= 1"),
+        # SGLang's sampling ranges and the learning rate, at parse time (not after the engines start)
+        (["--rollout-temperature=-1"], r"--rollout-temperature must be >= 0 \(0: greedy\), got -1.0"),
+        (["--rollout-top-p", "0"], r"--rollout-top-p must be in \(0, 1\], got 0.0"),
+        (["--rollout-top-p", "1.5"], r"--rollout-top-p must be in \(0, 1\]"),
+        (["--rollout-top-k", "0"], r"--rollout-top-k must be -1 \(disabled\) or >= 1, got 0"),
+        (["--eval-temperature", "nan"], r"--eval-temperature must be >= 0"),
+        (["--eval-top-k=-2"], r"--eval-top-k must be -1"),
+        (["--lr=-1e-3"], r"--lr must be a finite number >= 0, got -0.001"),
     ],
 )
 def test_invalid_combinations_name_the_arguments(extra, message):
@@ -72,8 +80,10 @@ def test_invalid_combinations_name_the_arguments(extra, message):
 
 
 def test_required_arguments():
-    with pytest.raises(SlimeError, match="--rollout-batch-size is required"):
+    with pytest.raises(SlimeError, match="^--rollout-batch-size is required$"):
         parse_args(["--num-rollout", "1"])
+    with pytest.raises(SlimeError, match=r"^--rollout-batch-size and --num-rollout \(or --num-epoch\) are required$"):
+        parse_args([])  # every missing one in one line
 
 
 def test_yaml_config_supplies_arguments_and_cli_wins(tmp_path):
@@ -138,7 +148,7 @@ def test_options_belong_to_a_concern_group():
         for g in parser._action_groups
         if g.title == "options"
         for a in g._group_actions
-        if a.dest not in ("help", "config")
+        if a.dest not in ("help", "config") and a.option_strings != ["--help-all"]
     ]
     assert not loose, loose
     assert {
@@ -180,3 +190,10 @@ def test_code_reads_options_without_second_defaults():
             ):
                 found.append(f"{path}:{node.lineno} {node.args[1].value}")
     assert not found, found
+
+
+def test_the_options_the_user_set_are_recorded():
+    """args.json keeps them (`options_given`): the run report lists them first."""
+    args = parse_args(BASE + ["--lr=1e-5", "--colocate", "--moe-router-topk", "2"])
+    assert {"--lr", "--colocate", "--moe-router-topk"} <= set(args.options_given)
+    assert "--eps-clip" not in args.options_given

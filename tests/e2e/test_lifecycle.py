@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from slime.sync.shm import buffers as shm_buffers
 from tests.helpers import alive, descendants
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
@@ -78,7 +79,7 @@ def test_two_fsdp_ranks_and_two_engines_behind_the_router(ray_cluster, tiny_mode
     assert (run_dir / "logs" / "engine_1.log").exists() and (run_dir / "logs" / "router.log").exists()
 
 
-def test_resume_from_checkpoint_with_the_data_buffer(ray_cluster, tiny_model_dir, task_dir, tmp_path):
+def test_resume_from_checkpoint_with_the_data_buffer(ray_cluster, tiny_model_dir, task_dir, tmp_path, capsys):
     """--partial-rollout with over-sampling: 12 groups start, 8 are used, the other 4 wait in the Data
     Buffer, which is saved with the checkpoint and served first after --load. Along the way: prompts over
     --rollout-max-prompt-len are dropped and counted, a --rollout-sample-filter-path removes samples, and
@@ -115,6 +116,7 @@ def test_resume_from_checkpoint_with_the_data_buffer(ray_cluster, tiny_model_dir
         ]
 
     first, second = tmp_path / "first", tmp_path / "second"
+    shm_before = shm_buffers()
     _train(
         argv(first)
         + [
@@ -151,6 +153,18 @@ def test_resume_from_checkpoint_with_the_data_buffer(ray_cluster, tiny_model_dir
     # The data source continued from the saved position: 4 buffered groups + 8 new prompts.
     assert resumed["group_counter"] == state["group_counter"] + 8
 
+    # Resumed into its own run directory, the run appends cleanly: each rollout once, steps continuing.
+    capsys.readouterr()
+    _train(
+        argv(first) + ["--num-rollout", "3", "--load", str(first / "checkpoints"), "--save", str(first / "checkpoints")]
+    )
+    # rows are logged after each rollout's step, as rollout_id + 1: the resumed run's one row is 3
+    assert [(r["rollout_id"], r["global_step"]) for r in _rows(first)] == [(1, 1), (2, 2), (3, 3)]
+    assert f"resumed from {first / 'checkpoints' / 'iter_0000001'}: training continues at rollout 2" in (
+        capsys.readouterr().out
+    )
+    assert shm_buffers() <= shm_before, "a run left its /dev/shm weight buffer behind"
+
 
 def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
     run_dir = tmp_path / "run"
@@ -168,6 +182,7 @@ def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
     def stderr_tail() -> str:
         return stderr_path.read_text(errors="replace")[-4000:]
 
+    shm_before = shm_buffers()
     try:
         deadline = time.time() + 180
         while not (run_dir / "metrics.jsonl").exists() or not (run_dir / "metrics.jsonl").read_text():
@@ -186,10 +201,13 @@ def test_ctrl_c_leaves_no_process_behind(tiny_model_dir, task_dir, tmp_path):
             ) from None
         assert proc.returncode == 130, stderr_tail()
         assert "interrupted" in stderr_tail()
+        # where to pick up (the run saves under its run directory; interrupted before its first save)
+        assert f"[slime] interrupted; no complete checkpoint under --save {run_dir / 'checkpoints'}" in stderr_tail()
         deadline = time.time() + 30
         while any(alive(p) for p in family) and time.time() < deadline:
             time.sleep(0.5)
         assert not [p for p in family if alive(p)], "processes outlived `slime train`"
+        assert shm_buffers() <= shm_before, "the interrupted run left its /dev/shm weight buffer behind"
     finally:
         if proc.poll() is None:
             proc.kill()

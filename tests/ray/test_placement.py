@@ -359,3 +359,28 @@ def test_joining_a_cluster_presents_the_token_the_environment_names_now(tmp_path
     finally:
         monkeypatch.undo()
         AuthenticationTokenLoader.instance().reset_cache()  # later tests read their own token
+
+
+def test_worker_log_prefixes_are_plain_when_the_output_is_redirected(monkeypatch):
+    """Ray colours the `(Actor pid=...)` prefixes it prints on the driver: escape codes in a log file."""
+    import io
+
+    from slime.ray.placement_group import plain_logs_when_redirected
+
+    monkeypatch.delenv("RAY_COLOR_PREFIX", raising=False)
+    monkeypatch.setattr("sys.stdout", io.StringIO())  # not a terminal
+    plain_logs_when_redirected()
+    assert os.environ["RAY_COLOR_PREFIX"] == "0"
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.delenv("RAY_COLOR_PREFIX")
+    monkeypatch.setattr("sys.stdout", Terminal())
+    plain_logs_when_redirected()
+    assert "RAY_COLOR_PREFIX" not in os.environ
+    monkeypatch.setenv("RAY_COLOR_PREFIX", "1")  # the user's choice stands
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    plain_logs_when_redirected()
+    assert os.environ["RAY_COLOR_PREFIX"] == "1"

@@ -191,3 +191,35 @@ def test_the_loss_average_is_over_the_valid_samples(tiny_model_dir, tmp_path):
     mixed = actor(4).train(0, with_failed)
     assert mixed["train/pg_loss"] == pytest.approx(alone["train/pg_loss"], rel=1e-5)
     assert abs(alone["train/pg_loss"]) > 1e-3
+
+
+def test_failures_are_one_line_per_distinct_error_with_the_tracebacks_in_a_file(tmp_path, caplog):
+    """A reward that raises on 40 samples and another error on 3: two lines (with counts) and a
+    header naming failures.log, which holds the first traceback of each, not 43."""
+    import logging
+
+    from slime.rollout.failure_report import FAILURES_LOG, report_failures
+
+    def failed(error: str, tb: str) -> Sample:
+        s = Sample(status=Sample.Status.FAILED)
+        s.metadata.update(error=error, traceback=tb)
+        return s
+
+    samples = [failed("reward: ValueError: boom", f"Traceback boom {i}") for i in range(40)]
+    samples += [failed("generate: KeyError: 'x'", f"Traceback key {i}") for i in range(3)]
+    samples += [Sample(status=Sample.Status.COMPLETED) for _ in range(7)]
+    args = make_args(run_dir=str(tmp_path))
+    with caplog.at_level(logging.WARNING, logger="slime"):
+        report_failures(args, samples, "rollout 4")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines == [
+        f"rollout 4: 43 of 50 samples FAILED (first traceback of each in {tmp_path / FAILURES_LOG})",
+        "  40 x reward: ValueError: boom",
+        "  3 x generate: KeyError: 'x'",
+    ]
+    log = (tmp_path / FAILURES_LOG).read_text()
+    assert "Traceback boom 0" in log and "Traceback key 0" in log
+    assert "Traceback boom 1" not in log and log.count("--- ") == 2
+    caplog.clear()
+    report_failures(args, samples[-7:], "rollout 5")  # nothing failed: nothing said
+    assert not caplog.records

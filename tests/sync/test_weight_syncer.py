@@ -76,3 +76,35 @@ def test_fault_tolerance_snapshots_what_was_synced(tmp_path):
 
     assert Recording(args).sync(["http://e:1"], CPU_STATE, "7") == {"perf/x": 1.0}
     assert pushed == [(["http://e:1"], "7")] and weight_snapshot_version(tmp_path) == "7"
+
+
+@pytest.mark.skipif(not SharedMemoryWeightSync.available(), reason="no writable /dev/shm")
+def test_a_runs_buffers_are_removed_once_their_writers_are_gone():
+    """What a run does when it ends (`slime.train._release`): its buffers whose writer died (a rank
+    killed before it could close) are removed; a live writer's buffer (another run's) is left."""
+    import os
+    import subprocess
+    import uuid
+
+    from slime.sync.shm import SHM_DIR, SHM_PREFIX, buffers, remove_stale_buffers
+
+    child = subprocess.Popen(["sleep", "30"])
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    live_name = f"{SHM_PREFIX}{child.pid}-{uuid.uuid4().hex[:12]}"
+    dead_name = f"{SHM_PREFIX}{gone.pid}-{uuid.uuid4().hex[:12]}"
+    try:
+        for name in (live_name, dead_name):
+            open(os.path.join(SHM_DIR, name), "wb").close()
+        assert {live_name, dead_name} <= buffers()
+        remove_stale_buffers({live_name, dead_name}, wait_s=0.3)  # the live writer does not exit in time
+        assert live_name in buffers() and dead_name not in buffers()
+        child.kill()
+        child.wait()
+        remove_stale_buffers({live_name}, wait_s=5)
+        assert live_name not in buffers()
+    finally:
+        child.kill()
+        for name in (live_name, dead_name):
+            if os.path.exists(os.path.join(SHM_DIR, name)):
+                os.unlink(os.path.join(SHM_DIR, name))

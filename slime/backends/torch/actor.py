@@ -212,6 +212,13 @@ class TrainActor:
         if self.syncer is not None:
             self.syncer.reset()
 
+    def close_weight_sync(self) -> None:
+        """The run is ending: release what the syncer holds (the shared-memory buffer under /dev/shm
+        above all, which would outlive a process that is killed rather than exits)."""
+        if self.syncer is not None:
+            self.syncer.close()
+            self.syncer = None
+
     def weight_sync_path(self, state: dict[str, torch.Tensor]) -> str:
         """Which transport a full sync takes: `disk`, `shm`, `ipc` or `collective` (`transport_for`)."""
         return transport_for(self.args, state)
