@@ -21,7 +21,7 @@ from slime.data.dataset import load_prompt_samples
 from slime.engine.args import check_engine_args, check_model_dir
 from slime.errors import SlimeError
 from slime.observability.debug_data import load_rollout_data as load_debug_rollout_data
-from slime.observability.run_dir import check_run_dir, check_save_dir
+from slime.observability.run_dir import check_disk_room, check_run_dir
 from slime.ray.engine_launch import validate_sglang_args
 from slime.ray.router import check_router_args
 from slime.rollout.rm_hub import validate_rm_type
@@ -215,7 +215,7 @@ def preflight(args: Namespace) -> None:
     if note:
         print(f"[slime] {note}", flush=True)
     check_model_dir(args.hf_checkpoint, "--hf-checkpoint")
-    check_save_dir(args)
+    check_disk_room(args)
     config_path = Path(args.hf_checkpoint) / "config.json"
     config = json.loads(config_path.read_text())
     check_model_shape(args, config, str(config_path))  # a slime script's Megatron model-config block

@@ -86,16 +86,19 @@ def model_bytes(model_dir: str | os.PathLike) -> int:
     return sum(p.stat().st_size for p in Path(model_dir).glob("*") if p.suffix in (".safetensors", ".bin", ".pt"))
 
 
-def check_save_dir(args: Namespace) -> None:
+def check_disk_room(args: Namespace) -> None:
     """`--save` takes files and has room for one checkpoint: the weights plus the optimizer's two
-    float32 moments, about 5x the model's files when they are bfloat16 (3x for float32)."""
-    if not args.save:
-        return
-    check_writable(args.save, "--save")
-    need = 5 * model_bytes(args.hf_checkpoint)
-    free = shutil.disk_usage(args.save).free
+    float32 moments, about 5x the model's files when they are bfloat16 (3x for float32). With
+    --offload-train the run directory holds the optimizer state while the engines run (~4x)."""
+    size = model_bytes(args.hf_checkpoint)
+    if args.save:
+        check_writable(args.save, "--save")
+        _check_room(args.save, 5 * size, "--save", "one checkpoint of this model (weights and optimizer state)")
+    if getattr(args, "offload_train", False):
+        _check_room(args.run_dir, 4 * size, "--run-dir", "--offload-train's copy of the optimizer state")
+
+
+def _check_room(path: str | os.PathLike, need: int, option: str, what: str) -> None:
+    free = shutil.disk_usage(path).free
     if free < need:
-        raise SlimeError(
-            f"--save {args.save}: {free / 2**30:.2f} GiB free, and one checkpoint of this model (weights and "
-            f"optimizer state) takes about {need / 2**30:.2f} GiB"
-        )
+        raise SlimeError(f"{option} {path}: {free / 2**30:.2f} GiB free, and {what} takes about {need / 2**30:.2f} GiB")

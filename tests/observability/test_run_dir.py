@@ -125,14 +125,19 @@ def test_save_must_be_writable_and_have_room_for_a_checkpoint(tmp_path, monkeypa
     model.mkdir()
     (model / "model.safetensors").write_bytes(b"\0" * 1000)
     args = _args(tmp_path / "run", "--hf-checkpoint", str(model), "--save", str(tmp_path / "ckpt"))
-    rd.check_save_dir(args)
+    rd.check_disk_room(args)
     assert (tmp_path / "ckpt").is_dir()
     (tmp_path / "file").write_text("x")
     with pytest.raises(SlimeError, match=r"^--save .*file/ckpt cannot be written"):
-        rd.check_save_dir(
+        rd.check_disk_room(
             _args(tmp_path / "run", "--hf-checkpoint", str(model), "--save", str(tmp_path / "file" / "ckpt"))
         )
     usage = rd.shutil.disk_usage(tmp_path)
     monkeypatch.setattr(rd.shutil, "disk_usage", lambda p: usage._replace(free=4000))
     with pytest.raises(SlimeError, match=r"--save .*: 0.00 GiB free, and one checkpoint of this model .* takes about"):
-        rd.check_save_dir(args)
+        rd.check_disk_room(args)
+    offloaded = _args(tmp_path / "run", "--hf-checkpoint", str(model), "--offload-train")
+    full_run_dir = usage._replace(free=1000)
+    monkeypatch.setattr(rd.shutil, "disk_usage", lambda p: full_run_dir if str(p) == str(tmp_path / "run") else usage)
+    with pytest.raises(SlimeError, match=r"--run-dir .*: 0.00 GiB free, and --offload-train's copy of the optimizer"):
+        rd.check_disk_room(offloaded)
