@@ -40,6 +40,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.path.insert(0, os.getcwd())
     # Each command imports only its own side: `slime serve` is the standalone engine and must not
     # load Ray or the trainer, and `slime tiny-model` / `make-data` start in a second.
+    if cmd in ("train", "train-async") and {"-h", "--help", "--help-all"} & set(rest):
+        # help needs the parser only, not Ray, transformers and the trainer (seconds of imports)
+        from slime.arguments import parse_args
+
+        parse_args(rest, prog=f"slime {cmd}")  # argparse prints the help and exits
+        return 0
     if cmd == "train":
         from slime.default_job import is_default_job, run_default_job
         from slime.train import main as train_main

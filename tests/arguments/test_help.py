@@ -64,3 +64,16 @@ def test_every_command_names_itself_in_its_usage_line(module, command):
         main(["--help"])
     assert exit_info.value.code in (0, None)
     assert out.getvalue().startswith(f"usage: {command} "), out.getvalue()[:200]
+
+
+def test_help_loads_the_parser_only():
+    """`slime train --help` answers in about a second: no Ray, transformers or trainer imported."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom slime.cli import main\ntry:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('ray', 'transformers', 'slime.train') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "usage: slime train [options]" in out and out.strip().endswith("[]"), out[-300:]
