@@ -137,65 +137,66 @@ def _loop(
 
     parity_tokens = _parity_tokens(args) if args.check_weight_update_equal else []
     progress = StageProgress(args.stage or "train", total=args.num_rollout, initial=start_rollout_id)
-    last: dict[str, float] = {}
-    if serves and args.eval_prompt_data and not args.skip_eval_before_train and start_rollout_id == 0:
-        progress.phase("eval")
-        last = ray.get(rollout_manager.eval.remote(-1))
-        metrics_log.log(0, last)
-        progress.note(last)
+    try:  # an error leaves no half-drawn progress bar under its message
+        last: dict[str, float] = {}
+        if serves and args.eval_prompt_data and not args.skip_eval_before_train and start_rollout_id == 0:
+            progress.phase("eval")
+            last = ray.get(rollout_manager.eval.remote(-1))
+            metrics_log.log(0, last)
+            progress.note(last)
 
-    rollouts = Rollouts(rollout_manager, start_rollout_id, args.num_rollout)
-    for rollout_id in range(start_rollout_id, args.num_rollout):
-        metrics: dict[str, float] = {}
-        save_now = trains and _due(args.save_interval, rollout_id, args.num_rollout)
-        eval_now = serves and bool(args.eval_prompt_data) and _due(args.eval_interval, rollout_id, args.num_rollout)
-        with timer("step", metrics):
-            progress.phase("rollout")
-            rollout_data_ref, rollout_metrics = rollouts.take(rollout_id)
-            metrics.update(rollout_metrics)
-            if not save_now:  # a checkpoint's data position is rollout k's: nothing is generated past it yet
-                rollouts.ask_through(rollout_id + max_lag)  # train_async: rollout k+1 generates while k trains
+        rollouts = Rollouts(rollout_manager, start_rollout_id, args.num_rollout)
+        for rollout_id in range(start_rollout_id, args.num_rollout):
+            metrics: dict[str, float] = {}
+            save_now = trains and _due(args.save_interval, rollout_id, args.num_rollout)
+            eval_now = serves and bool(args.eval_prompt_data) and _due(args.eval_interval, rollout_id, args.num_rollout)
+            with timer("step", metrics):
+                progress.phase("rollout")
+                rollout_data_ref, rollout_metrics = rollouts.take(rollout_id)
+                metrics.update(rollout_metrics)
+                if not save_now:  # a checkpoint's data position is rollout k's: nothing is generated past it yet
+                    rollouts.ask_through(rollout_id + max_lag)  # train_async: rollout k+1 generates while k trains
 
-            if trains:
-                # the engine frees its KV cache while the trainer uses the cores (not while it generates ahead)
-                offload_rollout = args.offload_rollout and not rollouts.asked
-                if offload_rollout:
-                    with timer("rollout_offload", metrics, accumulate=True):
-                        ray.get(rollout_manager.offload.remote())
-                progress.phase("train")  # --offload-train: the trainer's optimizer state is back for the step only
-                with timer("train_wait", metrics):  # the trainer's train_time plus moving the data and the call
-                    metrics.update(actor_model.train(rollout_id, rollout_data_ref))
-                if offload_rollout:
-                    with timer("rollout_offload", metrics, accumulate=True):
-                        ray.get(rollout_manager.onload.remote())
+                if trains:
+                    # the engine frees its KV cache while the trainer uses the cores (not while it generates ahead)
+                    offload_rollout = args.offload_rollout and not rollouts.asked
+                    if offload_rollout:
+                        with timer("rollout_offload", metrics, accumulate=True):
+                            ray.get(rollout_manager.offload.remote())
+                    progress.phase("train")  # --offload-train: the trainer's optimizer state is back for the step only
+                    with timer("train_wait", metrics):  # the trainer's train_time plus moving the data and the call
+                        metrics.update(actor_model.train(rollout_id, rollout_data_ref))
+                    if offload_rollout:
+                        with timer("rollout_offload", metrics, accumulate=True):
+                            ray.get(rollout_manager.onload.remote())
 
-            if trains and serves and _sync_due(args, rollout_id, eval_now):
-                progress.phase("sync")
-                rollouts.wait_in_flight()  # slime: never update the weights in the middle of a generation
-                with timer("sync_wait", metrics):  # update_weights_time plus the engines' pause and resume
-                    metrics.update(
-                        _sync_weights(args, rollout_manager, actor_model, str(rollout_id + 1), parity_tokens)
-                    )
+                if trains and serves and _sync_due(args, rollout_id, eval_now):
+                    progress.phase("sync")
+                    rollouts.wait_in_flight()  # slime: never update the weights in the middle of a generation
+                    with timer("sync_wait", metrics):  # update_weights_time plus the engines' pause and resume
+                        metrics.update(
+                            _sync_weights(args, rollout_manager, actor_model, str(rollout_id + 1), parity_tokens)
+                        )
 
-            if save_now:
-                progress.phase("save")
-                # both sides write into a staging directory; then it is flushed, renamed into place,
-                # and only then the tracker names it: a kill at any moment leaves a complete checkpoint
-                ckpt = actor_model.save(rollout_id)
-                ray.get(rollout_manager.save.remote(rollout_id, ckpt))
-                commit_checkpoint(args.save, rollout_id)
-                report_run(args.run_dir)  # report.html as of this save (curves up to the last logged step)
-            if eval_now:
-                progress.phase("eval")
-                metrics.update(ray.get(rollout_manager.eval.remote(rollout_id)))
-            rollouts.ask_through(rollout_id + max_lag)  # after a checkpoint: the next rollouts start now
+                if save_now:
+                    progress.phase("save")
+                    # both sides write into a staging directory; then it is flushed, renamed into place,
+                    # and only then the tracker names it: a kill at any moment leaves a complete checkpoint
+                    ckpt = actor_model.save(rollout_id)
+                    ray.get(rollout_manager.save.remote(rollout_id, ckpt))
+                    commit_checkpoint(args.save, rollout_id)
+                    report_run(args.run_dir)  # report.html as of this save (curves up to the last logged step)
+                if eval_now:
+                    progress.phase("eval")
+                    metrics.update(ray.get(rollout_manager.eval.remote(rollout_id)))
+                rollouts.ask_through(rollout_id + max_lag)  # after a checkpoint: the next rollouts start now
 
-        # Logged after the step: step k's row describes rollout k and the weights it produced.
-        metrics_log.log(rollout_id + 1, metrics)
-        progress.step(metrics)
-        last = metrics
-
-    progress.close()
+            # Logged after the step: step k's row describes rollout k and the weights it produced.
+            metrics_log.log(rollout_id + 1, metrics)
+            progress.step(metrics)
+            last = metrics
+    finally:
+        progress.close()
     return last
 
 
