@@ -94,7 +94,7 @@ def check_disk_room(args: Namespace) -> None:
     if args.save:
         check_writable(args.save, "--save")
         _check_room(args.save, 5 * size, "--save", "one checkpoint of this model (weights and optimizer state)")
-    if getattr(args, "offload_train", False):
+    if args.offload_train:
         _check_room(args.run_dir, 4 * size, "--run-dir", "--offload-train's copy of the optimizer state")
 
 
