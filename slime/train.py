@@ -110,11 +110,14 @@ def _release(rollout_manager, actor_model: RayTrainGroup | None, placement, shm_
         except Exception:  # noqa: BLE001 - cleanup: the manager may already be dead; its engines exit with their owner
             pass
     trainers = actor_model.actors if actor_model else []
-    for actor in trainers:  # killed, a trainer would leave its /dev/shm weight buffer behind
+    closing = []  # killed, a trainer would leave its /dev/shm weight buffer behind: every rank closes at once
+    for actor in trainers:
         try:
-            ray.get(actor.close_weight_sync.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - a dead rank: its buffer is stale, removed below
+            closing.append(actor.close_weight_sync.remote())
+        except Exception:  # noqa: BLE001 - a trainer of another backend has no such call
             pass
+    if closing:  # a dead or hung rank does not hold up the others; its buffer is stale, removed below
+        ray.wait(closing, num_returns=len(closing), timeout=30)
     for actor in [*trainers, *filter(None, [rollout_manager])]:
         ray.kill(actor)
     remove_placement_group(placement.pg)
