@@ -65,7 +65,7 @@ def _setup(root: Path, src: Path, extra: tuple[str, ...] = ()):
     if not (model_dir / "config.json").exists():
         build_tiny_model(model_dir, **TINY_MODEL)
         write_arithmetic_dataset(root / "data", **TASK)
-    rl = {k: v for k, v in RL.items() if k not in ("eval_interval", "stage")}
+    rl = {k: v for k, v in RL.items() if k not in ("eval_interval", "save_interval", "stage")}
     common = {k: v for k, v in COMMON.items() if not k.startswith("eval_") and k != "n_samples_per_eval_prompt"}
     argv = (
         to_argv(common)

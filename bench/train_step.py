@@ -70,7 +70,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-train-step-"))
     model_dir = build_tiny_model(root / "model", **TINY_MODEL)
     write_arithmetic_dataset(root / "data", **TASK)
-    rl = {k: v for k, v in RL.items() if k not in ("eval_interval", "stage")}
+    rl = {k: v for k, v in RL.items() if k not in ("eval_interval", "save_interval", "stage")}
     common = {k: v for k, v in COMMON.items() if not k.startswith("eval_") and k != "n_samples_per_eval_prompt"}
     argv = (
         to_argv(common)

@@ -739,6 +739,8 @@ def build_assets(work: Path, sft_steps: int, seed: int, model: str = "tiny") -> 
             str(data_dir / "eval.jsonl"),
             "--eval-interval",
             str(sft_steps),
+            "--save-interval",
+            str(sft_steps),
             "--save",
             str(sft_root / "checkpoints"),
             "--run-dir",
@@ -808,6 +810,8 @@ def slime_argv(model: Path, data_dir: Path, steps: int, seed: int, run_dir: Path
         str(seed),
         "--run-dir",
         str(run_dir),
+        "--save-interval",  # the last rollout's checkpoint only: the held-out evaluation reads it
+        str(steps),
         "--save",
         str(run_dir / "checkpoints"),
     ]

@@ -40,6 +40,13 @@ each checked to the character count, and their field block and `add_cli_args` co
 same file in the sglang 0.5.18 release (`add_cli_args` is identical; the field blocks differ only by
 fields and help texts added since). The resulting options are what `ServerArgs.add_cli_args` adds.
 
+slime runs SGLang with its own patches (docker/patch/<version>/sglang*.patch), some of which add
+server options slime's scripts and docs use (`--sglang-custom-pull-weights-pre-read-hook`, ...).
+`--slime SLIME_CHECKOUT` also reads the `+` side of every such patch's `server_args.py` hunks (the
+same two sources: annotated fields and `add_argument` calls) and adds the options SGLang's own file
+lacks, each with "patches": the patch files adding it. Without a server_args.py, `--slime` updates
+only those options of an existing output file.
+
 Output: {"source": {...}, "count": N, "options": {"--flag": {"dest", "nargs", "flag", "aliases",
 "action", "origin", "declared_dest"}}, "aliases": {"--alias": "--flag"}, "undetermined": [...]}.
 `nargs` is argparse's: null = exactly one value, 0 = none (then "flag" is true), "?", "*", "+" or an
@@ -52,7 +59,10 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
+import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 REPO = "sgl-project/sglang"
@@ -399,9 +409,89 @@ def extract(server_args: Path, fields_files: list[Path], custom_actions: dict, c
     return col
 
 
+# --------------------------------------------------------------------------- slime's patches
+
+SLIME_PATCH_GLOBS = (
+    "docker/patch/*/sglang*.patch",
+    "docker/amd_patch/*/sglang*.patch",
+    "docker/npu_patch/sglang*.patch",
+)
+_FIELD_START = re.compile(r"^[a-z_][a-z0-9_]*\s*:\s*(A|Annotated)\[")
+
+
+def _added_blocks(patch_text: str, filename: str) -> list[list[str]]:
+    """The runs of consecutive added lines in the hunks of files named `filename`, `+` stripped."""
+    blocks: list[list[str]] = []
+    current, run = "", None
+    for line in patch_text.splitlines():
+        if line.startswith("diff --git "):
+            current, run = line.split()[-1], None
+        elif line.startswith("+") and not line.startswith("+++") and current.endswith("/" + filename):
+            if run is None:
+                run = []
+                blocks.append(run)
+            run.append(line[1:])
+        else:
+            run = None
+    return blocks
+
+
+def collect_patch(patch: Path, name: str, custom_actions) -> Collector:
+    """The options a patch's added server_args.py lines define: annotated fields, add_argument calls."""
+    col = Collector(dict(custom_actions))
+    for lines in _added_blocks(patch.read_text(encoding="utf-8", errors="replace"), "server_args.py"):
+        for start, line in enumerate(lines):
+            if not (_FIELD_START.match(line.strip()) or ".add_argument(" in line):
+                continue
+            for end in range(start + 1, len(lines) + 1):  # the shortest run of lines that is a statement
+                try:
+                    stmt = ast.parse(textwrap.dedent("\n".join(lines[start:end]))).body[0]
+                except (SyntaxError, IndexError):
+                    continue
+                if isinstance(stmt, ast.AnnAssign):
+                    col.field(stmt, name)
+                for node in ast.walk(stmt):
+                    if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+                        col.add_argument(node, name)
+                break
+    return col
+
+
+def merge_patches(col: Collector, slime_root: Path, custom_actions) -> list[str]:
+    """Add to `col` the options slime's SGLang patches define that SGLang's file does not (the same
+    option from several patch versions once, naming them all). Returns the patch files read."""
+    patches = sorted({p for pattern in SLIME_PATCH_GLOBS for p in slime_root.glob(pattern)})
+    for patch in patches:
+        rel = patch.relative_to(slime_root).as_posix()
+        found = collect_patch(patch, rel, custom_actions)
+        col.undetermined += found.undetermined
+        for name, entry in found.options.items():
+            known = col.options.get(name)
+            if known is None and not any(a in col.options or a in col.aliases for a in entry["aliases"]):
+                col.options[name] = {**entry, "patches": [rel]}
+                col.aliases.update(dict.fromkeys(entry["aliases"], name))
+            elif known is not None and "patches" in known:
+                if (known["dest"], known["nargs"]) != (entry["dest"], entry["nargs"]):
+                    raise SystemExit(f"{name} is defined differently by {rel} and {known['patches']}")
+                known["patches"].append(rel)
+    return [p.relative_to(slime_root).as_posix() for p in patches]
+
+
+def _previous(out: Path) -> tuple[dict, Collector]:
+    """An existing output file without its patch options: (its source block, its options)."""
+    data = json.loads(out.read_text(encoding="utf-8"))
+    col = Collector({})
+    col.options = {k: v for k, v in data["options"].items() if "patches" not in v}
+    col.aliases = {a: k for a, k in data["aliases"].items() if k in col.options}
+    col.undetermined = data["undetermined"]
+    return data["source"], col
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("server_args", type=Path, help="path of sglang/srt/server_args.py")
+    p.add_argument(
+        "server_args", type=Path, nargs="?", help="path of sglang/srt/server_args.py (omit: --slime updates -o)"
+    )
     p.add_argument(
         "--argparse-actions",
         type=Path,
@@ -420,15 +510,33 @@ def main(argv=None) -> int:
     p.add_argument("--path", default=DEFAULT_PATH)
     p.add_argument("--commit", default=DEFAULT_COMMIT)
     p.add_argument("-o", "--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--slime", type=Path, default=None, help="a slime checkout: add its SGLang patches' options")
+    p.add_argument("--slime-commit", default=None, help="that checkout's commit (default: its HEAD)")
     args = p.parse_args(argv)
 
     custom = dict(KNOWN_CUSTOM_ACTIONS)
     if args.argparse_actions is not None:
         custom.update(read_custom_actions(args.argparse_actions))
-    col = extract(args.server_args, sorted(args.fields_file), custom, args.class_name)
+    if args.server_args is None:
+        if args.slime is None:
+            p.error("give server_args.py, or --slime to update the patch options of --out")
+        source, col = _previous(args.out)
+    else:
+        source = {"repo": args.repo, "path": args.path, "commit": args.commit}
+        col = extract(args.server_args, sorted(args.fields_file), custom, args.class_name)
+    source.pop("slime_patches", None)
+    if args.slime is not None:
+        commit = (
+            args.slime_commit
+            or subprocess.run(
+                ["git", "-C", str(args.slime), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ).stdout.strip()
+        )
+        files = merge_patches(col, args.slime.resolve(), custom)
+        source["slime_patches"] = {"repo": "THUDM/slime", "commit": commit, "files": files}
 
     data = {
-        "source": {"repo": args.repo, "path": args.path, "commit": args.commit},
+        "source": source,
         "count": len(col.options),
         "options": {k: col.options[k] for k in sorted(col.options)},
         "aliases": {k: col.aliases[k] for k in sorted(col.aliases)},

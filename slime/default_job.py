@@ -101,6 +101,7 @@ SFT = dict(
     micro_batch_size=256,
     lr=3e-3,
     eval_interval=70,
+    save_interval=140,  # the RL stage starts from the last SFT checkpoint (slime saves only on an interval)
 )
 RL = dict(
     stage="rl",
@@ -116,6 +117,7 @@ RL = dict(
     eps_clip=0.2,
     rollout_temperature=1.0,
     eval_interval=50,
+    save_interval=500,  # the last rollout (slime's rule saves it whenever an interval is set)
 )
 
 

@@ -24,6 +24,7 @@ from slime.observability.debug_data import load_rollout_data as load_debug_rollo
 from slime.observability.run_dir import check_disk_room, check_run_dir
 from slime.ray.engine_launch import validate_sglang_args
 from slime.ray.router import check_router_args
+from slime.ray.sglang_config import check_sglang_config
 from slime.rollout.rm_hub import validate_rm_type
 from slime.rollout.rm_hub.code import check_code_tests
 from slime.rollout.sglang_rollout import load_eval_prompts
@@ -66,6 +67,12 @@ HOOK_CALLS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
         (),
     ),
     "custom_eval_rollout_log_function_path": (("rollout_id", "args", "data", "extra_metrics"), ()),
+    # slime's Megatron plugin hooks, called by the fsdp trainer (slime.backends.torch.hooks)
+    "custom_megatron_before_log_prob_hook_path": (("args", "model", "store_prefix"), ()),
+    "custom_megatron_before_train_step_hook_path": (
+        ("args", "rollout_id", "step_id", "model", "optimizer", "opt_param_scheduler"),
+        (),
+    ),
 }
 
 
@@ -253,6 +260,8 @@ def preflight(args: Namespace) -> None:
             else None
         )
     if note:
+        print(f"[slime] {note}", flush=True)
+    for note in check_sglang_config(args):  # every model's file, checkpoint and overrides, before launch
         print(f"[slime] {note}", flush=True)
     if args.sglang_router_ip is None:
         if args.rollout_backend == "sglang":

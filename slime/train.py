@@ -31,7 +31,7 @@ from slime.observability.plots import plot_run
 from slime.observability.report import report_run
 from slime.observability.run_dir import args_path
 from slime.observability.timer import timer
-from slime.preflight import preflight
+from slime.preflight import count_prompts, preflight
 from slime.ray.placement_group import create_placement, init_ray
 from slime.ray.rollout import RolloutManager
 from slime.ray.train_group import RayTrainGroup
@@ -39,6 +39,7 @@ from slime.sync.shm import buffers as shm_buffers
 from slime.sync.shm import remove_stale_buffers
 from slime.utils.checkpoint_layout import commit as commit_checkpoint
 from slime.utils.checkpoint_layout import latest_checkpoint_note, latest_dir
+from slime.utils.misc import should_run_periodic_action
 from slime.utils.progress import StageProgress
 
 logger = logging.getLogger("slime")
@@ -47,11 +48,6 @@ logger = logging.getLogger("slime")
 # that one. A session that was up before the run (a program's own ray.init, a test session's shared
 # cluster) is its starter's; the run releases what it created (`_release`) and leaves it running.
 _ray_started_here = False
-
-
-def _due(interval: int | None, rollout_id: int, num_rollout: int) -> bool:
-    last = rollout_id == num_rollout - 1
-    return last or bool(interval and (rollout_id + 1) % interval == 0)
 
 
 def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
@@ -63,7 +59,9 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
             "trainer take turns on the same resources, so a rollout cannot be generated while a step "
             "trains; drop --colocate (engines and trainer on their own bundles) or use slime.train"
         )
+    epochs_counted = args.num_rollout is None  # --num-epoch: preflight counts the rollouts
     preflight(args)
+    num_rollout_per_epoch = _rollouts_per_epoch(args) if epochs_counted else None
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_args(args, args_path(args))
@@ -91,7 +89,7 @@ def train(args: Namespace, max_lag: int = 0) -> dict[str, float]:
         if args.start_rollout_id is None:  # slime's rule: unset, the loop starts where the checkpoint left off
             # written into args as slime does (slime/ray/placement_group.py create_training_models)
             args.start_rollout_id = resumed_at
-        return _loop(args, rollout_manager, actor_model, metrics_log, max_lag)
+        return _loop(args, rollout_manager, actor_model, metrics_log, max_lag, num_rollout_per_epoch)
     except KeyboardInterrupt:  # say where to pick up: the same command with --load
         note = latest_checkpoint_note(args.save) if args.save else "no --save: there is no checkpoint to resume from"
         print(f"[slime] interrupted; {note}", file=sys.stderr, flush=True)
@@ -125,12 +123,27 @@ def _release(rollout_manager, actor_model: RayTrainGroup | None, placement, shm_
     remove_stale_buffers(shm_buffers() - shm_before, wait_s=10)
 
 
+def _rollouts_per_epoch(args: Namespace) -> int | None:
+    """slime's num_rollout_per_epoch when --num-epoch set --num-rollout: prompts per epoch //
+    --rollout-batch-size (each epoch's end is then a save and eval point). Counted only when an
+    interval will use it: a custom data source is loaded to be counted."""
+    if args.save_interval is None and args.eval_interval is None:
+        return None
+    return count_prompts(args, None) // args.rollout_batch_size
+
+
 def _loop(
-    args: Namespace, rollout_manager, actor_model: RayTrainGroup | None, metrics_log: MetricsLogger, max_lag: int = 0
+    args: Namespace,
+    rollout_manager,
+    actor_model: RayTrainGroup | None,
+    metrics_log: MetricsLogger,
+    max_lag: int = 0,
+    num_rollout_per_epoch: int | None = None,
 ) -> dict[str, float]:
     """Each step: take rollout k (asking for it now unless it was asked for ahead), ask for the
     rollouts up to k + max_lag, train on k, sync the weights when due (after the rollouts in
-    flight finish: a weight update never lands inside a rollout), save, evaluate."""
+    flight finish: a weight update never lands inside a rollout), save and evaluate at slime's
+    cadence (`should_run_periodic_action`). --num-rollout 0: one eval, no training (slime's)."""
     start_rollout_id = args.start_rollout_id
     # --debug-rollout-only starts no trainer, --debug-train-only no engines: nothing to sync either way
     trains, serves = actor_model is not None, not args.debug_train_only
@@ -141,18 +154,13 @@ def _loop(
     parity_tokens = _parity_tokens(args) if args.check_weight_update_equal else []
     progress = StageProgress(args.stage or "train", total=args.num_rollout, initial=start_rollout_id)
     try:  # an error leaves no half-drawn progress bar under its message
-        last: dict[str, float] = {}
-        if serves and args.eval_prompt_data and not args.skip_eval_before_train and start_rollout_id == 0:
-            progress.phase("eval")
-            last = ray.get(rollout_manager.eval.remote(-1))
-            metrics_log.log(0, last)
-            progress.note(last)
+        last = _eval_before_training(args, rollout_manager, metrics_log, progress) if serves else {}
 
         rollouts = Rollouts(rollout_manager, start_rollout_id, args.num_rollout)
         for rollout_id in range(start_rollout_id, args.num_rollout):
             metrics: dict[str, float] = {}
-            save_now = trains and _due(args.save_interval, rollout_id, args.num_rollout)
-            eval_now = serves and bool(args.eval_prompt_data) and _due(args.eval_interval, rollout_id, args.num_rollout)
+            save_now, eval_now = _periodic(args, rollout_id, num_rollout_per_epoch)
+            save_now, eval_now = trains and save_now, serves and eval_now
             with timer("step", metrics):
                 progress.phase("rollout")
                 rollout_data_ref, rollout_metrics = rollouts.take(rollout_id)
@@ -201,6 +209,29 @@ def _loop(
     finally:
         progress.close()
     return last
+
+
+def _periodic(args: Namespace, rollout_id: int, num_rollout_per_epoch: int | None) -> tuple[bool, bool]:
+    """(save, evaluate) after rollout `rollout_id`, slime's rule: every --save-interval /
+    --eval-interval rollouts and at each epoch's end (--num-epoch); the last rollout is saved too
+    (with a --save-interval) but evaluated only when the interval or an epoch end says so."""
+    save = should_run_periodic_action(rollout_id, args.save_interval, num_rollout_per_epoch, args.num_rollout)
+    return save, should_run_periodic_action(rollout_id, args.eval_interval, num_rollout_per_epoch)
+
+
+def _eval_before_training(args: Namespace, rollout_manager, metrics_log: MetricsLogger, progress) -> dict:
+    """slime's eval of the policy before training (logged at step 0): with an --eval-interval, when
+    the run starts at rollout 0 without --skip-eval-before-train, and always in an eval-only run
+    (--num-rollout 0), where it is all the run does."""
+    if args.eval_interval is None:
+        return {}
+    if args.num_rollout != 0 and (args.start_rollout_id != 0 or args.skip_eval_before_train):
+        return {}
+    progress.phase("eval")
+    metrics = ray.get(rollout_manager.eval.remote(-1))  # -1: the eval before rollout 0 (sample log eval_-00001)
+    metrics_log.log(0, metrics)
+    progress.note(metrics)
+    return metrics
 
 
 class Rollouts:

@@ -22,7 +22,7 @@ export SLIME_FULLY_ASYNC_QUEUE_SIZE=${SLIME_FULLY_ASYNC_QUEUE_SIZE:-16}
   --num-rollout 6 --rollout-batch-size 8 --n-samples-per-prompt 4 --rollout-max-response-len 8 \
   --global-batch-size 32 --micro-batch-size 32 --advantage-estimator grpo --lr 1e-3 \
   --train-num-threads 1 --sglang-num-threads 1 \
-  --eval-prompt-data arith "$WORK/data/eval.jsonl" --eval-temperature 0 \
+  --eval-prompt-data arith "$WORK/data/eval.jsonl" --eval-temperature 0 --eval-interval 6 \
   --run-dir "$RUN_DIR" "$@"
 
 .venv/bin/python - "$RUN_DIR/metrics.jsonl" <<'PY'

@@ -19,7 +19,7 @@ RUN_DIR=${RUN_DIR:-$WORK/runs/multi_agent-$(date +%Y%m%d-%H%M%S)}
   --rollout-function-path examples.multi_agent.rollout.generate_rollout \
   --num-rollout 4 --rollout-batch-size 6 --n-samples-per-prompt 4 --rollout-max-response-len 8 \
   --global-batch-size 24 --micro-batch-size 24 --advantage-estimator grpo --lr 1e-3 --colocate \
-  --eval-prompt-data arith "$WORK/data/eval.jsonl" --eval-temperature 0 \
+  --eval-prompt-data arith "$WORK/data/eval.jsonl" --eval-temperature 0 --eval-interval 4 \
   --run-dir "$RUN_DIR" "$@"
 
 .venv/bin/python - "$RUN_DIR/metrics.jsonl" <<'PY'

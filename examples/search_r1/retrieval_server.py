@@ -9,8 +9,10 @@ written out below in plain Python: the corpus is a few dozen passages, nothing m
 API (JSON):
     GET  /health    -> {"status": "ok", "num_docs": N, "requests": number of /retrieve calls so far}
     POST /retrieve  {"queries": ["red planet", ...], "topk": 2}
-                    -> {"result": [[{"id", "title", "text", "score"}, ...], ...]}  (one list per query,
-                       best first; passages with no query term in common are left out)
+                    -> {"result": [[{"id", "title", "text", "score", "contents"}, ...], ...]}  (one list
+                       per query, best first; passages with no query term in common are left out;
+                       "contents" is '"title"\ntext', the field Search-R1's own retrieval server
+                       returns, so slime's search-r1 example's client reads these results too)
 
 Corpus lines: {"id": ..., "title": ..., "text": ...}; the title is indexed with the text.
 """
@@ -77,6 +79,7 @@ class BM25Index:
                 "title": self.docs[i].get("title", ""),
                 "text": self.docs[i]["text"],
                 "score": round(s, 6),
+                "contents": f'"{self.docs[i].get("title", "")}"\n{self.docs[i]["text"]}',
             }
             for s, i in best
         ]

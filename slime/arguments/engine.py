@@ -44,6 +44,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="Engine servers: real SGLang (GPUs) or the built-in CPU engine "
         "(default: sglang when CUDA and the sglang package are present, else builtin).",
     )
+    g.add_argument(
+        "--sglang-config",
+        type=str,
+        default=None,
+        help="slime's YAML of several models, each with its own engines and router (docs/multi-model.md).",
+    )
+    g.add_argument(
+        "--prefill-num-servers",
+        type=int,
+        default=None,
+        help="slime's prefill/decode split of the engines; they run as regular engines here (no disaggregation).",
+    )
     _add_weight_sync_arguments(g)
     _add_disk_weight_sync_arguments(g)
     _add_router_and_request_arguments(g)
@@ -280,12 +292,8 @@ def _check_timeouts(args: argparse.Namespace) -> None:
         raise SlimeError(
             f"--rollout-health-check-first-wait must be >= 0 seconds, got {args.rollout_health_check_first_wait}"
         )
-    if args.rollout_health_check_timeout > args.rollout_health_check_interval:
-        raise SlimeError(
-            f"--rollout-health-check-timeout {args.rollout_health_check_timeout:g} is longer than "
-            f"--rollout-health-check-interval {args.rollout_health_check_interval:g}: a check would "
-            "still be waiting when the next one is due; make the timeout <= the interval"
-        )
+    # a timeout longer than the interval is allowed, as slime's monitor allows it: checks never
+    # overlap (the watcher waits the interval after each check has finished)
     if args.use_fault_tolerance and args.sglang_router_ip is not None:
         raise SlimeError(
             "--use-fault-tolerance restarts the engines this run starts; with --sglang-router-ip the "
@@ -426,7 +434,8 @@ def _finalize_external_engines(args: argparse.Namespace) -> None:
 
 @lru_cache(maxsize=1)
 def sglang_option_names() -> frozenset[str]:
-    """Every option name (aliases included) of SGLang's server parser, from the data file."""
+    """Every option name (aliases included) of SGLang's server parser as slime's patches extend it
+    (`--custom-pull-weights-pre-read-hook`, ...), from the data file."""
     data = json.loads(SGLANG_OPTIONS.read_text())
     return frozenset(data["options"]) | frozenset(data["aliases"])
 

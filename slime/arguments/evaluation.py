@@ -33,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--eval-interval",
         type=int,
         default=None,
-        help="Evaluate every N rollouts, and after the last (unset: no evaluation during training).",
+        help="Evaluate before training (unless --skip-eval-before-train), then every N rollouts and at "
+        "each epoch's end with --num-epoch (slime's rule: the last rollout only when one of those falls "
+        "on it). Unset: no evaluation at all, whatever eval data sets are given.",
     )
     g.add_argument(
         "--eval-function-path",
@@ -143,4 +145,9 @@ def _resolve_datasets(args: argparse.Namespace) -> None:
     if args.eval_interval is not None and not args.eval_datasets:
         raise SlimeError(
             f"{flag('eval_interval')} {args.eval_interval} needs eval data sets (--eval-prompt-data or --eval-config)"
+        )
+    if args.eval_interval is None and args.eval_datasets:  # slime evaluates only with an interval
+        logger.warning(
+            "eval data sets are given but --eval-interval is not: the run does not evaluate (slime's rule); "
+            "set --eval-interval N to evaluate before training and every N rollouts"
         )

@@ -32,6 +32,9 @@ the keys and global step of metrics.jsonl. What each option does here:
 * `--use-pytorch-profiler` with `--profile-step-start/--profile-step-end` (Megatron's) and `--profile-target`
   (slime's): torch profiler traces of the training ranks in `--tensorboard-dir` (default
   `<run-dir>/tensorboard`), slime's `TrainProfiler` (slime.observability.profile_utils).
+* `--record-memory-history` with slime's `--memory-recorder memray`: a memray capture of each
+  training rank (slime.backends.torch.memory_recorder); `--memory-recorder torch` (CUDA snapshots)
+  is named in the start-up line below.
 * Not used here, named in one start-up line when set (`unused_note`): `--wandb-always-use-train-step`
   (every sink's step is the global rollout step of metrics.jsonl).
 """
@@ -39,6 +42,7 @@ the keys and global step of metrics.jsonl. What each option does here:
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import time
 
@@ -102,6 +106,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_tensorboard_arguments(g)
     _add_wandb_arguments(g)
     _add_profiling_arguments(p)
+    _add_memory_recorder_arguments(p)
 
 
 def _add_tensorboard_arguments(g: argparse._ArgumentGroup) -> None:
@@ -237,6 +242,56 @@ def _add_profiling_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_memory_recorder_arguments(p: argparse.ArgumentParser) -> None:
+    """slime's memory recorder of the training ranks (slime.backends.torch.memory_recorder): Megatron's
+    --record-memory-history / --memory-snapshot-path and slime's --memory-* options, their defaults."""
+    g = p.add_argument_group("memory recorder")
+    g.add_argument(
+        "--record-memory-history",
+        action="store_true",
+        default=False,
+        help="Record each training rank's memory allocations (with --profile-target train_overall), "
+        "by --memory-recorder.",
+    )
+    g.add_argument(
+        "--memory-recorder",
+        type=str,
+        choices=["torch", "memray"],
+        default="torch",
+        help="memray: host memory (the memray package), from the rank's start until "
+        "--memory-snapshot-num-steps training steps; torch: CUDA memory snapshots (GPU-only, not used here).",
+    )
+    g.add_argument(
+        "--memory-snapshot-dir",
+        type=str,
+        default=".",
+        help="Where recordings go: memory_snapshot_time<t>_rank<r>_<--memory-snapshot-path>.",
+    )
+    g.add_argument(
+        "--memory-snapshot-num-steps",
+        type=int,
+        default=None,
+        help="The recording stops after this many training steps (required by --memory-recorder memray).",
+    )
+    g.add_argument(
+        "--memory-snapshot-path",
+        type=str,
+        default="snapshot.pickle",
+        help="The tail of each recording's file name.",
+    )
+
+
+def _finalize_memory_recorder(args: argparse.Namespace) -> None:
+    if not (args.record_memory_history and args.memory_recorder == "memray"):
+        return
+    steps = args.memory_snapshot_num_steps
+    if steps is None or steps < 1:
+        raise SlimeError(f"--memory-recorder memray needs --memory-snapshot-num-steps >= 1, got {steps}")
+    if importlib.util.find_spec("memray") is None:
+        raise SlimeError("--memory-recorder memray needs the memray package: pip install memray")
+    args.memory_snapshot_dir = os.path.abspath(args.memory_snapshot_dir)  # the training ranks write it
+
+
 def finalize(args: argparse.Namespace) -> None:
     if args.run_dir is None:
         args.run_dir = os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
@@ -249,6 +304,7 @@ def finalize(args: argparse.Namespace) -> None:
         args.tb_experiment_name = time.strftime(TB_EXPERIMENT_TIME_FORMAT)
     if args.use_pytorch_profiler:
         _finalize_profiler(args)
+    _finalize_memory_recorder(args)
 
 
 def _finalize_profiler(args: argparse.Namespace) -> None:
@@ -273,6 +329,8 @@ def _finalize_profiler(args: argparse.Namespace) -> None:
 def unused_note(args: argparse.Namespace) -> str | None:
     """One line naming the logging options set that do nothing on this run, or None."""
     parts = [f"{opt} ({why})" for dest, (opt, why) in NOT_USED.items() if getattr(args, dest)]
+    if args.record_memory_history and args.memory_recorder == "torch":
+        parts.append("--record-memory-history with --memory-recorder torch (CUDA memory snapshots are GPU-only)")
     if not args.use_wandb:
         given = [f"--{d.replace('_', '-')}" for d in WANDB_DESTS if getattr(args, d) is not None]
         if not args.wandb_random_suffix:

@@ -2,8 +2,10 @@
 (model shape, parallelism, precision, recompute, optimizer) and must parse unchanged here.
 
 The option set is data (`megatron_lm.json`: every option of Megatron-LM's parser at the commit
-slime pins, written by `scripts/extract_megatron_args.py`), so a typo still gets "did you mean"
-and `args` carries Megatron's dests and defaults as it does under slime. Options slime-rl defines
+slime pins; `megatron_slime_patch.json`: the options slime's patches to Megatron-LM add, such as
+`--use-gated-attention` and GLM4's `--post-self-attn-layernorm`; both written by
+`scripts/extract_megatron_args.py`), so a typo still gets "did you mean" and `args` carries
+Megatron's dests and defaults as it does under slime. Options slime-rl defines
 itself (`--lr`, `--seed`, `--micro-batch-size`, ...) keep slime-rl's definition. Of the rest:
 
 * model-shape options are checked against `--hf-checkpoint`'s config.json before launch
@@ -28,13 +30,15 @@ from slime.arguments.from_data import add_options
 from slime.errors import SlimeError
 
 DATA = Path(__file__).with_name("megatron_lm.json")
+PATCH_DATA = Path(__file__).with_name("megatron_slime_patch.json")
 GROUP_TITLE = "Megatron-LM (accepted; model shape checked against --hf-checkpoint, the rest not used by fsdp)"
 
 
 @lru_cache(maxsize=1)
 def megatron_options() -> dict[str, dict[str, Any]]:
-    """Option name -> {aliases, dest, action, nargs, type, default, const, choices}."""
-    return json.loads(DATA.read_text())
+    """Option name -> {aliases, dest, action, nargs, type, default, const, choices}: Megatron-LM's
+    parser as slime patches it (the patch's options also name the patch files adding them)."""
+    return {**json.loads(DATA.read_text()), **json.loads(PATCH_DATA.read_text())["options"]}
 
 
 def _bool(value: str) -> bool:
@@ -130,6 +134,40 @@ QK_NORM_TYPES = {
     "mixtral": False,
 }
 QKV_BIAS_TYPES = {"qwen2": True, "qwen2_moe": True, "qwen3": False, "qwen3_moe": False, "mistral": False}
+# An output gate on attention (Qwen3-Next's and Qwen3.5's query projection also yields the gate).
+GATED_ATTENTION_TYPES = {
+    "qwen3_next": True,
+    "qwen3_5": True,
+    "qwen3_5_text": True,
+    "qwen3_5_moe": True,
+    "qwen3_5_moe_text": True,
+    "qwen3": False,
+    "qwen3_moe": False,
+    "qwen2": False,
+    "qwen2_moe": False,
+    "llama": False,
+    "mistral": False,
+    "mixtral": False,
+}
+# A norm on the attention and MLP outputs before the residual add (GLM-4's decoder layer, which
+# GLM-4's MoE successors dropped).
+POST_NORM_TYPES = {
+    "glm4": True,
+    "glm4_moe": False,
+    "glm4_moe_lite": False,
+    "glm": False,
+    "llama": False,
+    "qwen2": False,
+    "qwen3": False,
+    "qwen3_moe": False,
+    "mistral": False,
+}
+
+
+def _gated_attention(cfg: dict) -> bool | None:
+    if isinstance(cfg.get("attn_output_gate"), bool):
+        return cfg["attn_output_gate"]
+    return GATED_ATTENTION_TYPES.get(cfg.get("model_type"))
 
 
 def _gqa(cfg: dict) -> bool | None:
@@ -158,6 +196,27 @@ FLAGS: dict[str, tuple[str, Callable[[dict], bool | None], str]] = {
         "add_qkv_bias",
         lambda c: c["attention_bias"] if "attention_bias" in c else QKV_BIAS_TYPES.get(c.get("model_type")),
         "biases on the query/key/value projections (attention_bias, or a qwen2 model)",
+    ),
+    # slime's Megatron patch's name for Megatron's --attention-output-gate (Qwen3-Next's blocks pass both)
+    "--use-gated-attention": (
+        "use_gated_attention",
+        _gated_attention,
+        "gated attention (attn_output_gate, or a qwen3_next / qwen3_5 model)",
+    ),
+    "--attention-output-gate": (
+        "attention_output_gate",
+        _gated_attention,
+        "gated attention (attn_output_gate, or a qwen3_next / qwen3_5 model)",
+    ),
+    "--post-self-attn-layernorm": (
+        "post_self_attn_layernorm",
+        lambda c: POST_NORM_TYPES.get(c.get("model_type")),
+        "a norm after self-attention (a glm4 model)",
+    ),
+    "--post-mlp-layernorm": (
+        "post_mlp_layernorm",
+        lambda c: POST_NORM_TYPES.get(c.get("model_type")),
+        "a norm after the MLP (a glm4 model)",
     ),
 }
 

@@ -190,10 +190,11 @@ def startup_notes(args: argparse.Namespace) -> list[str]:
 
 
 def set_num_rollout(args: argparse.Namespace, num_prompts: int) -> None:
-    """--num-epoch without --num-rollout: epochs x prompts // --rollout-batch-size (slime's rule),
-    once the data source has counted its prompts; then the schedule that depends on it."""
+    """--num-epoch without --num-rollout: (prompts // --rollout-batch-size) x epochs (slime's rule:
+    each epoch is whole rollouts; its leftover prompts start the next), once the data source has
+    counted its prompts; then the schedule that depends on it."""
     if args.num_rollout is None:
-        args.num_rollout = args.num_epoch * num_prompts // args.rollout_batch_size
+        args.num_rollout = num_prompts // args.rollout_batch_size * args.num_epoch
         if args.num_rollout < 1:
             raise SlimeError(
                 f"--num-epoch {args.num_epoch} over {num_prompts} prompts is less than one rollout of "

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--num-rollout",
         type=int,
         default=None,
-        help="Rollouts to run, one training step each (or --num-epoch: counted from the data).",
+        help="Rollouts to run, one training step each (or --num-epoch: counted from the data). 0: an "
+        "eval-only run (slime's): the policy is evaluated once (with --eval-interval) and not trained.",
     )
     g.add_argument("--rollout-batch-size", type=int, default=None, help="Prompts per rollout.")
     g.add_argument(
@@ -43,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "defaults to this - 1, as slime's.",
     )
     g.add_argument(
-        "--rollout-temperature", type=float, default=1.0, help="Sampling temperature of rollouts (0: greedy)."
+        "--rollout-temperature", type=float, default=1.0, help="Sampling temperature of rollouts (> 0, slime's rule)."
     )
     g.add_argument(
         "--rollout-top-p",
@@ -217,8 +218,8 @@ def _add_reward_arguments(p: argparse.ArgumentParser) -> None:
         "--rm-type",
         type=str,
         default=None,
-        help="Built-in reward: math, deepscaler, dapo, f1, gpqa, math_verify, remote_rm, code, random; a boxed_ "
-        "prefix grades the last \\boxed{} content.",
+        help="Built-in reward: math, deepscaler, dapo, f1, gpqa, ifbench, math_verify, remote_rm, code, random; "
+        "a boxed_ prefix grades the last \\boxed{} content.",
     )
     g.add_argument(
         "--custom-rm-path",
@@ -301,7 +302,14 @@ def _add_sandbox_arguments(g: argparse._ArgumentGroup) -> None:
 
 def _check_sampling(args: argparse.Namespace) -> None:
     """SGLang's ranges for the sampling options (its SamplingParams.verify), at parse time: a bad
-    value stops the run here, not as failed requests after the engines started."""
+    value stops the run here, not as failed requests after the engines started. Training rollouts
+    also refuse temperature 0 (slime's rule): greedy decoding is not a distribution the policy
+    gradient can train (every sample of a group alike); evaluation may be greedy."""
+    if not (math.isfinite(args.rollout_temperature) and args.rollout_temperature > 0):
+        raise SlimeError(
+            f"--rollout-temperature must be > 0, got {args.rollout_temperature}: temperature 0 is greedy decoding, "
+            "which is not a valid RL policy (for greedy evaluation, set --eval-temperature 0)"
+        )
     for prefix in ("rollout", "eval"):
         temperature, top_p, top_k = (
             getattr(args, f"{prefix}_{name}", None) for name in ("temperature", "top_p", "top_k")
@@ -329,12 +337,14 @@ def finalize(args: argparse.Namespace) -> None:
         args,
         "rollout_batch_size",
         "n_samples_per_prompt",
-        "num_rollout",
         "rollout_max_response_len",
         "max_turns",
         "max_total_tokens",
         "over_sampling_batch_size",
     )
+    # 0 is slime's eval-only run: the loop trains nothing, the policy is evaluated once (slime.train)
+    if args.num_rollout is not None and args.num_rollout < 0:
+        raise SlimeError(f"--num-rollout must be >= 0 (0: evaluate only), got {args.num_rollout}")
     _finalize_context(args)
     _check_sampling(args)
     if not 0.0 <= args.max_failed_sample_ratio <= 1.0:

@@ -43,6 +43,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "to read. A key that is already an attribute replaces its value, as under slime, after "
         "every other check (named at start-up; the value must keep the argument's type).",
     )
+    # slime's Megatron plugin hooks; here called at the same points of the fsdp trainer (slime.backends.torch.hooks)
+    g.add_argument(
+        "--custom-megatron-before-log-prob-hook-path",
+        type=str,
+        default=None,
+        help="fn(args, model, store_prefix), called before each log-prob pass of the trainer (old: '', "
+        "reference: 'ref_', teacher: 'teacher_'); model is a one-element list holding the module.",
+    )
+    g.add_argument(
+        "--custom-megatron-before-train-step-hook-path",
+        type=str,
+        default=None,
+        help="fn(args, rollout_id, step_id, model, optimizer, opt_param_scheduler), called at the start "
+        "of each optimizer step (gradients zeroed, before the forward); model is a one-element list.",
+    )
 
 
 def _add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,6 +67,13 @@ def _add_checkpoint_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ref-load", type=str, default=None, help="Reference model (default: --hf-checkpoint).")
     g.add_argument("--load", type=str, default=None, help="Resume from the latest checkpoint in this directory.")
     g.add_argument("--save", type=str, default=None, help="Checkpoint directory (default: <run-dir>/checkpoints).")
+    g.add_argument(
+        "--save-hf",
+        type=str,
+        default=None,
+        help="With every checkpoint, also write the policy as a Hugging Face model directory (config, "
+        "tokenizer, safetensors) at this path formatted with the rollout id, e.g. hf/iter_{rollout_id}.",
+    )
     g.add_argument(
         "--save-interval",
         type=int,
@@ -101,6 +123,13 @@ def _add_batching_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         help="With --use-dynamic-batch-size: tokens per packed micro-batch on each trainer rank.",
+    )
+    g.add_argument(
+        "--log-probs-max-tokens-per-gpu",
+        type=int,
+        default=None,
+        help="With --use-dynamic-batch-size: tokens per packed micro-batch of the no-grad log-prob passes "
+        "(old, reference, teacher); no backward there, so it may exceed --max-tokens-per-gpu (its default).",
     )
     g.add_argument(
         "--share-prompt-forward",
@@ -180,6 +209,13 @@ def _add_optimizer_arguments(p: argparse.ArgumentParser) -> None:
         help="Zero Adam's step count and moments before each rollout's training (policy and critic).",
     )
     g.add_argument(
+        "--use-stateless-adam",
+        action="store_true",
+        default=False,
+        help="Adam that keeps no moments: every step is a first Adam step from zero moments "
+        "(update lr * g / (|g| + eps), weight decay decoupled). Needs --no-save-optim.",
+    )
+    g.add_argument(
         "--only-train-params-name-list",
         type=str,
         nargs="*",
@@ -212,6 +248,13 @@ def finalize(args: argparse.Namespace) -> None:
         args.ref_load = args.hf_checkpoint
     if args.save is None:
         args.save = os.path.join(args.run_dir, "checkpoints")
+    if args.save_hf is not None:  # a bad pattern stops now, not at the first save
+        try:
+            args.save_hf.format(rollout_id=0)
+        except (KeyError, IndexError, ValueError) as e:
+            raise SlimeError(
+                f"--save-hf {args.save_hf!r}: not a path pattern with {{rollout_id}} as its only field ({e!r})"
+            ) from None
     require_positive(args, "micro_batch_size", "update_weights_interval")
     # Megatron's option, slime's default (10): how long a collective waits for a rank that died
     need(
@@ -229,8 +272,18 @@ def finalize(args: argparse.Namespace) -> None:
             f"--global-batch-size ({args.global_batch_size}) must be divisible by the data-parallel size "
             f"({args.actor_world_size}) with --use-dynamic-batch-size",
         )
+        if args.log_probs_max_tokens_per_gpu is None:  # slime's default
+            args.log_probs_max_tokens_per_gpu = args.max_tokens_per_gpu
+        need(
+            args.log_probs_max_tokens_per_gpu >= 1,
+            f"--log-probs-max-tokens-per-gpu must be >= 1, got {args.log_probs_max_tokens_per_gpu}",
+        )
     else:
         need(args.max_tokens_per_gpu is None, "--max-tokens-per-gpu only applies with --use-dynamic-batch-size")
+        need(
+            args.log_probs_max_tokens_per_gpu is None,
+            "--log-probs-max-tokens-per-gpu only applies with --use-dynamic-batch-size",
+        )
     need(
         args.log_probs_chunk_size == -1 or args.log_probs_chunk_size >= 1,
         f"--log-probs-chunk-size must be -1 (no chunking) or >= 1, got {args.log_probs_chunk_size}",
@@ -243,6 +296,11 @@ def finalize(args: argparse.Namespace) -> None:
             f"--{opt.replace('_', '-')} must be a finite number >= 0, got {value}",
         )
     need(0.0 <= args.min_lr <= args.lr, f"--min-lr ({args.min_lr}) must be in [0, --lr ({args.lr})]")
+    # slime's rule: there are no moments to save, so a checkpoint must not claim an optimizer state
+    need(
+        not args.use_stateless_adam or args.no_save_optim,
+        "--use-stateless-adam keeps no Adam moments to save; add --no-save-optim",
+    )
     if args.num_rollout is not None:  # else set when --num-epoch is counted (slime.arguments.set_num_rollout)
         finalize_schedule(args)
     _check_param_patterns(args)
@@ -354,6 +412,8 @@ def finalize_schedule(args: argparse.Namespace) -> None:
     )
     if args.lr_decay_iters is None:
         args.lr_decay_iters = args.num_rollout * args.num_steps_per_rollout
+    if args.num_rollout == 0:  # eval only (slime's): no step is ever taken, any schedule is a valid one
+        args.lr_decay_iters = max(args.lr_decay_iters, args.lr_warmup_iters + 1)
     need(
         args.lr_decay_iters > args.lr_warmup_iters or args.lr_decay_style == "constant",
         f"--lr-decay-iters ({args.lr_decay_iters}) must exceed --lr-warmup-iters ({args.lr_warmup_iters})",

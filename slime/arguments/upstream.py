@@ -8,8 +8,8 @@ parses and `args` carries what slime's would, and then sorted by what it does on
 
 * `NOT_USED`: GPU-only or Megatron-only (FP8/INT4, MTP, routing replay, DeepGEMM, NIXL, memory
   snapshots, Megatron plugins ...): accepted and named once at start-up, never silently dropped;
-* `NOT_SUPPORTED`: features outside this wave (SGLang server groups / PD disaggregation,
-  multimodal data, slime's external rollout buffer): setting one stops with "not supported yet".
+* `NOT_SUPPORTED`: features outside this wave (multimodal data, slime's external rollout
+  buffer): setting one stops with "not supported yet".
 
 slime's options that are Megatron-LM's too (`--no-save-optim`, `--mtp-num-layers`, ...) are added
 with Megatron's and take slime's default (`set_slime_defaults`). Every other slime option is
@@ -41,8 +41,6 @@ NOT_USED: dict[str, str] = {
     "--freeze-indexer": "DSA indexer of Megatron's model; " + _MEGATRON,
     "--custom-model-provider-path": "Megatron's model provider; the fsdp backend builds the model from --hf-checkpoint",
     "--custom-megatron-init-path": "a Megatron plugin hook",
-    "--custom-megatron-before-log-prob-hook-path": "a Megatron plugin hook",
-    "--custom-megatron-before-train-step-hook-path": "a Megatron plugin hook",
     "--megatron-deepgemm-forward-layers": "DeepGEMM is " + _GPU,
     "--megatron-deepgemm-forward-modules": "DeepGEMM is " + _GPU,
     "--megatron-deepgemm-moe-forward-layers": "DeepGEMM is " + _GPU,
@@ -51,18 +49,12 @@ NOT_USED: dict[str, str] = {
     "--use-routing-replay": "MoE routing replay is " + _MEGATRON,
     "--use-rollout-routing-replay": "MoE routing replay is " + _MEGATRON,
     "--enable-mtp-training": "MTP layers are " + _MEGATRON,
-    "--memory-recorder": "CUDA memory snapshots are " + _GPU,
-    "--memory-snapshot-dir": "CUDA memory snapshots are " + _GPU,
-    "--memory-snapshot-num-steps": "CUDA memory snapshots are " + _GPU,
     "--num-gpus-per-node": "engines are placed by --rollout-num-gpus / --rollout-num-gpus-per-engine on CPU",
-    "--log-probs-max-tokens-per-gpu": "log-prob micro-batches follow --max-tokens-per-gpu here",
     "--recompute-loss-function": "a GPU memory saving; " + _MEGATRON,
     "--data-pad-size-multiplier": "padding for GPU kernels; batches are not padded to a multiple here",
-    "--use-stateless-adam": _MEGATRON,
     "--ref-ckpt-step": "Megatron checkpoint iterations; --ref-load here is a Hugging Face directory",
     "--opd-teacher-ckpt-step": "Megatron checkpoint iterations; --opd-teacher-load here is a Hugging Face directory",
     "--model-name": "Megatron -> Hugging Face weight conversion; weights here are Hugging Face tensors already",
-    "--save-hf": "checkpoints here are Hugging Face directories already (--save)",
     "--balance-by-flops": "FLOPs-balanced micro-batches for GPU kernels",
     "--rollout-data-transport": "rollout data moves through Ray's object store here (NIXL is GPU-only)",
     "--http-proxy": "rollout requests go to loopback engines here",
@@ -70,8 +62,6 @@ NOT_USED: dict[str, str] = {
 }
 
 NOT_SUPPORTED: dict[str, str] = {
-    "--sglang-config": "SGLang server groups (prefill/decode disaggregation, several models) are not supported yet",
-    "--prefill-num-servers": "prefill/decode disaggregation is not supported yet",
     "--multimodal-keys": "multimodal prompts are not supported yet (text models only)",
     "--rollout-buffer-url": "slime's external rollout buffer server is not supported yet",
     "--rollout-task-type": "slime's external rollout buffer server is not supported yet",

@@ -113,6 +113,8 @@ class RolloutDataSource(DataSource):
         self.offset = 0  # prompts of the current epoch already handed out
         self.group_counter = 0  # next group_index
         self.sample_counter = 0  # next index
+        # slime's free-form dict a rollout function extends (`update_metadata`), saved with the state
+        self.metadata: dict[str, Any] = {}
 
         prompt_data = args.prompt_data
         self.dataset: PromptSamples | None = None
@@ -226,6 +228,7 @@ class RolloutDataSource(DataSource):
             "num_prompts": len(self),
             "shuffle": self.shuffle,
             "seed": self.seed,
+            "metadata": copy.deepcopy(self.metadata),  # a copy: the saved state must not follow the live dict
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -246,6 +249,7 @@ class RolloutDataSource(DataSource):
         self.offset = int(state["offset"])
         self.group_counter = int(state["group_counter"])
         self.sample_counter = int(state["sample_counter"])
+        self.metadata = copy.deepcopy(state.get("metadata") or {})  # a state saved before it existed: {}
         self._order = self._epoch_order(self.epoch)
 
     def _state_path(self, where: int | str | Path | None, directory_arg: str) -> Path:
@@ -395,6 +399,15 @@ class RolloutDataSourceWithBuffer(RolloutDataSource):
 
     def get_buffer_length(self) -> int:
         return len(self.buffer)
+
+    def update_metadata(self, metadata: dict) -> None:
+        """Merge `metadata` into the source's dict (later keys replace earlier ones, as dict.update)."""
+        with self.lock:
+            self.metadata.update(metadata)
+
+    def get_metadata(self) -> dict:
+        """The source's metadata dict itself (slime returns the live dict, not a copy)."""
+        return self.metadata
 
     def _state(self) -> dict[str, Any]:
         state = super()._state()

@@ -144,14 +144,6 @@ def load_jsonl(path: str | Path) -> list[dict]:
     return [row for _, row in _iter_jsonl(path)]
 
 
-def _label_to_str(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)
-    return str(value)
-
-
 def _check_messages(messages: list, where: str, input_key: str) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
@@ -195,7 +187,7 @@ def load_prompt_samples(
     max_prompt_len: int | None = None,
     check: Callable[[Sample], None] | None = None,
 ) -> PromptSamples:
-    """Read a prompt file into `Sample`s (`prompt`, `label` as str, `metadata`).
+    """Read a prompt file into `Sample`s (`prompt`, `label` as the file holds it, `metadata`).
 
     - `input_key` column: a string, or a list of chat messages. With `apply_chat_template`, a
       string becomes `[{"role": "user", "content": s}]` and the prompt is the rendered template
@@ -237,7 +229,9 @@ def load_prompt_samples(
         metadata = _metadata_of(row, metadata_key, where)
         if tools is not None:
             metadata["tools"] = tools
-        label = _label_to_str(row[label_key]) if label_key is not None else None
+        # the label column as the file holds it (a string, number, object, list ...), as slime keeps it:
+        # a custom reward may read `sample.label["ground_truth"]`; the built-in ones convert what they grade
+        label = copy.deepcopy(row[label_key]) if label_key is not None else None
         sample = Sample(prompt=prompt, label=label, metadata=metadata)
         if check is not None:
             try:

@@ -126,17 +126,14 @@ def function_tools(tools: Any) -> list[dict] | None:
                 f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': ...}}}}",
                 f"tools[{i}]",
             )
-        out.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": fn["name"],
-                    "description": fn.get("description", ""),
-                    "parameters": fn.get("parameters") or {"type": "object", "properties": {}},
-                },
-            }
-        )
+        out.append(function_tool(fn["name"], fn.get("description", ""), fn.get("parameters")))
     return out
+
+
+def function_tool(name: str, description: str, parameters: dict | None) -> dict:
+    """One tool in the form chat templates take (an empty object schema when it has none)."""
+    schema = parameters or {"type": "object", "properties": {}}
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": schema}}
 
 
 def render_chat(

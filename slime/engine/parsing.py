@@ -64,11 +64,16 @@ def check_parser_names(
 
 
 def parse_model_output(
-    raw_output: str, *, tools_schema: list[dict] | None, tool_parser_name: str | None, reasoning_parser_name: str | None
+    raw_output: str,
+    *,
+    tools_schema: list[dict] | None,
+    tool_parser_name: str | None,
+    reasoning_parser_name: str | None,
+    xml_fallback: bool = False,
 ) -> ParsedModelOutput:
     """Split raw model text (special tokens kept) into reasoning, visible text and tool calls."""
     reasoning, body = split_reasoning(raw_output, reasoning_parser_name)
-    body, tool_uses, ill_formed = parse_tool_uses(body, tools_schema, tool_parser_name)
+    body, tool_uses, ill_formed = parse_tool_uses(body, tools_schema, tool_parser_name, xml_fallback=xml_fallback)
     if reasoning or tool_uses:  # the spacing around what was cut out is not part of the text
         body = body.strip()
     return ParsedModelOutput(reasoning=reasoning.strip(), text=body, tool_uses=tool_uses, ill_formed=ill_formed)
@@ -107,11 +112,46 @@ def _call_from_json(obj: Any, offered: set[str]) -> tuple[dict | None, bool]:
 
 
 def parse_tool_uses(
-    body: str, tools_schema: list[dict] | None, tool_parser_name: str | None
+    body: str, tools_schema: list[dict] | None, tool_parser_name: str | None, *, xml_fallback: bool = False
 ) -> tuple[str, list[dict[str, Any]], bool]:
-    """(text with the calls removed, tool uses, ill_formed)."""
-    if not tool_parser_name or not tools_schema:
+    """(text with the calls removed, tool uses, ill_formed). With `xml_fallback` (slime's agent
+    parsing: models that sometimes write XML calls whatever their parser), XML-style calls
+    (`parse_xml_tool_uses`) are read when the named format found none."""
+    if not tools_schema:
         return body, [], False
+    text, uses, ill_formed = (
+        _parse_named(body, tools_schema, tool_parser_name) if tool_parser_name else (body, [], False)
+    )
+    if not uses and xml_fallback:
+        text, uses = parse_xml_tool_uses(text, tools_schema)
+    return text, uses, ill_formed
+
+
+_XML_CALL = re.compile(r"<tool_call>\s*<function=([^>]+)>(.*?)</function>\s*</tool_call>", flags=re.DOTALL)
+_XML_PARAMETER = re.compile(r"<parameter=([^>]+)>(.*?)</parameter>", flags=re.DOTALL)
+
+
+def parse_xml_tool_uses(body: str, tools_schema: list[dict]) -> tuple[str, list[dict[str, Any]]]:
+    """Calls written `<tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>`
+    (Qwen3-Coder's and Anthropic-style text): (text with the calls removed, tool uses). Values stay
+    strings, stripped; a call to a tool the request did not offer stays in the text."""
+    offered = {(t.get("function") or {}).get("name") for t in tools_schema}
+    uses: list[dict[str, Any]] = []
+    kept: list[str] = []
+    last = 0
+    for m in _XML_CALL.finditer(body):
+        if m.group(1) not in offered:
+            continue
+        uses.append(
+            {"name": m.group(1), "input": {p.group(1): p.group(2).strip() for p in _XML_PARAMETER.finditer(m.group(2))}}
+        )
+        kept.append(body[last : m.start()])
+        last = m.end()
+    kept.append(body[last:])
+    return "".join(kept), uses
+
+
+def _parse_named(body: str, tools_schema: list[dict], tool_parser_name: str) -> tuple[str, list[dict[str, Any]], bool]:
     offered = {name for t in tools_schema if isinstance(name := (t.get("function") or {}).get("name"), str)}
     uses: list[dict] = []
     ill_formed = False

@@ -52,6 +52,7 @@ from slime.observability.report_samples import sample_logs as _sample_logs
 from slime.observability.report_summary import render_summary, stage_summaries, stage_wall
 from slime.observability.report_ticks import axis, y_range
 from slime.observability.sample_log import RUN_FACTS_FILE, SAMPLES_DIR, run_facts
+from slime.observability.trace_timeline import TRACES_DIR
 
 __all__ = [
     "PANELS",
@@ -327,6 +328,7 @@ def collect(
         "facts_source": facts_source,
         "rollouts": rollouts,
         "files": sorted(p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir())[:200],
+        "traces": sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob(f"{TRACES_DIR}/*.trace.json")),
     }
 
 
@@ -375,6 +377,17 @@ def _files_html(files: list[str]) -> str:
     return f'<h3>Files in the run directory</h3><div class="hint">{html.escape("  ".join(files))}</div>'
 
 
+def _traces_html(traces: list[str]) -> str:
+    """Links to the per-sample timelines (slime.observability.trace_utils), if the run wrote any."""
+    if not traces:
+        return ""
+    links = " ".join(f'<a href="{html.escape(t)}">{html.escape(t)}</a>' for t in traces)
+    return (
+        '<h3>Sample timelines</h3><div class="hint">Chrome trace-event JSON, one row per sample: open in '
+        f"https://ui.perfetto.dev or chrome://tracing. {links}</div>"
+    )
+
+
 def render(data: dict[str, Any]) -> str:
     """The HTML page of `collect`'s data: one file, inline CSS/JS, no network."""
     title = f"slime run report: {Path(data['run_dir']).name}"
@@ -411,7 +424,7 @@ def render(data: dict[str, Any]) -> str:
         '<div id="sample-detail" class="detail"><em>Click a sample to see its tokens.</em></div></div></section>'
         '<section id="facts"><h2>Run facts</h2><div id="facts-body"></div>'
         f'<h3>Resolved arguments</h3><div id="args-body">{data["args_html"]}</div>'
-        f"{_files_html(data['files'])}</section>"
+        f"{_files_html(data['files'])}{_traces_html(data.get('traces', []))}</section>"
         '<div id="tooltip" class="tooltip"></div>'
         f'<script id="report-data" type="application/json">{_json_for_script(_sanitize(page_data))}</script>'
         f"<script>{PAGE_JS}</script></body></html>\n"

@@ -119,6 +119,8 @@ def sample_logs(
                 if ti is not None and str(ti) in adv:
                     s["advantages"] = adv[str(ti)]
                 n_failed += s.get("status") == "failed"
+                if isinstance(s.get("label"), (dict, list)):  # a structured label, shown as its JSON text
+                    s["label"] = json.dumps(s["label"], ensure_ascii=False)
         logs.append(
             {
                 "key": f"{stage or ''}:{kind}:{rid}",

@@ -51,6 +51,18 @@ SGLANG_LAUNCH_TIMEOUT_S = 1200  # a large model's first start (weights, CUDA gra
 BUILTIN_LAUNCH_TIMEOUT_S = 300
 
 
+@dataclass(frozen=True)
+class ModelLaunch:
+    """What a model of `--sglang-config` sets for its engines: its checkpoint, its server group's
+    overrides (as engine arguments, after the `--sglang-*` ones: they win) and GPUs per engine. A
+    frozen model's engines never load trained weights, so they get no weight-load directories."""
+
+    model_path: str
+    extra_args: tuple[str, ...] = ()
+    num_gpus: int | None = None  # None: --rollout-num-gpus-per-engine
+    frozen: bool = False
+
+
 @dataclass
 class LaunchSpec:
     """Engine `rank`'s address and its forwarded arguments (host and port taken out, seed added)."""
@@ -82,6 +94,7 @@ def start_engine(
     port: int | None = None,
     cores: Sequence[int] | None = None,
     lend_file: str | None = None,
+    model: ModelLaunch | None = None,
 ) -> EngineProcess:
     """Launch engine `rank` with `--rollout-backend`'s server; returns at once (see wait_until_healthy).
     `port`: the port of the engine it replaces (a restart keeps the engine's address).
@@ -89,27 +102,44 @@ def start_engine(
     Runs in the engine's Ray actor, on the engine's node: the placement's `cores` for this engine
     bind this process and so the server it starts, which runs `num_threads` threads (the placement's
     count for those cores, else the thread budget) and lends its cores through `lend_file` while it
-    idles (the built-in engine only: an SGLang server's slots are GPUs)."""
+    idles (the built-in engine only: an SGLang server's slots are GPUs). `model`: the engine's
+    model of --sglang-config (None: --hf-checkpoint)."""
+    model = model or ModelLaunch(args.hf_checkpoint)
     if args.rollout_backend == "sglang":
-        return _start_sglang_server(args, rank, base_gpu_id, log_path, port=port)
+        return _start_sglang_server(args, rank, base_gpu_id, log_path, port=port, model=model)
     if cores:
         pin_to_cores(cores)
     spec = launch_spec(args, rank)
     threads = passthrough_value(spec.extra, "--num-threads")  # the user's thread count wins
-    extra = passthrough_without(spec.extra, {"--num-threads"})
+    extra = passthrough_without(spec.extra, {"--num-threads"}) + list(model.extra_args)
+    if model.frozen:
+        return _start_builtin(args, model, spec, port, int(threads or num_threads), extra, log_path, lend_file)
     if args.use_fault_tolerance:  # a restarted engine loads the trainer's weight snapshot from here
         extra = _last_weight_load_dirs(extra + ["--weight-load-dirs", str(weight_snapshot_dir(args.run_dir))])
     if args.update_weight_transport == "disk":  # the engine reads published versions (and patches its local copy)
         dirs = [d for d in (args.update_weight_disk_dir, args.update_weight_local_checkpoint_dir) if d]
         extra = _last_weight_load_dirs(extra + ["--weight-load-dirs", *map(str, dirs)])
+    return _start_builtin(args, model, spec, port, int(threads or num_threads), extra, log_path, lend_file)
+
+
+def _start_builtin(
+    args: Namespace,
+    model: ModelLaunch,
+    spec: LaunchSpec,
+    port: int | None,
+    threads: int,
+    extra: list[str],
+    log_path: str | os.PathLike,
+    lend_file: str | None,
+) -> EngineProcess:
     env = key_env(args)
     if lend_file:  # its cores go to a trainer rank while it idles
         env[ENV_LEND_FILE] = lend_file
     return EngineProcess.start(
-        args.hf_checkpoint,
+        model.model_path,
         host=spec.host,
         port=port or spec.port,
-        num_threads=int(threads or num_threads),
+        num_threads=threads,
         extra_args=extra,
         log_path=log_path,
         env=env,
@@ -155,25 +185,30 @@ def check_framework_owned(sglang_args: list[str]) -> None:
             )
 
 
-def sglang_server_command(args: Namespace, rank: int, base_gpu_id: int, port: int) -> tuple[str, list[str]]:
-    """(host, argv) of engine `rank`'s `sglang.launch_server`; `port` unless --sglang-port is given."""
+def sglang_server_command(
+    args: Namespace, rank: int, base_gpu_id: int, port: int, model: ModelLaunch | None = None
+) -> tuple[str, list[str]]:
+    """(host, argv) of engine `rank`'s `sglang.launch_server`; `port` unless --sglang-port is given;
+    `model`: its --sglang-config model (checkpoint, GPUs per engine, overrides last so they win)."""
     check_framework_owned(args.sglang_args)
+    model = model or ModelLaunch(args.hf_checkpoint)
     spec = launch_spec(args, rank)
     cmd = [
         sys.executable,
         "-m",
         "sglang.launch_server",
         "--model-path",
-        str(args.hf_checkpoint),
+        str(model.model_path),
         "--host",
         spec.host,
         "--port",
         str(spec.port or port),
         "--tp-size",
-        str(args.rollout_num_gpus_per_engine),
+        str(model.num_gpus or args.rollout_num_gpus_per_engine),
         "--base-gpu-id",
         str(base_gpu_id),
         *spec.extra,
+        *model.extra_args,
     ]
     # SGLang reads its keys from the command line only (visible to local users; see docs/security.md)
     if args.engine_api_key is not None:
@@ -212,9 +247,14 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
 
 
 def _start_sglang_server(
-    args: Namespace, rank: int, base_gpu_id: int, log_path: str | os.PathLike, port: int | None = None
+    args: Namespace,
+    rank: int,
+    base_gpu_id: int,
+    log_path: str | os.PathLike,
+    port: int | None = None,
+    model: ModelLaunch | None = None,
 ) -> EngineProcess:
-    host, cmd = sglang_server_command(args, rank, base_gpu_id, port or free_port())
+    host, cmd = sglang_server_command(args, rank, base_gpu_id, port or free_port(), model=model)
     port = int(passthrough_value(cmd, "--port"))
     env = dict(os.environ)
     if env.get("CUDA_VISIBLE_DEVICES") == "":  # set empty for GPU-less Ray actors: it would hide every GPU

@@ -218,3 +218,30 @@ class EngineWatcher:
                     self.check_once(client, only_if_active=True)
                 except Exception:
                     logger.exception("engine watcher probe failed")
+
+
+def start_watcher(
+    args,
+    router: RouterProcess | None,
+    engine_urls: list[str],
+    *,
+    restart: Callable[[str], str],
+    restart_router: Callable[[], RouterProcess],
+    on_removed: Callable[[str], None] | None = None,
+) -> EngineWatcher | None:
+    """The watcher a group of engines gets: with --use-fault-tolerance, slime's health monitor
+    (dead or hung engines, and the router, are restarted and put back); otherwise, behind a router,
+    one that takes a dead engine out so retried requests go to live ones; else none."""
+    if args.use_fault_tolerance:
+        return EngineWatcher(
+            router,
+            engine_urls,
+            interval=args.rollout_health_check_interval,
+            timeout=args.rollout_health_check_timeout,
+            first_wait=args.rollout_health_check_first_wait,
+            restart=restart,
+            restart_router=restart_router if router else None,
+        ).start()
+    if router is not None:
+        return EngineWatcher(router, engine_urls, on_removed=on_removed).start()
+    return None

@@ -1,4 +1,16 @@
-"""Ray start-up and placement: which bundle each trainer rank and engine lives in.
+"""Ray start-up and placement: which bundle each trainer rank and engine lives in; and the builders
+slime's train.py calls, with slime's names and signatures:
+
+    pgs = create_placement_groups(args)
+    rollout_manager, num_rollout_per_epoch = create_rollout_manager(args, pgs["rollout"])
+    actor_model, critic_model = create_training_models(args, pgs, rollout_manager)
+
+They build what `slime.train` builds: one `Placement` (a Ray placement group holding every trainer
+rank and engine, as slime's one group holds every GPU), the `RolloutManager` actor with its engines
+started, and the `RayTrainGroup` of trainer ranks, initialized (checkpoint loaded) and told the
+engines' addresses. The objects are this repo's: their methods are `slime.train`'s
+(`rollout_manager.generate.remote(id)`, `actor_model.train(id, ref)`), not Megatron's actor API.
+The critic, with --use-critic, trains inside the trainer ranks here, so `critic_model` is None.
 
 On a CPU machine a "GPU" slot is one worker process; bundles hold logical CPUs. Actual
 thread counts are set explicitly per process (`slime.runtime.threads`), because Ray's CPU
@@ -11,20 +23,26 @@ import logging
 import os
 import sys
 from argparse import Namespace
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from slime.arguments import set_num_rollout
 from slime.engine.args import passthrough_value
 from slime.errors import SlimeError
+from slime.ray.placement import Placement as Placement  # the data lives there; slime's path keeps the names
+from slime.ray.placement import ProcessPlace as ProcessPlace
+from slime.ray.placement import thread_budget as thread_budget
+from slime.ray.rollout import RolloutManager
+from slime.ray.train_group import RayTrainGroup
 from slime.runtime.core_lending import Lender, lending_file
-from slime.runtime.cores import format_cores, node_cores, split_cores
+from slime.runtime.cores import node_cores, split_cores
 from slime.runtime.mkl_vendor import cpu_info, preload_env
 from slime.runtime.threads import available_cores
-from slime.utils.misc import HUB_ENV
+from slime.utils.misc import HUB_ENV, load_function
 
 logger = logging.getLogger(__name__)
 PLACEMENT_TIMEOUT_S = 120
@@ -200,52 +218,6 @@ def num_bundles(args: Namespace) -> int:
     return actors + engines
 
 
-@dataclass
-class ProcessPlace:
-    """Where one process runs: its node, the cores it is pinned to (None: it shares the node's
-    cores unpinned, because the node has fewer cores than processes) and its thread count."""
-
-    role: str  # "trainer rank 0", "engine 1"
-    node_id: str
-    node_ip: str
-    cores: tuple[int, ...] | None
-    node_cores: tuple[int, ...]
-    threads: int
-    lenders: list[Lender] = field(default_factory=list)  # a trainer rank: engines whose idle cores it borrows
-    lend_file: str | None = None  # an engine: the file through which it lends its cores while idle
-
-    def describe(self) -> str:
-        where = f"node {self.node_ip} ({self.node_id[:8]})"
-        if self.cores is None:
-            return (
-                f"{self.role}: {where}, not pinned (shares cores {format_cores(self.node_cores)} with the "
-                f"node's other processes), {self.threads} thread(s)"
-            )
-        borrows = ""
-        if self.lenders:
-            lent = format_cores([c for lender in self.lenders for c in lender.cores])
-            borrows = f", borrows cores {lent} while their engine is idle"
-        return f"{self.role}: {where}, cores {format_cores(self.cores)}, {self.threads} thread(s){borrows}"
-
-
-@dataclass
-class Placement:
-    pg: PlacementGroup
-    actor_bundles: list[int]  # bundle index of each trainer rank
-    engine_bundles: list[int]  # bundle index of each engine (its first slot)
-    # Fractions of a bundle's logical CPU: colocated actors must fit together in one bundle.
-    actor_cpus: float
-    engine_cpus: float
-    actors: list[ProcessPlace] = field(default_factory=list)  # per trainer rank
-    engines: list[ProcessPlace] = field(default_factory=list)  # per engine
-
-    def strategy(self, bundle: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=bundle)
-
-    def summary(self) -> list[str]:
-        return [p.describe() for p in [*self.actors, *self.engines]]
-
-
 def describe_request(args: Namespace) -> str:
     """What the command line asks for, in slime's option names."""
     actors, engines = _slots(args)
@@ -408,14 +380,59 @@ def plan_core_lending(args: Namespace, actors: list[ProcessPlace], engines: list
     return files
 
 
-def thread_budget(args: Namespace) -> tuple[int, int]:
-    """(torch threads per trainer rank, threads per engine) when no placement says otherwise.
+# ---------------------------------------------------------------------- slime's train.py builders
+def create_placement_groups(args: Namespace) -> dict[str, Placement | None]:
+    """slime's role -> placement map. One placement serves every role (slime also shares one
+    placement group among them); "critic" is the actor's with --use-critic, else None. Starts
+    (or joins) Ray first when the caller has not."""
+    if not ray.is_initialized():
+        init_ray(args)
+    placement = create_placement(args)
+    return {"actor": placement, "rollout": placement, "critic": placement if args.use_critic else None}
 
-    A placement made by `create_placement` overrides both per process (the size of its share of
-    its node's cores: `ProcessPlace.threads`); this budget is the fallback: each side may use all
-    the cores, divided among its own processes.
-    """
-    cores = available_cores()
-    train = args.train_num_threads or max(1, cores // args.actor_world_size)
-    engine = max(1, cores // args.num_engines)
-    return train, engine
+
+def _count_rollouts_per_epoch(args: Namespace) -> int:
+    """--num-epoch without --num-rollout: the data source's prompts // --rollout-batch-size, and
+    --num-rollout set from it (slime asks its rollout manager for the same count)."""
+    source = load_function(args.data_source_path, arg_name="--data-source-path")(args)
+    num_prompts = len(source)
+    set_num_rollout(args, num_prompts)
+    return num_prompts // args.rollout_batch_size
+
+
+def create_rollout_manager(args: Namespace, pg: Placement) -> tuple[Any, int | None]:
+    """(the RolloutManager actor, its engines started; rollouts per epoch, or None when --num-rollout
+    was given), as slime returns them. With --offload-rollout the engines are offloaded until the
+    first weight update, as slime does."""
+    num_rollout_per_epoch = _count_rollouts_per_epoch(args) if args.num_rollout is None else None
+    rollout_manager = RolloutManager.options(num_cpus=0).remote(args, pg)
+    ray.get(rollout_manager.init.remote())  # engines (and router) started, data position resumed
+    if args.offload_rollout:
+        ray.get(rollout_manager.offload.remote())
+    return rollout_manager, num_rollout_per_epoch
+
+
+def create_actor_model(
+    args: Namespace, pgs: dict[str, Placement | None], rollout_manager: Any, actor_cls: Any = None
+) -> tuple[RayTrainGroup, list[int]]:
+    """(the trainer ranks, initialized; each rank's start rollout id), as slime's."""
+    if actor_cls is not None:
+        raise SlimeError(
+            "create_actor_model(actor_cls=...): a custom Megatron actor class has no counterpart here; "
+            "the trainer ranks are slime.backends.torch's"
+        )
+    actor_model = RayTrainGroup(args, pgs["actor"])
+    start = actor_model.init()  # the --load checkpoint's rollout + 1, else 0
+    actor_model.connect_rollout(ray.get(rollout_manager.get_engine_urls.remote()))
+    return actor_model, [start] * len(actor_model.actors)
+
+
+def create_training_models(
+    args: Namespace, pgs: dict[str, Placement | None], rollout_manager: Any, actor_cls: Any = None
+) -> tuple[RayTrainGroup, None]:
+    """(actor_model, critic_model) as slime's; sets --start-rollout-id from the checkpoint when
+    unset (slime's rule). critic_model is None: a --use-critic critic lives in the trainer ranks."""
+    actor_model, start_ids = create_actor_model(args, pgs, rollout_manager, actor_cls=actor_cls)
+    if args.start_rollout_id is None:
+        args.start_rollout_id = start_ids[0]
+    return actor_model, None

@@ -1,9 +1,11 @@
 """The rollout side as Ray actors: engine servers, and the manager that drives them.
 
-* `EngineActor` is placed by Ray in its bundle and owns one engine server process (the
-  built-in engine on CPU); the process exits if its owner dies (no orphans).
+* `EngineActor` (`slime.ray.model_fleet`) is placed by Ray in its bundle and owns one engine
+  server process (the built-in engine on CPU); the process exits if its owner dies (no orphans).
 * `RolloutManager` owns the data source, the engines and the rollout function, and turns a
-  rollout into train data: `generate(rollout_id) -> (train_data, metrics)`.
+  rollout into train data: `generate(rollout_id) -> (train_data, metrics)`. Its `engines` /
+  `engine_urls` are the policy's: what rollouts, weight syncs, offload and recovery act on; the
+  other models of `--sglang-config` (`frozen`) have their own routers and are never synced.
 """
 
 from __future__ import annotations
@@ -25,13 +27,10 @@ from slime.errors import SlimeError
 from slime.observability.debug_data import load_rollout_data as load_debug_rollout_data
 from slime.observability.debug_data import save_rollout_data as save_debug_rollout_data
 from slime.observability.sample_log import write_eval_samples, write_rollout_samples
-from slime.ray.engine_launch import (
-    BUILTIN_LAUNCH_TIMEOUT_S,
-    SGLANG_LAUNCH_TIMEOUT_S,
-    start_engine,
-)
-from slime.ray.engine_watcher import EngineWatcher
-from slime.ray.placement_group import Placement, ProcessPlace, thread_budget
+from slime.observability.trace_timeline import save_rollout_trace
+from slime.ray.engine_watcher import EngineWatcher, start_watcher
+from slime.ray.model_fleet import FrozenModel, launch_models
+from slime.ray.placement import Placement, thread_budget
 from slime.ray.router import start_router
 from slime.rollout.base_types import unwrap_eval_output, unwrap_train_output
 from slime.rollout.failure_report import report_failures
@@ -51,54 +50,6 @@ from slime.utils.misc import load_function
 from slime.utils.types import Sample
 
 logger = logging.getLogger(__name__)
-
-
-@ray.remote
-class EngineActor:
-    """Owns one engine server process; Ray decides where it runs."""
-
-    def __init__(
-        self, args: Namespace, rank: int, num_threads: int, base_gpu_id: int = 0, place: ProcessPlace | None = None
-    ) -> None:
-        self.args, self.rank = args, rank
-        self.base_gpu_id = base_gpu_id  # the engine's first GPU slot (its bundle), for SGLang
-        # the placement's cores, threads and lending file for this engine (without one: the thread budget)
-        self.place = place
-        self.num_threads = place.threads if place is not None else num_threads
-        self.process = None
-
-    def start(self, port: int | None = None) -> str:
-        log_path = Path(self.args.run_dir) / "logs" / f"engine_{self.rank}.log"
-        self.process = start_engine(
-            self.args,
-            self.rank,
-            num_threads=self.num_threads,
-            base_gpu_id=self.base_gpu_id,
-            log_path=log_path,
-            port=port,
-            cores=self.place.cores if self.place is not None else None,
-            lend_file=self.place.lend_file if self.place is not None else None,
-        )
-        sglang = self.args.rollout_backend == "sglang"
-        self.process.wait_until_healthy(timeout=SGLANG_LAUNCH_TIMEOUT_S if sglang else BUILTIN_LAUNCH_TIMEOUT_S)
-        return self.process.url
-
-    def restart(self) -> str:
-        """Kill the server (SIGKILL at once: a hung one ignores SIGTERM) and start a new one at the
-        same address; its weights are the checkpoint's until the caller loads the current ones."""
-        port = self.process.port if self.process is not None else None
-        if self.process is not None:
-            self.process.stop(grace=0)
-            self.process = None
-        return self.start(port=port)
-
-    def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-            self.process = None
 
 
 class RolloutFailed(SlimeError):
@@ -187,6 +138,7 @@ class RolloutManager:
         # (a failing actor constructor only surfaces as "actor died").
         self.args, self.placement = args, placement
         self.engines: list[Any] = []
+        self.frozen: list[FrozenModel] = []  # the --sglang-config models never synced
         self.router = None
         self.watcher = None
         self._offloaded = False
@@ -215,14 +167,8 @@ class RolloutManager:
             # where slime's hooks send /generate: slime writes these too (slime/ray/rollout.py, the router it starts)
             args.sglang_router_ip, args.sglang_router_port = host, int(port)
         elif args.sglang_router_ip is None:
-            places = placement.engines or [None] * len(placement.engine_bundles)
-            self.engines = [
-                EngineActor.options(
-                    num_cpus=placement.engine_cpus, scheduling_strategy=placement.strategy(bundle)
-                ).remote(args, rank, engine_threads, base_gpu_id=bundle, place=places[rank])
-                for rank, bundle in enumerate(placement.engine_bundles)
-            ]
-            self.engine_urls = ray.get([e.start.remote() for e in self.engines])
+            # every model's engines (--sglang-config; else the one model), started at once
+            policy, self.engines, self.engine_urls, self.frozen = launch_models(args, placement, engine_threads)
             self._engine_of = dict(zip(self.engine_urls, self.engines, strict=True))
             self.router = None
             if len(self.engine_urls) == 1:
@@ -230,31 +176,28 @@ class RolloutManager:
             else:
                 self.router = self._start_router()
                 host, port = self.router.host, self.router.port
-            if args.use_fault_tolerance:
-                # slime's health monitor: dead or hung engines (and the router) are restarted, given the
-                # current weights and put back; it runs during generate/eval (resumed there, paused after)
-                self.watcher = EngineWatcher(
-                    self.router,
-                    self.engine_urls,
-                    interval=args.rollout_health_check_interval,
-                    timeout=args.rollout_health_check_timeout,
-                    first_wait=args.rollout_health_check_first_wait,
-                    restart=self._restart_engine,
-                    restart_router=self._restart_router if self.router else None,
-                ).start()
-            elif self.router is not None:
-                # An engine that dies is removed from the router; retried requests go to live ones.
-                self.watcher = EngineWatcher(self.router, self.engine_urls, on_removed=self._engine_removed).start()
+            # restarted engines get the current weights; the monitor runs during generate/eval only
+            self.watcher = start_watcher(
+                args,
+                self.router,
+                self.engine_urls,
+                restart=self._restart_engine,
+                restart_router=self._restart_router,
+                on_removed=self._engine_removed,
+            )
             # where slime's hooks send /generate: slime writes these too (slime/ray/rollout.py, the router it starts)
             args.sglang_router_ip, args.sglang_router_port = host, int(port)
+            # get_model_url(args, name): each model's router, as slime fills it after start-up
+            args.sglang_model_routers = {policy.name: (host, int(port)), **{m.name: m.address for m in self.frozen}}
         else:  # an external router/engine the user runs
             self.engines, self.router = [], None
             self.engine_urls = [f"http://{args.sglang_router_ip}:{args.sglang_router_port}"]
         set_engine_urls(self.engine_urls)  # where this process's rollouts send their aborts
         # every request from this process (hooks' post(url, payload) included) to these servers
         # carries the run's key, and to no other address
+        frozen_urls = [u for m in self.frozen for u in [*m.urls, m.url]]
         register_keys(
-            [*self.engine_urls, f"http://{args.sglang_router_ip}:{args.sglang_router_port}"],
+            [*self.engine_urls, f"http://{args.sglang_router_ip}:{args.sglang_router_port}", *frozen_urls],
             args.engine_api_key,
             args.engine_admin_api_key,
         )
@@ -355,6 +298,8 @@ class RolloutManager:
     def _watch(self, on: bool) -> None:
         if self.watcher is not None and self.args.use_fault_tolerance:
             self.watcher.resume() if on else self.watcher.pause()
+        for model in self.frozen:
+            model.watch(on)
 
     def recover_engines(self) -> int:
         """Before a weight sync (slime's recover_updatable_engines): check every engine and the router
@@ -369,8 +314,17 @@ class RolloutManager:
         return new
 
     def fault_events(self) -> list[dict]:
-        """Every recovery so far: {"what": engine|router, "url", "reason", "detected_at", "recovered_s", "ok"}."""
-        return list(self.watcher.events) if self.watcher is not None and self.args.use_fault_tolerance else []
+        """Every recovery so far: {"what": engine|router, "url", "reason", "detected_at", "recovered_s", "ok"}
+        (a frozen model's carry its "model")."""
+        own = list(self.watcher.events) if self.watcher is not None and self.args.use_fault_tolerance else []
+        return own + [e for m in self.frozen for e in m.fault_events()]
+
+    def model_urls(self) -> dict[str, list[str]]:
+        """Each frozen model's live engines (the policy's: `get_engine_urls`)."""
+        return {m.name: list(m.urls) for m in self.frozen}
+
+    def model_engine_pids(self) -> dict[str, list[int | None]]:
+        return {m.name: m.pids() for m in self.frozen}
 
     def engine_pids(self) -> list[int | None]:
         return ray.get([e.pid.remote() for e in self.engines])
@@ -410,6 +364,10 @@ class RolloutManager:
         # as generated, before any filter or conversion (slime's point of saving)
         save_debug_rollout_data(self.args, [s for g in groups for s in g], rollout_id)
         write_rollout_samples(self.args, groups, rollout_id)  # the report's sample log (first groups)
+        if self.args.run_dir and self.args.report_groups_per_rollout:  # the same groups' timelines (spans
+            # of generation and reward on each sample); every sample's trace is in the debug dump
+            shown = groups[: self.args.report_groups_per_rollout]
+            save_rollout_trace(self.args.run_dir, rollout_id, [s for g in shown for s in g])
         report_failures(self.args, [s for g in groups for s in g], f"rollout {rollout_id}")  # a line per error
         check_failed_samples(groups, rollout_id, self.args.max_failed_sample_ratio)
         if self.sample_filter is not None:  # marks sample.remove_sample; groups keep their shape
@@ -518,6 +476,8 @@ class RolloutManager:
         halt_point("rollout_state", rollout_id)
 
     def dispose(self) -> None:
+        for model in self.frozen:
+            model.dispose()
         if self.watcher is not None:
             self.watcher.stop()
         if self.router is not None:

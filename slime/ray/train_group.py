@@ -9,7 +9,7 @@ import ray
 
 from slime.backends.torch.actor import RayTrainActor
 from slime.errors import SlimeError
-from slime.ray.placement_group import Placement, thread_budget
+from slime.ray.placement import Placement, thread_budget
 from slime.utils.checkpoint_layout import latest_checkpoint_note
 from slime.utils.net import free_port
 

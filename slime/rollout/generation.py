@@ -24,6 +24,8 @@ from typing import Any
 
 from transformers import AutoTokenizer
 
+from slime.errors import SlimeError
+from slime.observability.trace_utils import trace_span
 from slime.rollout.rm_hub import async_rm, batched_async_rm
 from slime.rollout.sample_hooks import (
     apply_hook,
@@ -144,11 +146,18 @@ class GenerateState:
 
 def get_model_url(args: Namespace, model_name: str, endpoint: str = "/generate") -> str:
     """The URL of `endpoint` on the router serving `model_name` (`args.sglang_model_routers`:
-    name -> (ip, port)), or on the default router when that model has none of its own."""
+    name -> (ip, port), filled by the rollout manager once every model is up), or on the default
+    router when the run has no --sglang-config. A name --sglang-config does not define is an error
+    there: falling back to the policy would let it answer in a judge's or teacher's place."""
     routers = getattr(args, "sglang_model_routers", None)
     if routers and model_name in routers:
         ip, port = routers[model_name]
         return f"http://{ip}:{port}{endpoint}"
+    if routers and args.sglang_config is not None:
+        raise SlimeError(
+            f"get_model_url: --sglang-config {args.sglang_config} defines no model {model_name!r} "
+            f"(its models: {', '.join(routers)})"
+        )
     return f"http://{args.sglang_router_ip}:{args.sglang_router_port}{endpoint}"
 
 
@@ -296,7 +305,8 @@ async def generate(
     if params.get("max_new_tokens") is not None and params["max_new_tokens"] <= 0:  # no budget or room left
         return _truncated_before_start(sample, input_ids)
     payload = {"input_ids": input_ids, "sampling_params": params, "return_logprob": True}
-    output = await post(engine_url(args), payload, headers=session_headers(sample.session_id))
+    with trace_span(sample, "sglang_generate", attrs={"max_new_tokens": params.get("max_new_tokens")}):
+        output = await post(engine_url(args), payload, headers=session_headers(sample.session_id))
     return _apply_output(sample, input_ids, output)
 
 
@@ -320,7 +330,8 @@ async def _generate_group_batched(
         "sampling_params": params,  # one dict for the batch: what sglang-router accepts too
         "return_logprob": True,
     }
-    outputs = await post(engine_url(args), payload, headers=session_headers(group[0].session_id))
+    with trace_span(group, "sglang_generate", attrs={"max_new_tokens": params.get("max_new_tokens")}):
+        outputs = await post(engine_url(args), payload, headers=session_headers(group[0].session_id))
     for sample, output in zip(group, outputs, strict=True):
         _apply_output(sample, prompt_ids, output)
 
@@ -383,7 +394,8 @@ async def _reward(args: Namespace, samples: list[Sample]) -> None:
         if not todo:
             return
         try:
-            rewards = list(await batched_async_rm(args, todo))
+            with trace_span(todo, "group_reward_model"):
+                rewards = list(await batched_async_rm(args, todo))
             if len(rewards) != len(todo):
                 raise ValueError(f"returned {len(rewards)} rewards for a group of {len(todo)} samples")
         except Exception as e:
@@ -397,7 +409,8 @@ async def _reward(args: Namespace, samples: list[Sample]) -> None:
 
     async def one(s: Sample) -> None:
         try:
-            s.reward = await async_rm(args, s)
+            with trace_span(s, "reward_model"):
+                s.reward = await async_rm(args, s)
         except Exception as e:
             logger.debug("reward failed for sample %s", s.index, exc_info=True)
             _mark_failed(s, "reward", e)

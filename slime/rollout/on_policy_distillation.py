@@ -4,6 +4,7 @@ engine scores the student's own tokens.
     --custom-rm-path slime.rollout.on_policy_distillation.reward_func
     --custom-reward-post-process-path slime.rollout.on_policy_distillation.post_process_rewards
     --rm-url http://<teacher engine or router>/generate
+      (or, instead: a frozen model named `teacher` in --sglang-config; its router is asked)
 
 `reward_func` asks the teacher for the log-prob of every token of prompt + response (no new
 tokens, log-probs from the first position, at `--rollout-temperature`) and keeps its answer as
@@ -19,21 +20,36 @@ from argparse import Namespace
 from typing import Any
 
 from slime.errors import SlimeError
+from slime.rollout.generation import get_model_url
 from slime.utils.http_utils import post
 from slime.utils.types import Sample
+
+TEACHER = "teacher"  # the --sglang-config model the hooks ask when --rm-url is not given
+
+
+def teacher_url(args: Namespace) -> str:
+    """`--rm-url` (slime's way: a teacher server of its own), else the router of the model named
+    `teacher` in --sglang-config (known only once the rollout manager has started it)."""
+    if args.rm_url:
+        return args.rm_url
+    if TEACHER in (getattr(args, "sglang_model_routers", None) or {}):
+        return get_model_url(args, TEACHER, "/generate")
+    raise SlimeError(
+        "slime.rollout.on_policy_distillation.reward_func needs --rm-url (the teacher's /generate) or a "
+        f"model named {TEACHER!r} with update_weights: false in --sglang-config"
+    )
 
 
 async def reward_func(args: Namespace, sample: Sample, **kwargs: Any) -> dict[str, Any]:
     """The teacher engine's answer for prompt + response: its `meta_info.input_token_logprobs`."""
-    if not args.rm_url:
-        raise SlimeError("slime.rollout.on_policy_distillation.reward_func needs --rm-url (the teacher's /generate)")
+    url = teacher_url(args)
     payload = {
         "input_ids": list(sample.tokens),
         "sampling_params": {"temperature": args.rollout_temperature, "max_new_tokens": 0, "skip_special_tokens": False},
         "return_logprob": True,
         "logprob_start_len": 0,
     }
-    return await post(args.rm_url, payload)
+    return await post(url, payload)
 
 
 def teacher_log_probs(answer: dict[str, Any], response_length: int) -> list[float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,12 @@ class EvalDatasetConfig:
             out["rm_type"] = self.rm_type
         out.update(self.metadata_overrides)
         return out
+
+    @property
+    def cache_key(self) -> tuple[Any, ...]:
+        """What identifies the prompts loaded for this data set (slime's): name, path and the keys
+        a row is read with; two configs with the same key can share one loaded data set."""
+        return (self.name, self.path, self.input_key, self.label_key, self.tool_key, self.metadata_key)
 
 
 # Where a field not set in the file comes from: the first of these args that is set (slime's specs).
@@ -168,7 +175,9 @@ def _unknown(keys: Any, valid: tuple[str, ...], where: str) -> None:
             raise SlimeError(f"{where}: unknown key {key!r}{hint}")
 
 
-def _first_set(args: argparse.Namespace, attrs: tuple[str, ...]) -> Any:
+def pick_from_args(args: Any, attrs: tuple[str, ...]) -> Any:
+    """slime's `pick_from_args`: the value of the first of `attrs` that `args` has set (not
+    None), else None; an attribute `args` lacks counts as not set (hooks pass partial namespaces)."""
     for attr in attrs:
         value = getattr(args, attr, None)
         if value is not None:
@@ -181,7 +190,7 @@ def resolve_eval_dataset(
 ) -> EvalDatasetConfig:
     """One data set's settings: what the file gave, else the args' fallback (slime's order)."""
     given = dict(given or {})
-    values = {key: given[key] if key in given else _first_set(args, attrs) for key, attrs in ARG_FALLBACKS.items()}
+    values = {key: given[key] if key in given else pick_from_args(args, attrs) for key, attrs in ARG_FALLBACKS.items()}
     values.update({k: v for k, v in given.items() if k not in ARG_FALLBACKS})
     values["metadata_overrides"] = dict(values.get("metadata_overrides") or {})
     return EvalDatasetConfig(name=name, path=path, **values, given=given)
@@ -284,4 +293,62 @@ def load_eval_config(path: str, args: argparse.Namespace) -> list[EvalDatasetCon
         logger.warning(
             "%s: %s accepted but not used by this eval rollout (as by slime's own)", where, ", ".join(sorted(not_used))
         )
+    return configs
+
+
+# ---------------------------------------------------------------------------------------------
+# slime's builder API: the same resolution as `load_eval_config`, from entries already read
+
+
+def ensure_dataset_list(config: Any) -> list[dict[str, Any]]:
+    """slime's `ensure_dataset_list`: `eval.datasets` as a list of dicts. None is []; a mapping
+    keyed by name gives one dict per entry with `name` filled in (an entry's own `name` wins);
+    a list or tuple is taken entry by entry, each needing a `name` (ValueError). Anything else
+    is a TypeError."""
+    if config is None:
+        return []
+    if isinstance(config, dict):
+        return [{"name": name, **dict(entry or {})} for name, entry in config.items()]
+    if isinstance(config, (list, tuple)):
+        entries = [dict(entry or {}) for entry in config]
+        for entry in entries:
+            if "name" not in entry:
+                raise ValueError("Each evaluation dataset entry must include a `name` field.")
+        return entries
+    raise TypeError(f"eval.datasets must be either a list or a mapping, got {type(config).__name__}")
+
+
+def _check_built(given: dict[str, Any], where: str) -> None:
+    """What slime's EvalDatasetConfig refuses as it is built (the dataclass here takes it as is)."""
+    overrides = given.get("metadata_overrides")
+    if overrides is not None and not isinstance(overrides, dict):
+        raise TypeError(f"{where}: metadata_overrides must be a mapping.")
+    if given.get("min_eval_samples") is not None and given["min_eval_samples"] <= 0:
+        raise ValueError(f"{where}: min_eval_samples must be positive when set.")
+
+
+def build_eval_dataset_configs(
+    args: Any, raw_config: Iterable[dict[str, Any]], defaults: dict[str, Any]
+) -> list[EvalDatasetConfig]:
+    """slime's `build_eval_dataset_configs`: one `EvalDatasetConfig` per entry of `raw_config`
+    (each with `name` and `path`), each field from the entry, then `defaults`, then the args
+    (`ARG_FALLBACKS`, via `pick_from_args`). A key of `defaults` that is no field is a ValueError;
+    one in an entry, or a missing name or path, a TypeError, as slime's dataclass raises."""
+    defaults = dict(defaults or {})
+    unknown = sorted(set(defaults) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"Unknown key(s) in eval.defaults: {unknown}. Valid keys: {sorted(CONFIG_KEYS)}.")
+    configs = []
+    for n, entry in enumerate(raw_config):
+        given = {**defaults, **dict(entry or {})}
+        where = f"eval dataset {given.get('name', n)!r}"
+        extra = sorted(set(given) - set(CONFIG_KEYS))
+        if extra:
+            raise TypeError(f"{where}: unexpected key(s) {extra}")
+        missing = [key for key in ("name", "path") if key not in given]
+        if missing:
+            raise TypeError(f"{where}: missing required field(s) {missing}")
+        name, path = given.pop("name"), given.pop("path")
+        _check_built(given, where)
+        configs.append(resolve_eval_dataset(args, name, path, given))
     return configs

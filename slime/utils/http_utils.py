@@ -1,7 +1,7 @@
 """Async JSON over HTTP for rollout code (slime's `slime.utils.http_utils.post` signature).
 
-One aiohttp session per event loop, with no connection limit, is shared by every call made on
-that loop; it is closed when the loop shuts down its async generators (asyncio.run does).
+One aiohttp session per event loop, with no connection limit (`init_http_client` sets one from the
+run's engines), is shared by every call made on that loop; it is closed when the loop shuts down its async generators (asyncio.run does).
 """
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import multiprocessing
+import os
+import random
 import socket
 import weakref
 from typing import Any
@@ -91,7 +94,9 @@ async def _session() -> aiohttp.ClientSession:
     entry = _sessions.get(loop)
     if entry is not None and not entry[0].closed:
         return entry[0]
-    connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, ttl_dns_cache=300, force_close=False)
+    connector = aiohttp.TCPConnector(
+        limit=int(_limits["max_connections"]), limit_per_host=0, ttl_dns_cache=300, force_close=False
+    )
     session = aiohttp.ClientSession(
         connector=connector,
         # every attempt is bounded (a hung server must not hang the run); see configure()
@@ -141,18 +146,29 @@ def _queue_full(status: int, headers: Any, text: str) -> bool:
 # Per-process limits of rollout requests, set once from the run's arguments by `configure`:
 # one attempt's timeout (--sglang-router-request-timeout-secs), attempts of a `post` by default
 # (--rollout-request-max-retries) and the longest wait between attempts (--rollout-request-retry-interval).
-_limits: dict[str, float] = {"timeout": 14400.0, "max_retries": 60, "retry_interval": 1.0}
+# `max_connections` (0: no limit) caps one loop's open connections; `init_http_client` sets it.
+_limits: dict[str, float] = {"timeout": 14400.0, "max_retries": 60, "retry_interval": 1.0, "max_connections": 0}
 _FIRST_BACKOFF_S = 0.1
 
 
 def configure(
-    *, timeout: float | None = None, max_retries: int | None = None, retry_interval: float | None = None
+    *,
+    timeout: float | None = None,
+    max_retries: int | None = None,
+    retry_interval: float | None = None,
+    max_connections: int | None = None,
 ) -> None:
-    """Set this process's request limits (sessions made afterwards use the timeout)."""
-    for key, value in (("timeout", timeout), ("max_retries", max_retries), ("retry_interval", retry_interval)):
+    """Set this process's request limits (sessions made afterwards use the timeout and the
+    connection cap)."""
+    for key, value in (
+        ("timeout", timeout),
+        ("max_retries", max_retries),
+        ("retry_interval", retry_interval),
+        ("max_connections", max_connections),
+    ):
         if value is not None:
             _limits[key] = value
-    _sessions.clear()  # the next call makes a session with the new timeout
+    _sessions.clear()  # the next call makes a session with the new limits
 
 
 def retry_delay(attempt: int, retry_interval: float) -> float:
@@ -300,3 +316,74 @@ def session_headers(session_id: str | None) -> dict[str, str] | None:
     `await post(url, payload, headers=session_headers(sample.session_id))`.
     """
     return {ROUTING_KEY_HEADER: str(session_id)} if session_id is not None else None
+
+
+# ---------------------------------------------------------------------------------------------
+# slime's process, address and client helpers
+
+SLIME_HOST_IP_ENV = "SLIME_HOST_IP"  # slime's override of the address a node advertises
+
+
+def find_available_port(base_port: int) -> int:
+    """slime's `find_available_port`: a free port from a random start 100-1000 above `base_port`,
+    stepping by 42 (by -43 past 60000) until `is_port_available` says yes."""
+    port = base_port + random.randint(100, 1000)
+    while not is_port_available(port):
+        port = port + 42 if port < 60000 else port - 43
+    return port
+
+
+def get_host_info() -> tuple[str, str]:
+    """slime's `get_host_info`: (hostname, the address this node's servers are reached at).
+
+    `SLIME_HOST_IP` set wins, as in slime. Otherwise the address is loopback, not slime's probed
+    LAN address, because every server here binds 127.0.0.1: `::1` when `SLIME_PREFER_IPV6` is
+    1/true/yes/on (slime's switch), else `127.0.0.1`."""
+    hostname = socket.gethostname()
+    override = os.getenv(SLIME_HOST_IP_ENV)
+    if override:
+        return hostname, override
+    prefer_ipv6 = os.getenv("SLIME_PREFER_IPV6", "0").lower() in ("1", "true", "yes", "on")
+    return hostname, "::1" if prefer_ipv6 else "127.0.0.1"
+
+
+def terminate_process(process: multiprocessing.Process, timeout: float = 1.0) -> None:
+    """slime's `terminate_process`: SIGTERM a live `multiprocessing.Process`, wait up to `timeout`
+    seconds, then SIGKILL it if it is still alive, and reap it. A finished process is left as is."""
+    if not process.is_alive():
+        return
+    process.terminate()
+    process.join(timeout=timeout)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+def run_router(args: Any) -> int:
+    """slime's `run_router`: start sglang-router in this process with `args` (its own router
+    arguments, as `sglang_router.launch_router.launch_router` takes them); 0 once it has started,
+    1 if it failed to (the error is logged, as in slime). Without sglang-router installed this
+    raises SlimeError (runs here start the router themselves, see `slime.ray.router`)."""
+    try:
+        from sglang_router.launch_router import launch_router  # optional dependency (router extra)
+    except ImportError as e:
+        raise SlimeError(
+            f"run_router needs the sglang-router package (pip install sglang-router); it could not be imported: {e}"
+        ) from e
+    try:
+        return 0 if launch_router(args) is not None else 1
+    except Exception as e:  # noqa: BLE001 - slime reports any failure to start as exit code 1, logged
+        logger.info("sglang-router did not start: %s", e)
+        return 1
+
+
+def init_http_client(args: Any) -> None:
+    """slime's `init_http_client`: cap the rollout client's open connections at
+    `--sglang-server-concurrency` times the engine count (`get_rollout_num_engines`); nothing with
+    no engines. Sessions made afterwards use the cap (`configure(max_connections=...)`); timeouts
+    and retries stay as `configure` set them. slime's `--use-distributed-post` is not read: requests
+    are posted from the rollout process here."""
+    num_engines = get_rollout_num_engines(args)
+    if num_engines <= 0:
+        return
+    configure(max_connections=int(args.sglang_server_concurrency) * num_engines)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import base64
 import importlib
 import os
+import subprocess
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from slime.errors import SlimeError
@@ -116,3 +117,65 @@ def group_by(iterable: Iterable[Any], key: Callable[[Any], Any] | None = None) -
     for item in iterable:
         groups[key(item) if key is not None else item].append(item)
     return dict(groups)
+
+
+def exec_command(cmd: str, capture_output: bool = False) -> str | None:
+    """slime's `exec_command`: run `cmd` with `bash -c`, echoing it first (`EXEC: ...`); a non-zero
+    exit raises `subprocess.CalledProcessError`. With `capture_output` the output is printed and
+    stdout returned as text; without, it goes to this process's own streams and None is returned."""
+    print(f"EXEC: {cmd}", flush=True)
+    try:
+        done = subprocess.run(["bash", "-c", cmd], check=True, capture_output=capture_output, text=capture_output)
+    except subprocess.CalledProcessError as e:
+        if capture_output:  # the failing command's output is the diagnosis
+            print(f"e.stdout={e.stdout!r} e.stderr={e.stderr!r}", flush=True)
+        raise
+    if not capture_output:
+        return None
+    print(f"Captured stdout={done.stdout} stderr={done.stderr}", flush=True)
+    return done.stdout
+
+
+def get_current_node_ip() -> str:
+    """slime's `get_current_node_ip`: this node's address as Ray knows it, without IPv6 brackets.
+
+    Ray here binds its local cluster to 127.0.0.1, so inside a run that is loopback; with no Ray
+    node in this process the address is `http_utils.get_host_info`'s (SLIME_HOST_IP, else loopback)
+    rather than a guess at a LAN address that nothing here listens on."""
+    try:
+        import ray  # lazily: most helpers here must not load Ray
+    except ImportError:
+        ray = None
+    if ray is not None and ray.is_initialized():
+        return str(ray.util.get_node_ip_address()).strip("[]")
+    from slime.utils.http_utils import get_host_info  # lazily: aiohttp is not needed by the rest
+
+    return get_host_info()[1].strip("[]")
+
+
+def get_free_port(start_port: int = 10000, consecutive: int = 1) -> int:
+    """slime's `get_free_port`: the lowest port >= `start_port` such that it and the
+    `consecutive - 1` ports above it can all be bound now (`http_utils.is_port_available`)."""
+    from slime.utils.http_utils import is_port_available  # lazily: aiohttp is not needed by the rest
+
+    port = start_port
+    while not all(is_port_available(port + i) for i in range(consecutive)):
+        port += 1
+    return port
+
+
+def chunk_named_params_by_size(named_params: Iterable[tuple[str, Any]], chunk_size: int) -> Iterator[list[Any]]:
+    """slime's `chunk_named_params_by_size`: `(name, tensor)` pairs in order, yielded as lists
+    whose tensors' bytes (`nbytes`) add up to less than `chunk_size`; a pair that would bring a
+    non-empty list to `chunk_size` or more starts the next list (so one larger tensor goes alone)."""
+    bucket: list[Any] = []
+    filled = 0
+    for pair in named_params:
+        size = pair[1].nbytes
+        if bucket and filled + size >= chunk_size:
+            yield bucket
+            bucket, filled = [], 0
+        bucket.append(pair)
+        filled += size
+    if bucket:
+        yield bucket

@@ -63,7 +63,8 @@ class Sample:
     apply_chat_template_kwargs: dict = field(default_factory=dict)
     response: str = ""
     response_length: int = 0
-    label: str | None = None
+    # label: the prompt row's label column as the file holds it (any JSON value, as slime keeps it)
+    label: Any = None
     reward: float | dict[str, Any] | None = None
     # loss_mask: one entry per response token; 1 = trained on, 0 = not (e.g. tool output)
     loss_mask: list[int] | None = None

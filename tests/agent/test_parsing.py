@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from slime.agent import parsing as agent_parsing
 from slime.engine.parsing import check_parser_names, parse_model_output
 from slime.errors import SlimeError
 
@@ -76,3 +77,27 @@ def test_unknown_parser_names_are_one_clear_error():
         check_parser_names("qwen9", None)
     with pytest.raises(SlimeError, match="--sglang-reasoning-parser 'o1'"):
         check_parser_names(None, "o1", reasoning_option="--sglang-reasoning-parser")
+
+
+XML_CALL = (
+    "Looking.\n<tool_call>\n<function=search>\n<parameter=q>\n red fox \n</parameter>\n"
+    "<parameter=k>3</parameter>\n</function>\n</tool_call>"
+)
+
+
+def test_agent_parsing_reads_xml_calls_when_the_named_format_finds_none():
+    """slime's agent path reads `<function=...><parameter=...>` calls (values stripped strings) as a
+    fallback; the engine's /v1 parsing keeps to the named format."""
+    out = agent_parsing.parse_model_output(
+        XML_CALL, tools_schema=TOOLS, tool_parser_name="qwen25", reasoning_parser_name=None
+    )
+    assert out.tool_uses == [{"name": "search", "input": {"q": "red fox", "k": "3"}}] and out.text == "Looking."
+    assert parse(XML_CALL, "qwen25").tool_uses == []  # the engine's own parsing
+    text, uses, ill = agent_parsing.parse_tool_uses(XML_CALL.replace("search", "rm"), TOOLS, None)
+    assert uses == [] and "<function=rm>" in text and not ill  # a tool not offered stays in the text
+    # a JSON call found by the named parser wins; the XML one is then left as text
+    both = '<tool_call>{"name": "calculator", "arguments": {}}</tool_call>' + XML_CALL
+    out = agent_parsing.parse_model_output(
+        both, tools_schema=TOOLS, tool_parser_name="qwen25", reasoning_parser_name=None
+    )
+    assert out.tool_uses == [{"name": "calculator", "input": {}}] and "<function=search>" in out.text

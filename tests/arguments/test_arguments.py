@@ -65,7 +65,7 @@ def test_invalid_choice_suggests_closest():
         (["--train-backend", "megatron"], r"megatron needs GPUs"),
         (["--n-samples-per-prompt", "0"], r"--n-samples-per-prompt must be >= 1"),
         # SGLang's sampling ranges and the learning rate, at parse time (not after the engines start)
-        (["--rollout-temperature=-1"], r"--rollout-temperature must be >= 0 \(0: greedy\), got -1.0"),
+        (["--rollout-temperature=-1"], r"--rollout-temperature must be > 0, got -1.0"),
         (["--rollout-top-p", "0"], r"--rollout-top-p must be in \(0, 1\], got 0.0"),
         (["--rollout-top-p", "1.5"], r"--rollout-top-p must be in \(0, 1\]"),
         (["--rollout-top-k", "0"], r"--rollout-top-k must be -1 \(disabled\) or >= 1, got 0"),

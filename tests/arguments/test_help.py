@@ -33,7 +33,7 @@ def test_help_shows_own_options_with_defaults_and_help_all_shows_the_rest():
     for a in _own_actions():
         assert a.option_strings[0] in text, a.option_strings[0]
     assert "--moe-router-topk" not in text and "--tensor-model-parallel-size" not in text  # Megatron-LM's
-    assert "Sampling temperature of rollouts (0: greedy). (default: 1.0)" in " ".join(text.split())
+    assert "Sampling temperature of rollouts (> 0, slime's rule). (default: 1.0)" in " ".join(text.split())
     full = build_parser(full_help=True).format_help()
     assert "--moe-router-topk" in full and "--tensor-model-parallel-size" in full
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
 from slime.arguments import parse_args
-from slime.arguments.megatron import check_model_shape, megatron_options, unused_note
+from slime.arguments.megatron import PATCH_DATA, check_model_shape, megatron_options, unused_note
 from slime.errors import SlimeError
 
 BASE = ["--rollout-batch-size", "4", "--num-rollout", "2"]
@@ -275,6 +279,86 @@ def test_the_option_data_is_megatrons_parser():
         "default": True,
     }
     assert opts["--recompute-granularity"]["choices"] == ["full", "selective"]
+
+
+ROOT = Path(__file__).resolve().parents[2]
+MIRROR = Path("/work/.mirror/THUDM+slime/repo")
+
+
+def test_the_options_of_slimes_megatron_patch_are_accepted_with_its_dests_and_defaults():
+    """slime's patched Megatron-LM adds flags its model blocks pass (Qwen3-Next/Qwen3.5, GLM4)."""
+    opts = megatron_options()
+    for name, dest in [
+        ("--use-gated-attention", "use_gated_attention"),
+        ("--post-self-attn-layernorm", "post_self_attn_layernorm"),
+        ("--post-mlp-layernorm", "post_mlp_layernorm"),
+    ]:
+        assert opts[name] == {**opts[name], "dest": dest, "action": "_StoreTrueAction", "default": False}
+        assert opts[name]["patches"]  # the slime patch files that add it
+    assert "docker/patch/latest/megatron.patch" in opts["--use-gated-attention"]["patches"]
+    a = parse_args(BASE)
+    assert (a.use_gated_attention, a.post_self_attn_layernorm, a.post_mlp_layernorm) == (False, False, False)
+    a = parse_args(BASE + ["--use-gated-attention", "--post-mlp-layernorm", "--tensor-model-parallel-size", "2"])
+    assert a.use_gated_attention and a.post_mlp_layernorm
+    # model-shape flags (checked against config.json), so not in the "not used" line
+    assert (
+        unused_note(a) == "Megatron-LM options accepted but not used by the fsdp backend: --tensor-model-parallel-size"
+    )
+
+
+def _run_extractor(slime_root: Path, out: Path, commit: str = "0" * 40) -> dict:
+    subprocess.run(
+        [sys.executable, str(ROOT / "scripts/extract_megatron_args.py"), "--slime-patches", str(slime_root)]
+        + ["--commit", commit, str(out)],
+        check=True,
+        capture_output=True,
+    )
+    return json.loads(out.read_text())
+
+
+def test_the_patch_extractor_reads_add_argument_calls_a_patch_adds(tmp_path):
+    """Only added lines of a Megatron arguments.py count; a call spanning lines is read whole."""
+    patch = tmp_path / "docker/patch/v1/megatron.patch"
+    patch.parent.mkdir(parents=True)
+    patch.write_text(
+        textwrap.dedent(
+            """\
+            diff --git a/megatron/training/arguments.py b/megatron/training/arguments.py
+            --- a/megatron/training/arguments.py
+            +++ b/megatron/training/arguments.py
+            @@ -1,3 +1,6 @@ def _add_network_size_args(parser):
+                 group.add_argument('--old-flag', action='store_true')
+            +    group.add_argument('--new-width', type=int, default=7,
+            +                       help='A width.')
+            +    group.add_argument('--new-flag', action='store_true', dest='flag_dest')
+            -    group.add_argument('--removed', action='store_true')
+            diff --git a/megatron/core/other.py b/megatron/core/other.py
+            +++ b/megatron/core/other.py
+            +    parser.add_argument('--not-megatrons-parser')
+            """
+        )
+    )
+    data = _run_extractor(tmp_path, tmp_path / "out.json")
+    assert set(data["options"]) == {"--new-width", "--new-flag"}
+    width = data["options"]["--new-width"]
+    assert (width["dest"], width["type"], width["default"], width["nargs"]) == ("new_width", "int", 7, None)
+    assert data["options"]["--new-flag"]["dest"] == "flag_dest"
+    assert data["options"]["--new-flag"]["patches"] == ["docker/patch/v1/megatron.patch"]
+
+
+def test_the_patch_extractor_reproduces_the_shipped_data(tmp_path):
+    """scripts/extract_megatron_args.py --slime-patches on slime's docker/ at the recorded commit
+    writes the shipped file (skipped where the slime mirror is not on this machine)."""
+    shipped = json.loads(PATCH_DATA.read_text())
+    commit = shipped["source"]["commit"]
+    if not MIRROR.exists():
+        pytest.skip("no local mirror of THUDM/slime")
+    try:
+        tar = subprocess.run(["git", "-C", str(MIRROR), "archive", commit, "docker"], check=True, capture_output=True)
+    except subprocess.CalledProcessError:
+        pytest.skip(f"the mirror does not hold commit {commit}")
+    subprocess.run(["tar", "-x", "-C", str(tmp_path)], input=tar.stdout, check=True)
+    assert _run_extractor(tmp_path, tmp_path / "out.json", commit) == shipped
 
 
 @pytest.mark.parametrize("flag, dtype", [(None, torch.float32), ("--bf16", torch.bfloat16), ("--fp16", torch.float16)])

@@ -85,8 +85,8 @@ def test_not_used_options_parse_and_are_named_once_at_start_up():
             "--megatron-deepgemm-forward-layers",
             "1",
             "2",
-            "--memory-snapshot-dir",
-            "/x",
+            "--data-pad-size-multiplier",
+            "64",
             "--tensor-model-parallel-size",
             "2",
         ]
@@ -95,7 +95,7 @@ def test_not_used_options_parse_and_are_named_once_at_start_up():
     notes = startup_notes(args)
     assert len(notes) == 2  # slime's and Megatron-LM's, one line each
     slime_note = next(n for n in notes if n.startswith("slime options"))
-    for opt in ("--allgather-cp", "--megatron-deepgemm-forward-layers", "--memory-snapshot-dir"):
+    for opt in ("--allgather-cp", "--megatron-deepgemm-forward-layers", "--data-pad-size-multiplier"):
         assert slime_note.count(opt) == 1
     assert "--tensor-model-parallel-size" in next(n for n in notes if n.startswith("Megatron"))
     assert startup_notes(parse_args(BASE)) == []
@@ -105,7 +105,7 @@ def test_not_used_options_parse_and_are_named_once_at_start_up():
     "argv, needle",
     [
         (["--update-weights-interval", "0"], "--update-weights-interval must be >= 1, got 0"),
-        (["--sglang-config", "x.yaml"], "--sglang-config: SGLang server groups"),
+        (["--rollout-buffer-url", "http://x"], "--rollout-buffer-url: slime's external rollout buffer"),
         (["--multimodal-keys", '{"image": "images"}'], "multimodal prompts are not supported yet"),
     ],
 )

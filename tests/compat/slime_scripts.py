@@ -77,6 +77,106 @@ QWEN3_MOE_MODEL = [
     "--moe-aux-loss-coeff",
     "0",
 ]
+# A hybrid-attention MoE model with gated attention (the shape of slime's
+# scripts/models/qwen3-next-80B-A3B.sh, whose --use-gated-attention comes from slime's Megatron patch).
+QWEN3_NEXT_MODEL = [
+    "--spec",
+    "slime_plugins.models.qwen3_next",
+    "get_qwen3_next_spec",
+    "--disable-bias-linear",
+    "--qk-layernorm",
+    "--group-query-attention",
+    "--num-attention-heads",
+    "16",
+    "--num-query-groups",
+    "2",
+    "--kv-channels",
+    "256",
+    "--num-layers",
+    "48",
+    "--hidden-size",
+    "2048",
+    "--ffn-hidden-size",
+    "5120",
+    "--use-gated-attention",
+    "--normalization",
+    "RMSNorm",
+    "--apply-layernorm-1p",
+    "--position-embedding-type",
+    "rope",
+    "--norm-epsilon",
+    "1e-6",
+    "--rotary-percent",
+    "0.25",
+    "--swiglu",
+    "--untie-embeddings-and-output-weights",
+    "--vocab-size",
+    "151936",
+    "--rotary-base",
+    "10000000",
+    "--moe-ffn-hidden-size",
+    "512",
+    "--moe-shared-expert-intermediate-size",
+    "512",
+    "--moe-router-score-function",
+    "softmax",
+    "--moe-token-dispatcher-type",
+    "alltoall",
+    "--moe-router-topk",
+    "10",
+    "--moe-layer-freq",
+    "[" + ",".join(["1"] * 48) + "]",  # the block's printf of its per-layer list
+    "--num-experts",
+    "512",
+    "--moe-grouped-gemm",
+    "--moe-token-drop-policy",
+    "probs",
+    "--moe-router-dtype",
+    "fp32",
+    "--moe-permute-fusion",
+    "--moe-aux-loss-coeff",
+    "0",
+    "--attention-output-gate",
+    "--moe-shared-expert-gate",
+]
+# A dense model with norms after attention and after the MLP (the shape of slime's
+# scripts/models/glm4-9B.sh; --post-self-attn-layernorm / --post-mlp-layernorm come from slime's
+# Megatron patch).
+GLM4_9B_MODEL = [
+    "--spec",
+    "slime_plugins.models.glm4",
+    "get_glm_spec",
+    "--swiglu",
+    "--num-layers",
+    "40",
+    "--hidden-size",
+    "4096",
+    "--ffn-hidden-size",
+    "13696",
+    "--num-attention-heads",
+    "32",
+    "--group-query-attention",
+    "--num-query-groups",
+    "2",
+    "--use-rotary-position-embeddings",
+    "--disable-bias-linear",
+    "--add-qkv-bias",
+    "--normalization",
+    "RMSNorm",
+    "--norm-epsilon",
+    "1e-5",
+    "--rotary-base",
+    "10000",
+    "--vocab-size",
+    "151552",
+    "--post-self-attn-layernorm",
+    "--post-mlp-layernorm",
+    "--rotary-interleaved",
+    "--rotary-percent",
+    "0.5",
+    "--no-rope-fusion",
+    "--untie-embeddings-and-output-weights",
+]
 # The bundled tiny model's shape (slime.data.tiny_model), for a run that must train here.
 TINY_MODEL = [
     "--swiglu",
@@ -289,6 +389,17 @@ SCRIPTS = {
     + MOE_SGLANG
     + MISC
     + CLUSTER,
+    "qwen3-next-80b-a3b": QWEN3_NEXT_MODEL
+    + CKPT
+    + ROLLOUT
+    + EVAL
+    + MOE_PERF
+    + GRPO
+    + OPTIMIZER
+    + MOE_SGLANG
+    + MISC
+    + CLUSTER,
+    "glm4-9b": GLM4_9B_MODEL + CKPT + ROLLOUT + EVAL + PERF + GRPO + OPTIMIZER + SGLANG + MISC + CLUSTER,
 }
 
 

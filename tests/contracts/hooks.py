@@ -281,3 +281,21 @@ def update_weight_post_write(args, version_dir, rollout_engines):
 async def agent(base_url, api_key, sample):
     """--agent-function-path (slime.agent.generate): the agent's reward, or None for the reward model."""
     return None
+
+
+def before_train_step(args, rollout_id, step_id, model, optimizer, opt_param_scheduler):
+    """--custom-megatron-before-train-step-hook-path (slime's signature): what it was handed, and
+    whether gradients were zeroed before it (slime calls it after zero_grad)."""
+    grads_clear = all(p.grad is None or not p.grad.any() for m in model for p in m.parameters())
+    CALLS.setdefault("train_step", []).append(
+        (rollout_id, step_id, list(model), optimizer, opt_param_scheduler, optimizer.param_groups[0]["lr"], grads_clear)
+    )
+
+
+def before_log_prob(args, model, store_prefix):
+    """--custom-megatron-before-log-prob-hook-path (slime's signature): the model is in eval mode."""
+    CALLS.setdefault("log_prob", []).append((store_prefix, list(model), [m.training for m in model]))
+
+
+def before_train_step_missing_scheduler(args, rollout_id, step_id, model, optimizer):
+    pass

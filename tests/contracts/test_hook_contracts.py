@@ -330,6 +330,8 @@ GOOD = {
     "custom_eval_rollout_log_function_path": "log_eval_rollout",
     "custom_update_weight_post_write_path": "update_weight_post_write",
     "agent_function_path": "agent",
+    "custom_megatron_before_train_step_hook_path": "before_train_step",
+    "custom_megatron_before_log_prob_hook_path": "before_log_prob",
 }
 
 
@@ -353,6 +355,8 @@ def test_preflight_accepts_documented_signatures(arg):
         ("rollout_all_samples_process_path", "custom_rm"),
         ("custom_rollout_log_function_path", "log_missing_time"),
         ("custom_eval_rollout_log_function_path", "custom_rm"),
+        ("custom_megatron_before_train_step_hook_path", "before_train_step_missing_scheduler"),
+        ("custom_megatron_before_log_prob_hook_path", "custom_rm"),
     ],
 )
 def test_preflight_rejects_wrong_signature(arg, name):

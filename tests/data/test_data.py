@@ -197,7 +197,7 @@ def test_load_prompt_samples_plain(tmp_path):
     assert isinstance(samples, PromptSamples) and samples.num_dropped == 0
     assert all(isinstance(s, Sample) for s in samples)
     assert [s.prompt for s in samples] == ["1+1=", "2+2=", [{"role": "user", "content": "hi"}]]
-    assert [s.label for s in samples] == ["2", "4", '{"x": 1}']
+    assert [s.label for s in samples] == [2, "4", {"x": 1}]  # as the file holds them (slime keeps them so)
     assert [s.metadata for s in samples] == [{"rm_type": "math"}, {}, {"k": 3}]
     # the loaded prompt does not alias the row (mutating one sample never leaks)
     samples[2].prompt[0]["content"] = "changed"

@@ -170,7 +170,8 @@ def _counted(args):
 def test_num_epoch_sets_num_rollout(tmp_path, tiny_model_dir):
     args = _parse(tmp_path, tiny_model_dir, "--num-epoch", "2")
     assert args.num_rollout is None and args.lr_decay_iters is None  # parsing reads no data
-    assert _counted(args).num_rollout == 5 and args.lr_decay_iters == 5  # 2 x 10 // 4, one step each
+    # slime's rule: whole rollouts per epoch, (10 // 4) x 2 (not 2 x 10 // 4 = 5); one step each
+    assert _counted(args).num_rollout == 4 and args.lr_decay_iters == 4
     assert _counted(_parse(tmp_path, tiny_model_dir, "--num-epoch", "2", "--num-rollout", "3")).num_rollout == 3
     with pytest.raises(SlimeError, match=r"--num-epoch 1 over 10 prompts is less than one rollout"):
         _counted(_parse(tmp_path, tiny_model_dir, "--num-epoch", "1", "--rollout-batch-size", "11"))

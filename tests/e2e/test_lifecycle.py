@@ -124,6 +124,8 @@ def test_resume_from_checkpoint_with_the_data_buffer(ray_cluster, tiny_model_dir
             "2",
             "--save-interval",
             "1",
+            "--eval-interval",  # slime evaluates on an interval only
+            "2",
             "--eval-prompt-data",
             "arith",
             str(task_dir / "eval.jsonl"),
@@ -145,6 +147,7 @@ def test_resume_from_checkpoint_with_the_data_buffer(ray_cluster, tiny_model_dir
     _train(
         argv(second)
         + ["--num-rollout", "3", "--load", str(first / "checkpoints"), "--save", str(second / "checkpoints")]
+        + ["--save-interval", "1"]  # slime saves only on an interval
     )
     rows = _rows(second)
     assert [r["rollout_id"] for r in rows] == [3]  # only the third rollout ran

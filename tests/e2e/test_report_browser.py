@@ -73,6 +73,8 @@ def report_run(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
         "--colocate",
         "--report-groups-per-rollout",
         str(GROUPS_LOGGED),
+        "--eval-interval",  # slime evaluates on an interval only
+        "2",
         "--eval-prompt-data",
         "arith",
         str(task_dir / "eval.jsonl"),

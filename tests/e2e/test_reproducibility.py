@@ -53,6 +53,8 @@ def _argv(tiny_model_dir, task_dir, run_dir, *extra) -> list[str]:
         "--colocate",
         "--check-weight-update-equal",
         "--deterministic-mode",
+        "--eval-interval",  # slime evaluates on an interval only
+        "3",
         "--eval-prompt-data",
         "arith",
         str(task_dir / "eval.jsonl"),

@@ -60,6 +60,8 @@ def async_run(ray_cluster, tiny_model_dir, task_dir, tmp_path_factory):
             str(SAVE_INTERVAL),
             "--save-debug-rollout-data",
             str(run_dir / "rollouts" / "{rollout_id}.pt"),
+            "--eval-interval",  # slime evaluates on an interval only
+            str(NUM_ROLLOUT),
             "--eval-prompt-data",
             "arith",
             str(task_dir / "eval.jsonl"),

@@ -56,6 +56,8 @@ def short_run(tiny_model_dir, task_dir, tmp_path_factory):
         "--colocate",
         "--check-weight-update-equal",
         "--use-tensorboard",
+        "--eval-interval",  # slime evaluates on an interval only
+        "3",
         "--eval-prompt-data",
         "arith",
         str(task_dir / "eval.jsonl"),

@@ -257,6 +257,8 @@ def test_short_training_run(ray_cluster, tiny_model_dir, task_dir, tmp_path):
             "24",
             "--lr",
             "1e-3",
+            "--eval-interval",  # slime evaluates on an interval only
+            "2",
             "--colocate",
             "--run-dir",
             str(run_dir),

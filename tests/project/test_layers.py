@@ -21,8 +21,9 @@ LAYERS = [
     ),
     ("sandbox", ("slime.sandbox",)),
     ("engine", ("slime.engine",)),
-    ("arguments", ("slime.arguments",)),
-    ("data and rollout", ("slime.data", "slime.rollout", "slime.agent")),
+    # slime's import paths `slime.utils.arguments` and `slime.utils.data` sit with what they adapt
+    ("arguments", ("slime.arguments", "slime.utils.arguments")),
+    ("data and rollout", ("slime.data", "slime.rollout", "slime.agent", "slime.utils.data")),
     ("weight sync", ("slime.sync",)),
     ("trainer", ("slime.backends",)),
     ("fleet", ("slime.ray",)),

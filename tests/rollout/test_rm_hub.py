@@ -95,7 +95,8 @@ def test_async_rm_math():
 
 
 def test_rm_type_validation():
-    assert set(RM_TYPES) == {"math", "dapo", "deepscaler", "f1", "gpqa", "math_verify", "remote_rm", "code", "random"}
+    expected = {"math", "dapo", "deepscaler", "f1", "gpqa", "math_verify", "remote_rm", "code", "random", "ifbench"}
+    assert set(RM_TYPES) == expected
     assert validate_rm_type("math") == "math"
     assert validate_rm_type("boxed_f1") == "boxed_f1"
     with pytest.raises(SlimeError, match=r"--rm-type 'boxed_nope'"):

@@ -85,3 +85,18 @@ def test_default_rollout_fits_the_context_and_runs_sample_hooks(tiny_model_dir, 
     assert sorted(c[0] for c in calls) == sorted(s.index for s in samples)  # once per sample
     assert all(c[1] == 3 and c[2] is False and c[3] is None for c in calls)  # rollout id, before the reward
     assert any(s.status == Sample.Status.TRUNCATED for s in samples)  # the limit did bind
+    # slime's spans on every sample (slime.observability.trace_utils): generation, then the reward
+    from slime.observability.trace_timeline import chrome_trace
+
+    for s in samples:
+        spans = [(e["type"], e["name"]) for e in s.trace["events"]]
+        assert spans == [
+            ("span_start", "sglang_generate"),
+            ("span_end", "sglang_generate"),
+            ("span_start", "reward_model"),
+            ("span_end", "reward_model"),
+        ], spans
+        assert s.trace["sample_id"] == s.index and s.trace["group_id"] == s.group_index
+    boxes = [e for e in chrome_trace(samples)["traceEvents"] if e["ph"] == "X"]
+    assert sorted(e["name"] for e in boxes) == sorted(["sglang_generate", "reward_model"] * len(samples))
+    assert all(e["dur"] >= 0 for e in boxes)

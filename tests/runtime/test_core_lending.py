@@ -17,7 +17,8 @@ from slime.arguments import parse_args
 from slime.engine.request import Req
 from slime.engine.sampling import SamplingParams
 from slime.engine.scheduler import Scheduler
-from slime.ray.placement_group import ProcessPlace, plan_core_lending
+from slime.ray.placement import ProcessPlace
+from slime.ray.placement_group import plan_core_lending
 from slime.runtime.core_lending import IDLE, CoreBorrower, EngineLending, Lender, decoder_layers, lending_file
 
 BASE = ["--rollout-batch-size", "2", "--num-rollout", "1"]

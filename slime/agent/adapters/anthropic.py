@@ -30,6 +30,7 @@ from slime.agent.adapters.common import (
     sid_from_bearer,
     tool_call_dict,
 )
+from slime.engine.chat import function_tool
 from slime.engine.parsing import ParsedModelOutput
 
 logger = logging.getLogger(__name__)
@@ -178,16 +179,7 @@ def _tools(tools: Any) -> list[dict] | None:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or not t.get("name"):
             raise AdapterError(400, "invalid_request_error", f"tools.{i}.name: Field required")
-        out.append(
-            {
-                "type": "function",
-                "function": {
-                    "name": t["name"],
-                    "description": t.get("description", ""),
-                    "parameters": t.get("input_schema") or {"type": "object", "properties": {}},
-                },
-            }
-        )
+        out.append(function_tool(t["name"], t.get("description", ""), t.get("input_schema")))
     return out
 
 

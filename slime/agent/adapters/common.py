@@ -39,13 +39,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from slime.agent.parsing import parse_model_output
 from slime.agent.trajectory import TrajectoryManager, TurnRecord
 from slime.engine.chat import flatten_content, render_chat, tool_call_dict
-from slime.engine.parsing import (
-    ParsedModelOutput,
-    check_parser_names,
-    parse_model_output,
-)
+from slime.engine.parsing import ParsedModelOutput, check_parser_names
 from slime.utils.api_keys import auth_headers
 
 __all__ = [

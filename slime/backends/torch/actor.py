@@ -27,6 +27,8 @@ from slime.backends.torch import checkpoint, models, rollout_batch, step
 from slime.backends.torch import device as devices
 from slime.backends.torch.critic import Critic
 from slime.backends.torch.diagnostics import ci_step, save_debug_train_data
+from slime.backends.torch.hooks import before_train_step
+from slime.backends.torch.memory_recorder import MemoryRecorder
 from slime.backends.torch.offload import TrainOffload
 from slime.backends.torch.optim import build_optimizer, reset_adam_state, select_trainable
 from slime.backends.torch.placement import RankCores
@@ -74,6 +76,7 @@ class TrainActor:
         if a.deterministic_mode:  # as slime's Megatron initialisation
             torch.use_deterministic_algorithms(True)
         self.prof = TrainProfiler(a, self.rank)  # --use-pytorch-profiler
+        self.memory = MemoryRecorder(a, self.rank)  # --record-memory-history --memory-recorder memray
         self.device = devices.select_device(self.rank, self.requested_device)
         if a.bf16:  # before any weight is loaded: a device without bf16 stops here
             check_bf16(self.device)
@@ -144,11 +147,14 @@ class TrainActor:
                 positions = list(range(start, min(start + per_rank, len(batch))))
                 reduce_kw = step.reduce_kw(a, batch, positions, self.world_size)
                 step_metrics: dict[str, float] = {}
+                step_id = start // per_rank
                 if self.critic is not None:
+                    before_train_step(a, rollout_id, step_id, self.critic)
                     step_metrics.update(self.critic.train_step(batch, positions, reduce_kw))
                 if not critic_only:
+                    before_train_step(a, rollout_id, step_id, self)
                     step_metrics.update(self._optimizer_step(batch, positions, reduce_kw))
-                ci_step(a, rollout_id, start // per_rank, step_metrics, writer=self.is_rank0())
+                ci_step(a, rollout_id, step_id, step_metrics, writer=self.is_rank0())
                 for k, v in step_metrics.items():
                     sums[k] = sums.get(k, 0.0) + v
         metrics = {k: v / max(1, len(batch) // per_rank) for k, v in sums.items()}
@@ -160,6 +166,7 @@ class TrainActor:
             self.ref_model.load_state_dict(models.full_state_every_rank(self.model, self.world_size))
         metrics["perf/train_time"] = time.perf_counter() - t0
         self.prof.step()
+        self.memory.step(rollout_id)
         return metrics
 
     def _prepare(self, rollout_id: int, data: dict[str, Any], critic_only: bool) -> tuple[RolloutBatch, dict]:

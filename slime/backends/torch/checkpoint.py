@@ -12,6 +12,10 @@ Exact resume: every rank's RNG states (torch and Python) are saved and each rank
 (same world size; otherwise rank 0's, with a warning). The checkpoint also records what it was
 saved by: the model's architecture (its config) and the run's shape (critic or not, which parameters
 train); `load` refuses a checkpoint whose record differs from this run's, naming each differing field.
+
+`--save-hf PATTERN` (slime's): with every checkpoint, the policy is also written as a plain Hugging
+Face model directory (config, tokenizer, safetensors; nothing to resume from) at
+`PATTERN.format(rollout_id=...)`, outside the checkpoint layout, for serving or evaluation (`save_hf`).
 """
 
 from __future__ import annotations
@@ -95,15 +99,35 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
     if actor.is_rank0():
         shutil.rmtree(out, ignore_errors=True)  # what a killed run left of this save
         out.mkdir(parents=True)
-        actor.model.save_pretrained(out, state_dict=model_state, safe_serialization=True)
-        AutoTokenizer.from_pretrained(actor.args.hf_checkpoint).save_pretrained(out)
+        _write_hf_model(actor, out, model_state)
         halt_point("trainer_weights", rollout_id)
         torch.save(trainer_state, out / TRAINER_STATE_FILE)  # tensors and plain types only: weights_only loads
         if critic_state is not None:  # value head + backbone + its optimizer, to resume PPO
             torch.save(critic_state, out / CRITIC_STATE_FILE)
+        if actor.args.save_hf is not None:
+            save_hf(actor, rollout_id, model_state)
     if actor.world_size > 1:
         dist.barrier()
     return str(out)
+
+
+def _write_hf_model(actor: Checkpointable, out: Path, model_state: dict[str, torch.Tensor]) -> None:
+    actor.model.save_pretrained(out, state_dict=model_state, safe_serialization=True)
+    AutoTokenizer.from_pretrained(actor.args.hf_checkpoint).save_pretrained(out)
+
+
+def save_hf(actor: Checkpointable, rollout_id: int, model_state: dict[str, torch.Tensor]) -> Path:
+    """`--save-hf`: the policy's full weights as a Hugging Face model directory at the pattern
+    formatted with `rollout_id` (rank 0; weights an earlier save left there are replaced)."""
+    out = Path(actor.args.save_hf.format(rollout_id=rollout_id))
+    if out.resolve() == Path(actor.args.hf_checkpoint).resolve():  # slime's refusal too
+        raise SlimeError(f"--save-hf {actor.args.save_hf}: {out} is --hf-checkpoint; give another directory")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob("*.safetensors"), *out.glob("*.safetensors.index.json")]:
+        stale.unlink()  # a save with fewer shards must not leave the old ones to be loaded beside
+    _write_hf_model(actor, out, model_state)
+    logger.info("--save-hf: rollout %d's policy written to %s", rollout_id, out)
+    return out
 
 
 def load(actor: Checkpointable, load_path: str) -> int:

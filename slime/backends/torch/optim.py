@@ -10,6 +10,8 @@ The learning rate of optimizer step ``k`` (0-based, counted over the whole run):
 
 Megatron's default style is ``linear``; ours is ``constant`` so runs that do not ask for a schedule
 train as before (slime's example scripts all pass ``--lr-decay-style constant``).
+
+``--use-stateless-adam`` (slime's): `StatelessAdam` instead of AdamW, the policy's and the critic's.
 """
 
 from __future__ import annotations
@@ -56,7 +58,8 @@ def build_optimizer(
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
     """AdamW with slime's ``--adam-*`` / ``--weight-decay`` and a per-step schedule (call ``scheduler.step()``
     after each ``optimizer.step()``)."""
-    optimizer = torch.optim.AdamW(
+    adam = StatelessAdam if args.use_stateless_adam else torch.optim.AdamW
+    optimizer = adam(
         params, lr=lr, betas=(args.adam_beta1, args.adam_beta2), eps=args.adam_eps, weight_decay=args.weight_decay
     )
     min_lr = min(args.min_lr, lr)
@@ -70,6 +73,44 @@ def build_optimizer(
         )
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+class StatelessAdam(torch.optim.Optimizer):
+    """slime's ``--use-stateless-adam`` (slime/backends/megatron_utils/stateless_adam.py): AdamW whose
+    moments start from zero at every step, so it keeps none (no per-parameter state, nothing to
+    save). A bias-corrected first Adam step from zero moments has ``m_hat = g`` and
+    ``v_hat = g * g``, so each step is ``p -= lr * g / (|g| + eps)`` after the decoupled decay
+    ``p *= 1 - lr * weight_decay``: a sign-like update whose size does not depend on the betas
+    (kept in the groups, as slime's, for code that reads them)."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+    ) -> None:
+        if lr < 0.0 or eps < 0.0 or not (0.0 <= betas[0] < 1.0 and 0.0 <= betas[1] < 1.0):
+            raise ValueError(f"StatelessAdam: invalid lr {lr}, eps {eps} or betas {betas}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            lr, eps, decay = group["lr"], group["eps"], group["weight_decay"]
+            for param in group["params"]:
+                grad = param.grad
+                if grad is None:
+                    continue
+                if decay != 0.0:
+                    param.mul_(1.0 - lr * decay)
+                param.addcdiv_(grad, grad.abs().add_(eps), value=-lr)
+        return loss
 
 
 def select_trainable(

@@ -2,9 +2,12 @@
 
 `forward_log_probs` is the no-grad pass (old / reference / teacher log-probs); `optimizer_step`
 runs one global batch's micro-batches (forward, loss, backward), clips and steps. Both plan
-micro-batches the same way (`--micro-batch-size`, or `--use-dynamic-batch-size` under
-`--max-tokens-per-gpu`). Each rank takes its slice of every global batch; gradients are averaged
-by FSDP (or are local with one rank), so the loss is normalised by the per-rank share.
+micro-batches the same way: `--micro-batch-size` samples, or with `--use-dynamic-batch-size`
+packed up to a token budget, `--max-tokens-per-gpu` for training and
+`--log-probs-max-tokens-per-gpu` (slime's; default the former) for the no-grad pass, which keeps
+no activations for a backward and so may take larger micro-batches. Each rank takes its slice of
+every global batch; gradients are averaged by FSDP (or are local with one rank), so the loss is
+normalised by the per-rank share.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from slime.backends.torch.batching import (
     response_log_probs,
 )
 from slime.backends.torch.device import to_device, to_host
+from slime.backends.torch.hooks import before_log_prob
 from slime.backends.torch.loss import policy_loss
 from slime.backends.torch.rollout_batch import RolloutBatch
 from slime.utils.misc import load_function
@@ -43,12 +47,27 @@ class Stepper(Protocol):
     scheduler: Any
     device: torch.device
     pad_id: int
+    ref_model: torch.nn.Module | None
+    teacher_model: torch.nn.Module | None
 
 
-def plan(args: Namespace, columns: Mapping[str, Any], indices: list[int]) -> list[list[int]]:
-    return plan_micro_batches(
-        columns, indices, args.micro_batch_size, args.max_tokens_per_gpu if args.use_dynamic_batch_size else None
-    )
+def plan(
+    args: Namespace, columns: Mapping[str, Any], indices: list[int], *, log_probs: bool = False
+) -> list[list[int]]:
+    """Micro-batches of `indices`; `log_probs`: of the no-grad log-prob pass (its own token budget)."""
+    budget = None
+    if args.use_dynamic_batch_size:
+        budget = args.log_probs_max_tokens_per_gpu if log_probs else args.max_tokens_per_gpu
+    return plan_micro_batches(columns, indices, args.micro_batch_size, budget)
+
+
+def store_prefix(rank: Stepper, model: torch.nn.Module) -> str:
+    """slime's name for the log-probs `model` computes: "ref_", "teacher_", or "" (the policy's)."""
+    if model is rank.ref_model:
+        return "ref_"
+    if model is rank.teacher_model:
+        return "teacher_"
+    return ""
 
 
 def micro_batch(rank: Stepper, columns: Mapping[str, Any], indices: list[int]) -> MicroBatch:
@@ -69,7 +88,8 @@ def forward_log_probs(
     out: list[torch.Tensor] = []
     was_training = model.training
     model.eval()
-    for mb_indices in plan(rank.args, columns, indices):
+    before_log_prob(rank.args, model, store_prefix(rank, model))  # slime: after eval(), before the forward
+    for mb_indices in plan(rank.args, columns, indices, log_probs=True):
         mb = micro_batch(rank, columns, mb_indices)
         lp, ent = response_log_probs(
             model,

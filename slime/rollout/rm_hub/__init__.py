@@ -4,7 +4,8 @@
 Types (each gives slime's reward on the same input): `math` (last boxed answer, MATH normalisation
 + sympy), `deepscaler` (the same, on the text after `</think>` / `###Response` only), `dapo`
 (`{score: +-1, acc, pred}` from an `Answer:` line), `f1` (token F1), `gpqa` (multiple choice),
-`math_verify` (math-verify), `remote_rm` (`--rm-url`), `code` (tests run in a sandbox), `random`
+`math_verify` (math-verify), `remote_rm` (`--rm-url`), `code` (tests run in a sandbox), `ifbench`
+(IFBench's instruction checks, from the sample's metadata), `random`
 (0 or 1 at random: a baseline for plumbing tests); a `boxed_` prefix grades the last `\\boxed{}`
 content instead of the whole response.
 The math family (`math`, `deepscaler`, `math_verify`) is bounded: answers are screened before any
@@ -25,6 +26,11 @@ value lines, closed or redirected output, rewriting the judge's functions, signa
 frames, subprocesses, values nested or sized to break the judge, host files read or written (also after umount/remount),
 loopback network, signals to host processes, fork storms, output floods, disk fill, outliving a
 killed parent; math answers that would hang sympy or exhaust memory.
+Labels are kept as the data file holds them (any JSON value, as in slime). The text graders (`math`,
+`deepscaler`, `dapo`, `f1`, `math_verify`) take a string or a number (graded as its text, as slime's
+`str()` does); `gpqa` also an option index; `code` test code or a list of cases; `remote_rm` sends
+the label as it is. A label a grader cannot read (an object for `math`) marks the sample FAILED
+with `LabelTypeError` naming it, never a silent 0; structured labels are graded by a custom reward.
 With `--custom-rm-path` set, that function is used instead (slime's convention: called with one
 sample by `async_rm`, with the whole list by `batched_async_rm`); a sample's own `custom_rm_path`
 (an eval data set's) comes first in `async_rm`. A sample's `metadata["rm_type"]` overrides
@@ -41,6 +47,7 @@ import asyncio
 import copy
 import difflib
 import inspect
+import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +58,7 @@ from slime.rollout.rm_hub.code import code_reward
 from slime.rollout.rm_hub.deepscaler import deepscaler_reward_checked, get_deepscaler_rule_based_reward
 from slime.rollout.rm_hub.f1 import f1_score
 from slime.rollout.rm_hub.gpqa import compute_gpqa_reward, gpqa_reward
+from slime.rollout.rm_hub.ifbench import compute_ifbench_reward
 from slime.rollout.rm_hub.math_dapo import compute_score
 from slime.rollout.rm_hub.math_dapo import compute_score as compute_score_dapo
 from slime.rollout.rm_hub.math_grader import extract_answer, grade_answer_verl, grade_answer_verl_checked
@@ -60,6 +68,11 @@ from slime.rollout.rm_hub.math_verify_rm import math_verify_reward_checked
 from slime.rollout.rm_hub.remote import remote_rm
 from slime.utils.misc import load_function
 from slime.utils.types import Sample
+
+
+class LabelTypeError(TypeError):
+    """A built-in reward was given a label of a type it cannot grade (the sample is marked FAILED)."""
+
 
 REWARD_ERROR_KEY = "reward_error"  # why a bounded grade scored 0 without a verdict
 _INLINE_CHARS = 4096  # string checks on a response this short take well under a millisecond
@@ -84,29 +97,58 @@ async def _bounded(args, metadata, fn, response, label):
     return reward
 
 
+def text_label(rm_type: str, label: Any) -> str | None:
+    """The label a string grader compares with. A number becomes its text, as slime's graders
+    `str()` it (a JSON label 65 grades as "65"); a label of another type (an object, a list) is
+    not a text answer: grading its repr would give a silent 0 on every sample, so it is an error
+    (the sample is FAILED with this message)."""
+    if label is None or isinstance(label, str):
+        return label
+    if isinstance(label, (int, float)):  # bool too (JSON true/false): slime's graders str() it the same way
+        return str(label)
+    shown = json.dumps(label, ensure_ascii=False, default=str)
+    raise LabelTypeError(
+        f"the {rm_type!r} reward grades a string or number label, but this sample's label is a "
+        f"{type(label).__name__}: {shown[:200]}; put the answer text in the label column (--label-key), "
+        "or grade structured labels with --custom-rm-path"
+    )
+
+
 async def _math_rm(args, sample, response, label, metadata):
+    if label:  # slime's math grader scores a falsy label (the number 0 too) 0 before reading it
+        label = text_label("math", label)
     ok = await _bounded(args, metadata, grade_answer_verl_checked, response, label)
     return 1.0 if ok else 0.0  # grade_math's values
 
 
 def _dapo_rm(args, sample, response, label, metadata):
-    return compute_score(response, label)
+    return compute_score(response, text_label("dapo", label))
 
 
 async def _deepscaler_rm(args, sample, response, label, metadata):
-    return await _bounded(args, metadata, deepscaler_reward_checked, response, label)
+    return await _bounded(args, metadata, deepscaler_reward_checked, response, text_label("deepscaler", label))
 
 
 def _f1_rm(args, sample, response, label, metadata):
-    return f1_score(response, label)[0]
+    return f1_score(response, text_label("f1", label))[0]
 
 
 def _gpqa_rm(args, sample, response, label, metadata):
+    # slime's gpqa reads a string label or an index; any other label is unused, which leaves the
+    # right option to the metadata: without one there, the sample could only score 0
+    if not (label is None or isinstance(label, (str, int, float))) and not any(
+        metadata.get(key) for key in ("correct_letter", "correct_answer", "answer_text")
+    ):
+        text_label("gpqa", label)  # raises, naming the label
     return gpqa_reward(response, label, metadata=metadata)
 
 
 async def _math_verify_rm(args, sample, response, label, metadata):
-    return await _bounded(args, metadata, math_verify_reward_checked, response, label)
+    return await _bounded(args, metadata, math_verify_reward_checked, response, text_label("math_verify", label))
+
+
+def _ifbench_rm(args, sample, response, label, metadata):
+    return compute_ifbench_reward(response, label, metadata=metadata)
 
 
 def _random_rm(args, sample, response, label, metadata):
@@ -137,6 +179,7 @@ _RM_FUNCTIONS: dict[str, Callable[..., Any]] = {
     "remote_rm": _remote_rm,
     "code": _code_rm,
     "random": _random_rm,
+    "ifbench": _ifbench_rm,
 }
 RM_TYPES: tuple[str, ...] = tuple(_RM_FUNCTIONS)
 BOXED_PREFIX = "boxed_"
@@ -201,6 +244,8 @@ async def batched_async_rm(args: Any, samples: list[Sample], **kwargs: Any) -> l
 
 __all__ = [
     "RM_TYPES",
+    "LabelTypeError",
+    "text_label",
     "validate_rm_type",
     "async_rm",
     "batched_async_rm",

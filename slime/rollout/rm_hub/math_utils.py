@@ -5,7 +5,8 @@ the helpers below are utilities for hooks (a lenient extractor that also reads `
 `\\fbox{}`, and a value-preserving comparison). Plain functions, no state.
 slime's own names in this module (`extract_answer`, `grade_answer_verl`, `grade_answer_mathd`,
 `grade_answer_sympy`, `last_boxed_only_string`, `remove_boxed`, `mathd_normalize_answer`) are the
-`math_grader` functions, with slime's behaviour; `extract_boxed_answer` here is the lenient one
+`math_grader` functions, with slime's behaviour, and so are its sympy helpers (`are_equal_under_sympy`,
+bounded here, `should_allow_eval`, `split_tuple`, `count_unknown_letters_in_expr`); `extract_boxed_answer` here is the lenient one
 (slime's strict one is `extract_answer`, which `slime.rollout.rm_hub.extract_boxed_answer` is, as in slime).
 `normalize_answer` removes formatting that never changes a value (spaces, `$`, a trailing `.`,
 thousands separators, `\\text{}`, `\\left`/`\\right`); `is_equiv` compares numbers by value
@@ -17,7 +18,14 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-from slime.rollout.rm_hub.math_grader import extract_answer, grade_answer_verl
+from slime.rollout.rm_hub import grader_pool
+from slime.rollout.rm_hub.math_grader import (
+    _may_evaluate,
+    _split_tuple,
+    _sympy_equal,
+    extract_answer,
+    grade_answer_verl,
+)
 from slime.rollout.rm_hub.math_grader import grade_mathd as grade_answer_mathd
 from slime.rollout.rm_hub.math_grader import grade_sympy as grade_answer_sympy
 from slime.rollout.rm_hub.math_grader import last_boxed as last_boxed_only_string
@@ -167,6 +175,50 @@ def grade_math(response: str | None, label) -> float:
     return 1.0 if grade_answer_verl(response, label) else 0.0
 
 
+# ---------------------------------------------------------------------------------------------
+# slime's sympy-side helpers (DeepScaleR's), on the same code `grade_answer_sympy` runs
+
+# integers sympy reads as integers: Python refuses a leading 0 (`007`), so slime's parse fails there
+_PLAIN_INT = re.compile(r"-?(?:0|[1-9][0-9]{0,29})")
+
+
+def count_unknown_letters_in_expr(expr: str) -> int:
+    """slime's `count_unknown_letters_in_expr`: how many distinct letters `expr` has once the
+    words `sqrt` and `frac` are taken out (the unknowns sympy would have to handle)."""
+    return len({c for c in expr.replace("sqrt", "").replace("frac", "") if c.isalpha()})
+
+
+def should_allow_eval(expr: str) -> bool:
+    """slime's `should_allow_eval`: whether `expr` may be handed to sympy: at most two unknown
+    letters, no `^{` or `^(`, and no power of two or more digits or stacked `^n^`."""
+    return _may_evaluate(expr)
+
+
+def split_tuple(expr: str) -> list[str]:
+    """slime's `split_tuple`: the elements of a tuple or interval such as `(1,2]` (brackets at both
+    ends and none inside), stripped; anything else is one element; `""` is none. Thousands
+    separators (`1,000`) are removed first, so they do not split."""
+    return _split_tuple(expr)
+
+
+def are_equal_under_sympy(ground_truth_normalized: str, given_normalized: str) -> bool:
+    """slime's `are_equal_under_sympy`: whether sympy simplifies `(truth)-(given)` to 0, for
+    already-normalised answers; False if `should_allow_eval` refuses it or sympy cannot parse it.
+
+    Bounded, unlike slime's: sympy runs in a `grader_pool` worker after the answer screen, and a
+    refused or timed-out evaluation is False (a policy's answer can make sympy run for ever)."""
+    truth, given = str(ground_truth_normalized), str(given_normalized)
+    if not should_allow_eval(f"({truth})-({given})"):
+        return False
+    if _PLAIN_INT.fullmatch(truth) and _PLAIN_INT.fullmatch(given):
+        return int(truth) == int(given)  # what sympy's difference says, without a worker
+    return bool(
+        grader_pool.run_screened(
+            _sympy_equal, truth, given, timeout=grader_pool.DEFAULT_TIMEOUT_S, refused_value=False
+        )[0]
+    )
+
+
 __all__ = [
     "extract_boxed_answer",
     "normalize_answer",
@@ -181,4 +233,8 @@ __all__ = [
     "last_boxed_only_string",
     "remove_boxed",
     "mathd_normalize_answer",
+    "are_equal_under_sympy",
+    "count_unknown_letters_in_expr",
+    "should_allow_eval",
+    "split_tuple",
 ]
