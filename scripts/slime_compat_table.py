@@ -84,7 +84,12 @@ EXAMPLES: dict[str, str] = {
 
 
 # The examples whose own code (read from a copy of slime's repository) a test runs here.
-RUN_BY = {"search-r1": "tests/examples/test_slime_search_r1.py"}
+RUN_BY = {
+    "search-r1": "tests/examples/test_slime_search_r1.py",
+    "retool": "tests/examples/test_slime_retool.py",
+    "train_infer_mismatch_helper": "tests/examples/test_slime_train_infer_mismatch.py",
+    "multi_agent": "tests/examples/test_slime_multi_agent.py",
+}
 
 
 # ---------------------------------------------------------------------------------------- extract

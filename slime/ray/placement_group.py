@@ -402,13 +402,13 @@ def _count_rollouts_per_epoch(args: Namespace) -> int:
 
 def create_rollout_manager(args: Namespace, pg: Placement) -> tuple[Any, int | None]:
     """(the RolloutManager actor, its engines started; rollouts per epoch, or None when --num-rollout
-    was given), as slime returns them. With --offload-rollout the engines are offloaded until the
-    first weight update, as slime does."""
+    was given), as slime returns them. The engines stay loaded: slime offloads them here to give
+    the GPUs to the trainer's start-up and onloads them with its own calls before the first weight
+    update; on CPU there is nothing to give, and this manager offloads around each train step
+    itself (slime.train), so a rollout can be asked for right after the builders."""
     num_rollout_per_epoch = _count_rollouts_per_epoch(args) if args.num_rollout is None else None
     rollout_manager = RolloutManager.options(num_cpus=0).remote(args, pg)
     ray.get(rollout_manager.init.remote())  # engines (and router) started, data position resumed
-    if args.offload_rollout:
-        ray.get(rollout_manager.offload.remote())
     return rollout_manager, num_rollout_per_epoch
 
 
