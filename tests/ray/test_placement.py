@@ -263,7 +263,7 @@ def test_offload_train_round_trip_is_bit_exact_and_frees_the_optimizer_state(tin
         stats = off.offload()
         assert stats["offload_bytes"] == sum(v.numel() for s in saved for v in s.values())
         # an unnamed file (unlinked at once): its space, not a name, is in the run directory
-        assert os.fstat(off._offload_state()._file.fileno()).st_size == stats["offload_bytes"]
+        assert os.fstat(off.offload_state._file.fileno()).st_size == stats["offload_bytes"]
         assert list((tmp_path / "off" / "offload").iterdir()) == []
         assert all(v.untyped_storage().nbytes() == 0 for o in opts for st in o.state.values() for v in st.values())
         assert all(p.grad is None for p in off.model.parameters())

@@ -3,10 +3,9 @@ optimizer steps of a rollout, the checkpoint. Several ranks form a gloo process 
 the model with FSDP2 (`models`); each takes its slice of every global batch.
 
 Beside it: the typed batch and what is computed into it before the steps (`rollout_batch`), the
-forward passes and the optimizer step (`step`), the PPO critic (`critic`), `--offload-train`
+step loop, forward passes and optimizer step (`step`), the PPO critic (`critic`), `--offload-train`
 (`offload`), cores (`placement`), CI checks and debug dumps (`diagnostics`), weight sync
-(`slime.sync.syncer`). Models besides the policy: the reference (KL loss or KL in the reward), the
-old actor (`--keep-old-actor`), the OPD teacher (`--opd-type megatron`) and the PPO critic.
+(`slime.sync.syncer`). Frozen models: the reference, the old actor and the OPD teacher.
 """
 
 from __future__ import annotations
@@ -26,11 +25,10 @@ from torch.distributed.fsdp import fully_shard
 from slime.backends.torch import checkpoint, models, rollout_batch, step
 from slime.backends.torch import device as devices
 from slime.backends.torch.critic import Critic
-from slime.backends.torch.diagnostics import ci_step, save_debug_train_data
-from slime.backends.torch.hooks import before_train_step
+from slime.backends.torch.diagnostics import save_debug_train_data
 from slime.backends.torch.memory_recorder import MemoryRecorder
 from slime.backends.torch.offload import TrainOffload
-from slime.backends.torch.optim import build_optimizer, reset_adam_state, select_trainable
+from slime.backends.torch.optim import build_optimizer, select_trainable
 from slime.backends.torch.placement import RankCores
 from slime.backends.torch.rollout_batch import BatchModels, RolloutBatch
 from slime.engine.client import set_default_timeout as set_engine_timeout
@@ -42,7 +40,6 @@ from slime.sync.syncer import WeightSyncer, select_syncer, transport_for
 from slime.sync.tensor import engine_sequence_log_probs
 from slime.utils.accelerator import check_bf16
 from slime.utils.api_keys import register as register_keys
-from slime.utils.seqlen_balancing import balanced_order
 
 
 class TrainActor:
@@ -65,6 +62,7 @@ class TrainActor:
         self.requested_device = device  # None: CUDA (one GPU per rank) when torch sees one, else the CPU
         self.cores = RankCores()
         self.syncer: WeightSyncer | None = None  # chosen by transport at rank 0's first sync
+        self.offload_state = TrainOffload(os.path.join(args.run_dir, "offload"))  # --offload-train
 
     # ------------------------------------------------------------------ set-up
     def init(self) -> int:
@@ -132,38 +130,16 @@ class TrainActor:
 
     def _train(self, rollout_id: int, data: dict[str, Any]) -> dict[str, float]:
         a, t0 = self.args, time.perf_counter()
-        if a.reset_optimizer_states:  # slime: at the start of every rollout's training, critic's too
-            reset_adam_state(self.optimizer)
-            if self.critic is not None:
-                reset_adam_state(self.critic.optimizer)
         critic_only = self.critic is not None and rollout_id < a.num_critic_only_steps
-        per_rank = a.global_batch_size // self.world_size
         batch, extra = self._prepare(rollout_id, data, critic_only)
         if a.save_debug_train_data is not None:
             save_debug_train_data(a, rollout_id, batch, self.rank, self.world_size)
-        sums: dict[str, float] = {}
         with self.prof.phase("train_actor"):
-            for start in range(0, len(batch), per_rank):
-                positions = list(range(start, min(start + per_rank, len(batch))))
-                reduce_kw = step.reduce_kw(a, batch, positions, self.world_size)
-                step_metrics: dict[str, float] = {}
-                step_id = start // per_rank
-                if self.critic is not None:
-                    before_train_step(a, rollout_id, step_id, self.critic)
-                    step_metrics.update(self.critic.train_step(batch, positions, reduce_kw))
-                if not critic_only:
-                    before_train_step(a, rollout_id, step_id, self)
-                    step_metrics.update(self._optimizer_step(batch, positions, reduce_kw))
-                ci_step(a, rollout_id, step_id, step_metrics, writer=self.is_rank0())
-                for k, v in step_metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v
-        metrics = {k: v / max(1, len(batch) // per_rank) for k, v in sums.items()}
+            metrics = step.train_steps(self, batch, rollout_id, critic_only)
         if batch.old_from_training_forward:
             extra.update(rollout_batch.reused_forward_metrics(batch, self._sum_over_ranks))
         metrics = step.all_reduce_mean({**metrics, **extra}, self.world_size)
         check_logprob_diff(a, rollout_id, metrics)  # --ci-test
-        if a.ref_update_interval and self.ref_model is not None and (rollout_id + 1) % a.ref_update_interval == 0:
-            self.ref_model.load_state_dict(models.full_state_every_rank(self.model, self.world_size))
         metrics["perf/train_time"] = time.perf_counter() - t0
         self.prof.step()
         self.memory.step(rollout_id)
@@ -171,14 +147,9 @@ class TrainActor:
 
     def _prepare(self, rollout_id: int, data: dict[str, Any], critic_only: bool) -> tuple[RolloutBatch, dict]:
         """This rank's share of every global batch as a typed batch, and the rollout metrics."""
-        a, n = self.args, len(data["tokens"])
-        per_rank = a.global_batch_size // self.world_size
-        order = list(range(n))
-        if a.balance_data and self.world_size > 1 and n % self.world_size == 0:  # even tokens per rank
-            order = balanced_order([len(t) for t in data["tokens"]], self.world_size, per_rank)
-        first = self.rank * per_rank
-        mine = [order[s + first + j] for s in range(0, n, a.global_batch_size) for j in range(per_rank)]
-        steps = len(range(0, len(mine), per_rank))
+        a = self.args
+        mine = rollout_batch.rank_positions(a, [len(t) for t in data["tokens"]], self.rank, self.world_size)
+        steps = len(range(0, len(mine), a.global_batch_size // self.world_size))
         reuse = self.reuse_training_forward and rollout_batch.can_reuse_training_forward(
             a, self.model, self.old_actor, steps, critic_only
         )
@@ -214,14 +185,12 @@ class TrainActor:
         return models.full_state(self.model, self.world_size)
 
     def reset_weight_sync(self) -> None:
-        """--use-fault-tolerance restarted an engine: the syncer sets up anew what it keeps per engine
-        (the collective path's group; the other transports name everything in each sync)."""
+        """An engine was restarted: the syncer sets up anew what it keeps per engine."""
         if self.syncer is not None:
             self.syncer.reset()
 
     def close_weight_sync(self) -> None:
-        """The run is ending: release what the syncer holds (the shared-memory buffer under /dev/shm
-        above all, which would outlive a process that is killed rather than exits)."""
+        """The run is ending: release what the syncer holds (a /dev/shm buffer outlives a killed process)."""
         if self.syncer is not None:
             self.syncer.close()
             self.syncer = None
@@ -267,20 +236,15 @@ class TrainActor:
         self.num_threads = num_threads
         return self.cores.pin(cores, num_threads, lenders)
 
-    def _offload_state(self) -> TrainOffload:
-        if "_train_offload" not in self.__dict__:
-            self._train_offload = TrainOffload(os.path.join(self.args.run_dir, "offload"))
-        return self._train_offload
-
     def offload(self) -> dict[str, float]:
         """--offload-train: optimizer state (critic's too) to a file, gradients dropped, until `onload`."""
         critic = [self.critic] if self.critic is not None else []
         optimizers, modules = [self.optimizer, *(c.optimizer for c in critic)], [self.model, *(c.model for c in critic)]
-        return self._offload_state().offload(optimizers, modules)
+        return self.offload_state.offload(optimizers, modules)
 
     def onload(self) -> dict[str, float]:
         """The offloaded optimizer state back in memory, bit-identical (a no-op when not offloaded)."""
-        return self._offload_state().onload()
+        return self.offload_state.onload()
 
 
 RayTrainActor = ray.remote(TrainActor)

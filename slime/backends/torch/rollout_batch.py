@@ -35,6 +35,7 @@ from slime.backends.torch.batching import pack
 from slime.errors import SlimeError
 from slime.observability.sample_log import write_advantages
 from slime.utils.misc import load_function
+from slime.utils.seqlen_balancing import balanced_order
 
 Column = list[Any]
 # forward(columns, positions, model, entropy_out) -> per-sample response log-probs (entropies appended)
@@ -139,6 +140,17 @@ class BatchModels:
     critic: Any
     sum_over_ranks: SumFn
     rank: int = 0
+
+
+def rank_positions(args: Namespace, lengths: list[int], rank: int, world_size: int) -> list[int]:
+    """The rollout samples this rank trains on, in step order: its `global_batch_size / world_size`
+    slice of every global batch (with --balance-data, sample orders evening out tokens per rank)."""
+    n, per_rank = len(lengths), args.global_batch_size // world_size
+    order = list(range(n))
+    if args.balance_data and world_size > 1 and n % world_size == 0:
+        order = balanced_order(lengths, world_size, per_rank)
+    first = rank * per_rank
+    return [order[s + first + j] for s in range(0, n, args.global_batch_size) for j in range(per_rank)]
 
 
 def can_reuse_training_forward(

@@ -30,8 +30,11 @@ from slime.backends.torch.batching import (
     response_log_probs,
 )
 from slime.backends.torch.device import to_device, to_host
-from slime.backends.torch.hooks import before_log_prob
+from slime.backends.torch.diagnostics import ci_step
+from slime.backends.torch.hooks import before_log_prob, before_train_step
 from slime.backends.torch.loss import policy_loss
+from slime.backends.torch.models import full_state_every_rank
+from slime.backends.torch.optim import reset_adam_state
 from slime.backends.torch.rollout_batch import RolloutBatch
 from slime.utils.misc import load_function
 
@@ -138,6 +141,34 @@ def reduce_kw(args: Namespace, batch: RolloutBatch, positions: list[int], world_
         num_samples=max(num_samples, 1.0) if excluded else len(positions),
         num_tokens=max(num_tokens, 1.0),
     )
+
+
+def train_steps(rank: Any, batch: RolloutBatch, rollout_id: int, critic_only: bool) -> dict[str, float]:
+    """Every optimizer step of a rollout (critic first, then the policy unless `critic_only`), one
+    per global batch of this rank's share; the metrics averaged over the steps."""
+    args, per_rank = rank.args, rank.args.global_batch_size // rank.world_size
+    if args.reset_optimizer_states:  # slime: at the start of every rollout's training, critic's too
+        for owner in (rank, rank.critic):
+            if owner is not None:
+                reset_adam_state(owner.optimizer)
+    sums: dict[str, float] = {}
+    for start in range(0, len(batch), per_rank):
+        positions = list(range(start, min(start + per_rank, len(batch))))
+        reduce = reduce_kw(args, batch, positions, rank.world_size)
+        step_metrics: dict[str, float] = {}
+        step_id = start // per_rank
+        if rank.critic is not None:
+            before_train_step(args, rollout_id, step_id, rank.critic)
+            step_metrics.update(rank.critic.train_step(batch, positions, reduce))
+        if not critic_only:
+            before_train_step(args, rollout_id, step_id, rank)
+            step_metrics.update(rank._optimizer_step(batch, positions, reduce))
+        ci_step(args, rollout_id, step_id, step_metrics, writer=rank.is_rank0())
+        for k, v in step_metrics.items():
+            sums[k] = sums.get(k, 0.0) + v
+    if args.ref_update_interval and rank.ref_model is not None and (rollout_id + 1) % args.ref_update_interval == 0:
+        rank.ref_model.load_state_dict(full_state_every_rank(rank.model, rank.world_size))
+    return {k: v / max(1, len(batch) // per_rank) for k, v in sums.items()}
 
 
 def optimizer_step(
