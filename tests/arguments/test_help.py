@@ -26,10 +26,11 @@ def test_every_own_option_has_a_help_line():
     assert not missing, f"options without a help line: {missing}"
 
 
-def test_help_shows_own_options_with_defaults_and_help_all_shows_the_rest():
+def test_help_shows_own_options_with_defaults_and_help_all_shows_the_rest(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # argparse wraps to the terminal; a test process may have none (80)
     text = build_parser().format_help()
     assert text.startswith("usage: slime train [options]")
-    assert len(text.splitlines()) < 700
+    assert len(text.splitlines()) < 650
     for a in _own_actions():
         assert a.option_strings[0] in text, a.option_strings[0]
     assert "--moe-router-topk" not in text and "--tensor-model-parallel-size" not in text  # Megatron-LM's

@@ -36,6 +36,7 @@ INDIRECT = {
     "uvloop": "uvicorn's event loop",
     "tensorboard": "torch.utils.tensorboard (--use-tensorboard)",
     "pytest-timeout": "a pytest plugin (the `timeout` ini option and marks)",
+    "pytest-xdist": "a pytest plugin (`-n`: scripts/test.sh runs the fast tier on several cores)",
     "psutil": "imported by slime's own retool example (tests/examples/test_slime_examples.py imports it)",
     # the checks scripts/test.sh runs before the suite (.pre-commit-config.yaml)
     "ruff": "lint, format and import order",

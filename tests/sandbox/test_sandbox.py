@@ -225,7 +225,7 @@ FORKED_HOGS = textwrap.dedent("""
         if pid == 0:
             block = b"x" * (40 << 20)
             print("held", i, flush=True)
-            time.sleep(1.5)
+            time.sleep(3)  # long enough that the blocks overlap even on a loaded machine
             os._exit(0)
         kids.append(pid)
     failed = [os.waitpid(pid, 0)[1] != 0 for pid in kids]
