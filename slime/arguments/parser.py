@@ -36,6 +36,7 @@ from slime.arguments import (
     engine,
     evaluation,
     logs,
+    lora,
     megatron,
     rollout,
     training,
@@ -45,7 +46,7 @@ from slime.arguments.from_data import given_options
 from slime.errors import SlimeError
 
 # The groups in the order their `finalize` runs: each may read what an earlier one resolved.
-GROUPS = (cluster, rollout, data, evaluation, engine, logs, training, algorithm, debug)
+GROUPS = (cluster, rollout, data, evaluation, engine, logs, training, lora, algorithm, debug)
 
 
 class SlimeArgumentParser(argparse.ArgumentParser):
@@ -178,8 +179,9 @@ def finalize_args(args: argparse.Namespace) -> argparse.Namespace:
 
 def startup_notes(args: argparse.Namespace) -> list[str]:
     """What the command line set that this backend accepts but does not use: one line per source,
-    printed once at start-up so nothing a user wrote is dropped silently."""
+    printed once at start-up so nothing a user wrote is dropped silently; and what LoRA changes."""
     notes = (
+        lora.startup_note(args),
         upstream.unused_note(args),
         logs.unused_note(args),
         megatron.unused_note(args),

@@ -3,7 +3,7 @@ rank its half of every global batch) makes the same updates as in 1 process, for
 batches: the policy's weights, the PPO critic's, and the metrics (losses, grad norms, whitened
 advantages' statistics), within 1e-5 relative. The configurations cover `--keep-old-actor`, the
 critic (`--advantage-estimator ppo`), cross-rank whitening (`--normalize-advantages`), the KL loss
-against a reference model, both loss reductions, and the default job's shape (one optimizer step per
+against a reference model, both loss reductions, LoRA (`--enable-lora`), and the default job's shape (one optimizer step per
 rollout: the old log-probs are the training forward's own). Two rollouts (of two optimizer steps
 each, but for the last), so Adam's second moments, the LR schedule and the old actor's refresh (as
 after a weight sync) are in the comparison.
@@ -94,6 +94,21 @@ CONFIGS = {
     # the default job's shape: one optimizer step per rollout, so the old log-probs are the training
     # forward's own (no separate pass) and train/train_rollout_logprob_abs_diff comes from it
     "one_step_per_rollout": ["--global-batch-size", str(N)],
+    # LoRA: only the adapter trains (sharded with its layer), the reference is the base with the
+    # adapter off, the old actor and the compared state are the merged weights
+    "lora_keep_old_actor_kl": [
+        "--enable-lora",
+        "--lora-rank",
+        "4",
+        "--lora-alpha",
+        "8",
+        "--lr",
+        "1e-2",
+        "--keep-old-actor",
+        "--use-kl-loss",
+        "--kl-loss-coef",
+        "0.1",
+    ],
 }
 
 

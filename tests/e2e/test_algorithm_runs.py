@@ -31,6 +31,11 @@ RUNS = {
         "--use-tis",
         "--overlong-buffer-len",
         "4",
+        # LoRA: the reference is the base with the adapter off; the engine gets the merged weights
+        "--enable-lora",
+        "--lora-rank",
+        "8",
+        "--check-weight-update-equal",
     ],
     "ppo": ["--advantage-estimator", "ppo", "--lambd", "0.95", "--critic-lr", "1e-3"],
 }
@@ -94,12 +99,20 @@ def test_estimator_short_run_has_finite_metrics(name, tiny_model_dir, task_dir, 
     ]
     keys += {
         "ppo": ["train/value_loss", "train/value_clipfrac", "rollout/values"],
-        "reinforce_plus_plus": ["train/kl_loss", "train/tis", "train/tis_clipfrac", "rollout/overlong_penalty"],
+        "reinforce_plus_plus": [
+            "train/kl_loss",
+            "train/tis",
+            "train/tis_clipfrac",
+            "rollout/overlong_penalty",
+            "train/weight_sync_logprob_abs_diff",
+        ],
     }[name]
     for row in rows:
         for key in keys:
             assert key in row and math.isfinite(row[key]), (name, key)
     assert rows[0]["train/train_rollout_logprob_abs_diff"] < 1e-4
+    if name == "reinforce_plus_plus":  # the engine's log-probs of the merged LoRA weights are the trainer's
+        assert max(r["train/weight_sync_logprob_abs_diff"] for r in rows) < 1e-5
 
 
 def test_sft_short_run_has_finite_loss(tiny_model_dir, task_dir, tmp_path):

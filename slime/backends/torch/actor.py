@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from slime.backends.torch import checkpoint, models, rollout_batch, step
+from slime.backends.torch import checkpoint, lora, models, rollout_batch, step
 from slime.backends.torch import device as devices
 from slime.backends.torch.critic import Critic
 from slime.backends.torch.diagnostics import save_debug_train_data
@@ -101,11 +101,13 @@ class TrainActor:
         # the initial policy is --ref-load's weights (= --hf-checkpoint unless given), as slime's
         # training starts from --ref-load when --load holds no checkpoint
         self.model = models.load_policy(a.ref_load, self.device, a.recompute_granularity is not None)
+        if a.enable_lora:  # before sharding and the optimizer: only the adapter trains
+            lora.apply(self.model, a)
         # --only-train / --freeze-params-name-list: before sharding, so FSDP sees the final requires_grad
         trainable = select_trainable(self.model, a.only_train_params_name_list, a.freeze_params_name_list)
         if self.world_size > 1:
             models.shard(self.model)
-        self.ref_model, self.teacher_model, self.old_actor = models.load_frozen_models(a, self.device)
+        self.ref_model, self.teacher_model, self.old_actor = models.load_frozen_models(a, self.device, self.model)
         self.critic = Critic(a, self.world_size, fully_shard) if a.use_critic else None
         if self.world_size > 1:  # fully_shard swapped the parameters for sharded ones
             trainable = [p for p in self.model.parameters() if p.requires_grad]

@@ -40,6 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from transformers import AutoTokenizer
 
+from slime.backends.torch import lora, models
 from slime.errors import SlimeError
 from slime.utils.checkpoint_layout import (
     TRAINER_STATE_FILE,
@@ -52,6 +53,7 @@ from slime.utils.checkpoint_layout import (
 )
 
 CRITIC_STATE_FILE = "critic_state.pt"
+ADAPTER_DIR = "adapter"  # a LoRA run's adapter, in PEFT's format, beside the merged HF files
 logger = logging.getLogger(__name__)
 
 
@@ -74,7 +76,9 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
     """Write the trainer's part of the checkpoint of `rollout_id` into its staging directory (returned);
     the rollout side adds its state there, and `checkpoint_layout.commit` puts it in place."""
     out = staging_dir(actor.args.save, rollout_id)
-    model_state = actor.full_state_dict()
+    raw_state = models.full_state(actor.model, actor.world_size, merge=False)  # a collective when sharded
+    is_lora = lora.is_lora(actor.model)
+    model_state = lora.merged(raw_state, lora.scaling(actor.model)) if is_lora else raw_state
     opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
     with_optim = not actor.args.no_save_optim
     trainer_state: dict[str, Any] = {
@@ -100,6 +104,8 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
         shutil.rmtree(out, ignore_errors=True)  # what a killed run left of this save
         out.mkdir(parents=True)
         _write_hf_model(actor, out, model_state)
+        if is_lora:  # what resuming needs (the HF files hold the merged model, for serving)
+            lora.save_adapter(actor.model, out / ADAPTER_DIR, raw_state, actor.args.ref_load)
         halt_point("trainer_weights", rollout_id)
         torch.save(trainer_state, out / TRAINER_STATE_FILE)  # tensors and plain types only: weights_only loads
         if critic_state is not None:  # value head + backbone + its optimizer, to resume PPO
@@ -136,6 +142,13 @@ def load(actor: Checkpointable, load_path: str) -> int:
     what = f"--load {load_path}"
     ckpt = latest_dir(load_path)
     check_complete(ckpt, what, needs=("config.json", "*.safetensors", TRAINER_STATE_FILE))
+    is_lora = lora.is_lora(actor.model)
+    if is_lora and not (ckpt / ADAPTER_DIR / lora.ADAPTER_WEIGHTS).is_file():
+        raise SlimeError(
+            f"{what}: {ckpt} has no LoRA adapter ({ADAPTER_DIR}/{lora.ADAPTER_WEIGHTS}): it was saved by a run "
+            f"without LoRA. Resume it without --enable-lora / --lora-rank, or start LoRA from its weights with "
+            f"--hf-checkpoint {ckpt} (without --load)"
+        )
     check_same_architecture(actor.model, ckpt, what)
     weights: dict[str, torch.Tensor] = {}
     for f in sorted(ckpt.glob("*.safetensors")):
@@ -163,7 +176,11 @@ def load(actor: Checkpointable, load_path: str) -> int:
                 f"weights with --hf-checkpoint {ckpt} (without --load)"
             )
     opts = StateDictOptions(full_state_dict=True, strict=False)
-    set_model_state_dict(actor.model, weights, options=opts)
+    if is_lora:  # the base is --ref-load's (it never trains); the adapter is the checkpoint's
+        lora.load_adapter(actor.model, ckpt / ADAPTER_DIR, what)
+        check_lora_resume(actor, weights, f"{what}: {ckpt}")
+    else:
+        set_model_state_dict(actor.model, weights, options=opts)
     if "optimizer" in state:
         set_optimizer_state_dict(actor.model, actor.optimizer, state["optimizer"], options=opts)
     elif actor.is_rank0():
@@ -264,9 +281,25 @@ def _restore_rng(actor: Checkpointable, state: dict[str, Any], what: str) -> Non
     random.setstate((version, tuple(internal), gauss))
 
 
+def check_lora_resume(actor: Checkpointable, weights: dict[str, torch.Tensor], where: str) -> None:
+    """A LoRA checkpoint's HF files are its base merged with its adapter: this run's base merged with the
+    loaded adapter must give them back, bit for bit (else --ref-load is another base than the saved run's)."""
+    mine = models.full_state(actor.model, actor.world_size)
+    differ = sorted(k for k, v in weights.items() if k in mine and not torch.equal(mine[k].to(v.dtype), v))
+    if differ:
+        raise SlimeError(
+            f"{where}: this run's base model (--ref-load {actor.args.ref_load}) with the checkpoint's adapter does not "
+            f"give the checkpoint's weights ({len(differ)} tensors differ, e.g. {differ[0]}): the checkpoint was "
+            f"trained on another base model; give the --ref-load / --hf-checkpoint it was saved with"
+        )
+
+
 def check_same_model(model: torch.nn.Module, weights: dict[str, torch.Tensor], where: str) -> None:
-    """The checkpoint's tensors are this model's: same names, same shapes (tied copies may be absent)."""
+    """The checkpoint's tensors are this model's: same names, same shapes (tied copies may be absent;
+    a LoRA policy's are the plain model's)."""
     expected = model.state_dict()
+    if lora.is_lora(model):
+        expected = lora.base_view(expected)
     shapes = {k: tuple(v.shape) for k, v in expected.items()}
     unexpected = sorted(k for k in weights if k not in shapes)
     wrong = [

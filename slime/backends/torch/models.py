@@ -13,6 +13,8 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
+from slime.backends.torch import lora
+
 
 def load_policy(path: str, device: torch.device, recompute: bool) -> torch.nn.Module:
     """The policy in fp32 (the master weights) on `device`, in train mode; `recompute`: Megatron's
@@ -34,12 +36,15 @@ def load_frozen(path: str, device: torch.device) -> torch.nn.Module:
 
 
 def load_frozen_models(
-    args: Namespace, device: torch.device
+    args: Namespace, device: torch.device, policy: torch.nn.Module
 ) -> tuple[torch.nn.Module | None, torch.nn.Module | None, torch.nn.Module | None]:
     """(reference, OPD teacher, old actor), each None when the run does not use it: the reference
-    for a KL loss or KL in the reward, the teacher for `--opd-type megatron`, the old actor
-    (`--keep-old-actor`) holding the weights the engines serve while the policy drifts from them."""
-    ref = load_frozen(args.ref_load, device) if (args.use_kl_loss or args.kl_coef != 0.0) else None
+    for a KL loss or KL in the reward (with LoRA, the policy with its adapter off: no copy), the
+    teacher for `--opd-type megatron`, the old actor (`--keep-old-actor`) holding the weights the
+    engines serve while the policy drifts from them."""
+    ref = None
+    if args.use_kl_loss or args.kl_coef != 0.0:
+        ref = lora.ReferenceView(policy) if lora.is_lora(policy) else load_frozen(args.ref_load, device)
     teacher = load_frozen(args.opd_teacher_load, device) if (args.use_opd and args.opd_type == "megatron") else None
     old_actor = load_frozen(args.hf_checkpoint, device) if args.keep_old_actor else None
     return ref, teacher, old_actor
@@ -59,15 +64,20 @@ def enable_activation_checkpointing(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def full_state(model: torch.nn.Module, world_size: int) -> dict[str, torch.Tensor]:
-    """Full, unsharded weights (a collective when sharded, gathered to the host; every rank must call)."""
+def full_state(model: torch.nn.Module, world_size: int, merge: bool = True) -> dict[str, torch.Tensor]:
+    """Full, unsharded weights (a collective when sharded, gathered to the host; every rank must call).
+    A LoRA policy's are the plain model's, the adapter merged, unless `merge` is False."""
     if world_size == 1:
-        return {k: v.detach() for k, v in model.state_dict().items()}
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = {k: v.detach() for k, v in model.state_dict().items()}
+    else:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return lora.merged(state, lora.scaling(model)) if merge and lora.is_lora(model) else state
 
 
 def full_state_every_rank(model: torch.nn.Module, world_size: int) -> dict[str, torch.Tensor]:
-    """Full weights on every rank, copied (what the frozen copies load)."""
+    """Full weights on every rank, copied (what the frozen copies load; a LoRA policy's merged)."""
     if world_size == 1:
-        return {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+        state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    else:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    return lora.merged(state, lora.scaling(model)) if lora.is_lora(model) else state
