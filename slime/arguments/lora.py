@@ -136,16 +136,19 @@ def _take_adapter_config(args: argparse.Namespace, adapter: dict) -> None:
         args.lora_target_modules = [targets] if isinstance(targets, str) else list(targets)
 
 
-
 def startup_note(args: argparse.Namespace) -> str | None:
     """What a LoRA run trains and what its reference is, said once at start-up."""
     if not args.enable_lora:
         return None
     kl = args.use_kl_loss or args.kl_coef != 0.0
-    ref = "; the reference policy (KL) is the base model: the policy with its adapter disabled, no second copy" if kl else ""
+    ref = (
+        "; the reference policy (KL) is the base model: the policy with its adapter disabled, no second copy"
+        if kl
+        else ""
+    )
     return (
         f"LoRA: rank {args.lora_rank}, alpha {args.lora_alpha:g} (updates scaled by {args.lora_alpha / args.lora_rank:g}) "
-        f"on {', '.join(args.lora_target_modules)}"
+        f"on {'every linear layer of the decoder' if args.lora_target_modules == [ALL_LINEAR] else ', '.join(args.lora_target_modules)}"
         f"{' except ' + ', '.join(args.lora_exclude_modules) if args.lora_exclude_modules else ''}; only the adapter "
         f"trains and the engines get the merged weights W0 + (alpha/r)·B·A{ref}"
     )

@@ -1,0 +1,227 @@
+"""Benchmark: full fine-tuning vs LoRA on the trainer, in-process (no Ray, no engine).
+
+    .venv/bin/python bench/lora.py [--models 25m,150m] [--steps 3] [--lora-rank 16] [--threads 2]
+
+For each model (Qwen2-style, random init, the default job's tokenizer: ~25M parameters = hidden 512,
+8 layers; ~150M = hidden 1024, 12 layers, about 6x) and each way of training (every weight, or a
+LoRA adapter of rank R on every linear layer of the decoder), one subprocess builds the real
+`TrainActor` (GRPO, the default job's RL options) and trains the same synthetic batch (16 samples:
+prompts of 24-40 tokens, responses of 8-16). Printed per row: the median wall seconds of a
+`TrainActor.train` call (one optimizer step) after one warm-up call, the subprocess's peak
+resident memory over the whole process (loading the model included) and while training only
+(VmHWM reset after the actor is built: weights, gradients, optimizer state, activations, the
+libraries), the bytes of trainer state that scale with the model (parameters, their gradients
+and the optimizer's tensors), the bytes a weight sync moves today (the merged model, fp32), and the
+adapter's bytes (what an adapter-only sync would move; that sync is not built).
+
+The CPU model and its bf16/AMX flags are printed first: figures are only comparable within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+MODELS = {
+    "25m": dict(
+        hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536
+    ),
+    "150m": dict(
+        hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, intermediate_size=3072
+    ),
+}
+SAMPLES = 16
+
+
+def cpu_line() -> str:
+    model = platform.processor() or "unknown CPU"
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == (platform.processor() or "unknown CPU"):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    marks = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(marks) or 'no AVX-512/bf16/AMX'}"
+
+
+def batch(seed: int = 0) -> dict:
+    import random
+
+    rng = random.Random(seed)
+    tokens, resp, masks, rewards, lps = [], [], [], [], []
+    for i in range(SAMPLES):
+        p, r = rng.randint(24, 40), rng.randint(8, 16)
+        tokens.append([rng.randint(8, 300) for _ in range(p + r)])
+        resp.append(r)
+        masks.append([1] * r)
+        rewards.append(float(i % 2))
+        lps.append([-rng.uniform(3, 7) for _ in range(r)])
+    return {
+        "tokens": tokens,
+        "response_lengths": resp,
+        "loss_masks": masks,
+        "rewards": rewards,
+        "rollout_log_probs": lps,
+    }
+
+
+def worker(model_dir: str, lora_rank: int, steps: int, threads: int, run_dir: str) -> dict:
+    """One TrainActor (full or LoRA) training the batch `steps` + 1 times; what it measured."""
+    import torch
+
+    from slime.arguments import parse_args
+    from slime.backends.torch import lora
+    from slime.backends.torch.actor import TrainActor
+
+    argv = [
+        "--hf-checkpoint",
+        model_dir,
+        "--rollout-batch-size",
+        str(SAMPLES // 8),
+        "--n-samples-per-prompt",
+        "8",
+        "--global-batch-size",
+        str(SAMPLES),
+        "--micro-batch-size",
+        "8",
+        "--advantage-estimator",
+        "grpo",
+        "--lr",
+        "1e-4",
+        "--adam-beta2",
+        "0.999",
+        "--clip-grad",
+        "1.0",
+        "--num-rollout",
+        str(steps + 1),
+        "--run-dir",
+        run_dir,
+    ]
+    if lora_rank:
+        argv += ["--enable-lora", "--lora-rank", str(lora_rank), "--lora-alpha", str(2 * lora_rank)]
+    actor = TrainActor(
+        parse_args(argv), rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=threads
+    )
+    actor.init()
+    rss_after_init = _status_kb("VmRSS") / 1024
+    Path("/proc/self/clear_refs").write_text("5")  # the peak (VmHWM) from here on: training only
+    times = []
+    for step in range(steps + 1):
+        data = {k: [list(v) if isinstance(v, list) else v for v in vals] for k, vals in batch(step).items()}
+        t0 = time.perf_counter()
+        actor.train(step, data)
+        times.append(time.perf_counter() - t0)
+
+    def nbytes(tensors) -> int:
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    params = list(actor.model.parameters())
+    optim = [v for s in actor.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0]
+    state = actor.full_state_dict()
+    raw = actor.model.state_dict()
+    return {
+        "step_s": statistics.median(times[1:]),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "train_peak_mb": _status_kb("VmHWM") / 1024,
+        "init_rss_mb": rss_after_init,
+        # gradients are dropped after each step (zero_grad(set_to_none)): counted at the size they take
+        "state_mb": (nbytes(params) + nbytes([p for p in params if p.requires_grad]) + nbytes(optim)) / 2**20,
+        "sync_mb": nbytes(state.values()) / 2**20,
+        "adapter_mb": nbytes(lora.adapter_tensors(raw).values()) / 2**20 if lora_rank else 0.0,
+        "params_m": sum(p.numel() for p in params) / 1e6,
+        "trainable_m": sum(p.numel() for p in params if p.requires_grad) / 1e6,
+    }
+
+
+def _status_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="25m,150m")
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--lora-rank", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--worker", nargs=4, metavar=("MODEL_DIR", "RANK", "STEPS", "RUN_DIR"), help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.worker:
+        model_dir, rank, steps, run_dir = a.worker
+        print(json.dumps(worker(model_dir, int(rank), int(steps), a.threads, run_dir)))
+        return
+
+    from slime.data.tiny_model import build_tiny_model
+
+    print(f"{time.strftime('%Y-%m-%d')}; {cpu_line()}; torch threads {a.threads}; fp32 master weights")
+    print(
+        f"batch: {SAMPLES} samples (prompts 24-40 tokens, responses 8-16), one optimizer step per call; LoRA rank {a.lora_rank}, alpha {2 * a.lora_rank}, all linear layers of the decoder"
+    )
+    print(
+        "| model | training | parameters (M) | trained (M) | s per step | peak RSS, whole / training (MB) | params+grads+Adam (MB) | sync bytes today (MB) | adapter (MB) |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        rows: dict[tuple[str, str], dict] = {}
+        for name in a.models.split(","):
+            model_dir = Path(tmp) / name
+            build_tiny_model(model_dir, **MODELS[name])
+            for way, rank in (("full", 0), ("LoRA", a.lora_rank)):
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--threads",
+                        str(a.threads),
+                        "--worker",
+                        str(model_dir),
+                        str(rank),
+                        str(a.steps),
+                        f"{tmp}/run-{name}-{way}",
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=False,
+                )
+                if out.returncode != 0:
+                    raise SystemExit(f"{name} {way} failed:\n{out.stderr[-3000:]}")
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                rows[(name, way)] = r
+                print(
+                    f"| {name} | {way} | {r['params_m']:.1f} | {r['trainable_m']:.2f} | {r['step_s']:.2f} | {r['peak_rss_mb']:.0f} / {r['train_peak_mb']:.0f} "
+                    f"| {r['state_mb']:.0f} | {r['sync_mb']:.1f} | {r['adapter_mb']:.2f} |",
+                    flush=True,
+                )
+        print()
+        for name in a.models.split(","):
+            full, lo = rows[(name, "full")], rows[(name, "LoRA")]
+            print(
+                f"{name}: LoRA / full: step time {lo['step_s'] / full['step_s']:.2f}x, peak RSS {lo['peak_rss_mb'] / full['peak_rss_mb']:.0%} "
+                f"(training {lo['train_peak_mb'] / full['train_peak_mb']:.0%}), "
+                f"params+grads+Adam {lo['state_mb'] / full['state_mb']:.0%}, adapter = {lo['adapter_mb'] / lo['sync_mb']:.2%} of a full sync"
+            )
+
+
+if __name__ == "__main__":
+    main()
