@@ -279,14 +279,20 @@ def test_an_adapter_of_another_rank_is_refused_naming_both(tiny_model_dir, tmp_p
         _actor(tiny_model_dir, tmp_path / "d", "--lora-adapter-path", str(adapter), "--target-modules", "q_proj")
 
 
-@pytest.mark.parametrize("extra", [["--bf16"], ["--recompute-granularity", "full"]], ids=["bf16", "recompute"])
-def test_lora_trains_under_bf16_and_recomputation(tiny_model_dir, tmp_path, extra):
+@pytest.mark.parametrize(
+    "extra",
+    [["--bf16"], ["--recompute-granularity", "full"], ["--advantage-estimator", "ppo", "--critic-lr", "1e-3"]],
+    ids=["bf16", "recompute", "ppo-critic"],
+)
+def test_lora_trains_under_bf16_recomputation_and_with_the_critic(tiny_model_dir, tmp_path, extra):
     actor = _actor(tiny_model_dir, tmp_path, *LORA, *extra)
     before = {n: p.detach().clone() for n, p in actor.model.named_parameters()}
     metrics = actor.train(0, _copy(DATA))
     assert metrics["train/grad_norm"] > 0
     moved = {n for n, p in actor.model.named_parameters() if not torch.equal(p, before[n])}
     assert moved and all(".lora_B." in n or ".lora_A." in n for n in moved)
+    if actor.critic is not None:  # the critic is its own model, trained whole
+        assert "train/value_loss" in metrics
 
 
 def test_the_start_up_notes_say_what_lora_changes():
