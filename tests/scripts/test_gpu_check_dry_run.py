@@ -19,15 +19,20 @@ SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 # Packages this project's venv has and the GPU machine's image does not (its package list is in the
 # device notes), among those slime could import: unimportable, as they are there.
 SITECUSTOMIZE = """
-import importlib.abc, sys
+import importlib.abc, importlib.util, sys
 _HIDDEN = {"ray", "wandb", "datasets", "openai", "anthropic", "sglang_router", "math_verify",
            "latex2sympy2_extended", "orjson", "jsonschema", "cryptography", "trio", "multiprocess", "selenium",
-           "smart_open", "httptools", "setproctitle", "pylatexenc", "antlr4", "jiter", "websocket"}
+           "smart_open", "httptools", "setproctitle", "pylatexenc", "antlr4", "jiter", "websocket",
+           "accelerate", "peft"}
 class _Hide(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name.split(".")[0] in _HIDDEN:
             raise ModuleNotFoundError(f"No module named {name!r} (not on the GPU image)", name=name)
 sys.meta_path.insert(0, _Hide())
+_find_spec = importlib.util.find_spec
+def _probe(name, package=None):  # a probe for an absent package answers None, as it would there
+    return None if name.split(".")[0] in _HIDDEN else _find_spec(name, package)
+importlib.util.find_spec = _probe
 """
 
 
