@@ -67,8 +67,6 @@ class Checkpointable(Protocol):
     critic: Any
     world_size: int
 
-    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
-
     def is_rank0(self) -> bool: ...
 
 
