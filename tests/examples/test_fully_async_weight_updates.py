@@ -87,6 +87,21 @@ def _args(tiny_model_dir, task_dir, engine, *extra: str):
     )
 
 
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    """This module's engine: 8 ms a decode step, so a group of 160-token responses is in flight for over
+    a second (an abort must land mid-generation even when the test process is descheduled under load)."""
+    from slime.ray.engine_process import EngineProcess
+
+    extra = ["--random-seed", "0", "--weight-version", "0", "--step-delay-ms", "8"]
+    eng = EngineProcess.start(tiny_model_dir, num_threads=1, extra_args=extra)
+    try:
+        eng.wait_until_healthy(timeout=120)
+        yield eng
+    finally:
+        eng.stop()
+
+
 @pytest.fixture
 def fresh(engine, monkeypatch):
     from slime.rollout.sglang_rollout import GenerateState
@@ -163,7 +178,7 @@ def test_a_weight_update_aborts_in_flight_groups_and_the_new_weights_finish_them
     _set_version(engine, "0")
     fa.generate_rollout(args, 0, ds)
     worker = fa._worker
-    # the next groups are generating on the engine (4 x 160 tokens take ~0.25 s here): abort now
+    # the next groups are generating on the engine (160 decode steps of >= 8 ms each): abort now
     _wait_for(lambda: worker.inflight > 0 and _engine_requests(engine) > 0, timeout=10)
     time.sleep(0.03)
 
