@@ -69,7 +69,7 @@ TRL_VENV = REPO / ".venv-trl"
 TRL_PYTHON = TRL_VENV / "bin" / "python"
 TRL_VERSION = "1.16.0"
 # With the project's constraints.txt (torch 2.13.0 CPU, transformers 5.24, ...) on the same pip call.
-TRL_PINS = [f"trl=={TRL_VERSION}", "accelerate==1.15.0", "datasets==5.2.0"]
+TRL_PINS = [f"trl=={TRL_VERSION}", "accelerate==1.15.0", "datasets==5.2.0", "peft==0.21.2"]
 INSTALL_HOWTO = (
     f"python3 -m venv .venv-trl && .venv-trl/bin/pip install -c constraints.txt {' '.join(TRL_PINS)} && "
     ".venv-trl/bin/pip uninstall -y torchvision torchaudio torchcodec   (from the repository root; ~1.5 min, ~1.5 GB)"
@@ -91,6 +91,7 @@ JOB = dict(
     weight_decay=0.0,
     clip_grad=1.0,
     threads=2,
+    lora_rank=0,  # --lora-rank R: a LoRA adapter (alpha 2R, every linear layer of the decoder) for everyone
 )
 # The second comparison (`--model 25m`): a ~25M-parameter Qwen2-style model (random init, the default job's tokenizer),
 # 8 prompts x 8 samples, 32 new tokens. No SFT stage (it would take longer than the benchmark): the row
@@ -98,7 +99,15 @@ JOB = dict(
 MODEL_25M = dict(
     hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536
 )
-MODELS = {"tiny": {}, "25m": dict(prompts=8, samples=8, new_tokens=32)}
+# `--model 150m` (the larger model of bench/lora.py, ~6x): hidden 1024, 12 layers, the same batch as 25m
+MODEL_150M = dict(
+    hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, intermediate_size=3072
+)
+MODELS = {
+    "tiny": {},
+    "25m": dict(prompts=8, samples=8, new_tokens=32),
+    "150m": dict(prompts=8, samples=8, new_tokens=32),
+}
 
 # GRPOConfig fields this script sets, and GRPOTrainer methods the consistency check calls: the API probe.
 TRL_CONFIG_FIELDS = [
@@ -266,6 +275,12 @@ def _trl_train(cfg: dict) -> None:
 
     tok = AutoTokenizer.from_pretrained(cfg["model"])
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+    peft_config = None
+    if cfg.get("lora_rank"):  # TRL's own LoRA: peft's LoraConfig handed to GRPOTrainer
+        from peft import LoraConfig
+
+        r = cfg["lora_rank"]
+        peft_config = LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules="all-linear", bias="none")
     kwargs = trl_config(
         str(Path(cfg["out"]) / "trainer"),
         batch=cfg["prompts"],
@@ -283,10 +298,15 @@ def _trl_train(cfg: dict) -> None:
         train_dataset=ds,
         processing_class=tok,
         callbacks=[StepTimer()],
+        peft_config=peft_config,
     )
     trainer.train()
     wall = time.perf_counter() - t0
-    trainer.save_model(str(Path(cfg["out"]) / "model"))
+    trained = sum(p.numel() for p in trainer.model.parameters() if p.requires_grad)  # LoRA: the adapter's
+    if peft_config is not None:  # the merged model, what the held-out evaluation loads
+        trainer.model.merge_and_unload().save_pretrained(str(Path(cfg["out"]) / "model"))
+    else:
+        trainer.save_model(str(Path(cfg["out"]) / "model"))
     tok.save_pretrained(str(Path(cfg["out"]) / "model"))
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
     import transformers
@@ -299,6 +319,7 @@ def _trl_train(cfg: dict) -> None:
         "rewards": rewards,
         "wall_s": wall,
         "config": {k: v for k, v in kwargs.items() if k != "output_dir"},
+        "trained_params": trained,
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__},
     }
     Path(cfg["out"], "result.json").write_text(json.dumps(result))
@@ -360,7 +381,7 @@ PROBE = f"""
 import dataclasses, json, sys
 missing = []
 try:
-    import torch, transformers, trl, datasets, accelerate
+    import torch, transformers, trl, datasets, accelerate, peft
 except ImportError as e:
     print(json.dumps({{"ok": False, "missing": "module " + repr(e.name)}})); sys.exit(0)
 try:
@@ -713,10 +734,10 @@ def build_assets(work: Path, sft_steps: int, seed: int, model: str = "tiny") -> 
     data_dir = work / "data"
     if not (data_dir / "eval.jsonl").exists():
         write_arithmetic_dataset(data_dir, **TASK)
-    if model == "25m":
-        path = work / "model-25m"
+    if model in ("25m", "150m"):
+        path = work / f"model-{model}"
         if not (path / "config.json").exists():
-            build_tiny_model(path, **MODEL_25M)
+            build_tiny_model(path, **(MODEL_25M if model == "25m" else MODEL_150M))
         return path, data_dir
     sft_root = work / f"sft-{sft_steps}-seed{seed}"
     ckpt = iter_dir(sft_root / "checkpoints", sft_steps - 1)
@@ -814,6 +835,11 @@ def slime_argv(model: Path, data_dir: Path, steps: int, seed: int, run_dir: Path
         str(steps),
         "--save",
         str(run_dir / "checkpoints"),
+        *(
+            ["--enable-lora", "--lora-rank", str(j["lora_rank"]), "--lora-alpha", str(2 * j["lora_rank"])]
+            if j["lora_rank"]
+            else []
+        ),
     ]
 
 
@@ -896,6 +922,7 @@ def run_trl(model: Path, data_dir: Path, steps: int, seed: int, out: Path, shim:
         "samples": JOB["samples"],
         "new_tokens": JOB["new_tokens"],
         "lr": JOB["lr"],
+        "lora_rank": JOB["lora_rank"],
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg))
@@ -914,7 +941,7 @@ def run_trl(model: Path, data_dir: Path, steps: int, seed: int, out: Path, shim:
         "phases": {},
         "wall_s": wall,
         "model": out / "model",
-        "config": r["config"],
+        "config": {**r["config"], "trained_params": r.get("trained_params")},
         "versions": r["versions"],
     }
 
@@ -974,12 +1001,15 @@ def print_table(
     what = (
         f"default job's model after {sft_steps} SFT steps"
         if model == "tiny"
-        else "~25M Qwen2-style model as initialised (no SFT)"
+        else f"~{model[:-1]}M Qwen2-style model as initialised (no SFT)"
     )
+    rank = JOB["lora_rank"]
+    lora_note = f"; LoRA rank {rank}, alpha {2 * rank}, all linear layers of the decoder" if rank else ""
     print(
         f"\nvs TRL: {what} ({params / 1e6:.2f}M parameters), {JOB['prompts']} prompts x "
         f"{JOB['samples']} samples, {JOB['new_tokens']} new tokens, lr {JOB['lr']:g}, no KL, per-sample loss, "
         f"{steps} steps x {rounds} round(s), alternating; {os.cpu_count()} cores"
+        f"{lora_note}"
         f"{' (avx512_bf16)' if bf16 else ' (no avx512_bf16)'}, fp32, {JOB['threads']} threads each"
     )
     from slime.runtime.mkl_vendor import cpu_info, not_applicable
@@ -1052,9 +1082,17 @@ def main() -> None:
         "--model",
         choices=sorted(MODELS),
         default="tiny",
-        help="tiny: the default job's model after SFT, 32 prompts x 8, 8 new tokens; 25m: a ~25M "
-        "Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens",
+        help="tiny: the default job's model after SFT, 32 prompts x 8, 8 new tokens; 25m / 150m: a ~25M / "
+        "~150M Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens",
     )
+    p.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="R > 0: every system trains a LoRA adapter of rank R (alpha 2R, every linear layer of the decoder; "
+        "TRL: peft's LoraConfig in GRPOTrainer; slime-rl: --enable-lora) instead of every weight",
+    )
+    p.add_argument("--lr", type=float, default=None, help="learning rate (default: the job's, 3e-4)")
     p.add_argument("--check", action="store_true", help="only the loss/advantage consistency check")
     p.add_argument("--json", type=Path, default=None, help="also write the results here")
     p.add_argument("--no-install", action="store_true", help="do not create .venv-trl; say how instead")
@@ -1077,7 +1115,7 @@ def main() -> None:
         raise SystemExit(0 if all(r["ok"] for r in rows) else 1)
     if a.quick:
         a.steps, a.rounds, a.sft_steps = 6, 1, 20
-    JOB.update(MODELS[a.model])
+    JOB.update(MODELS[a.model], lora_rank=a.lora_rank, **({"lr": a.lr} if a.lr is not None else {}))
     if "trl-mkl" in a.systems:
         from slime.runtime.mkl_vendor import not_applicable
 

@@ -169,6 +169,7 @@ class EngineClient:
         group_name: str = "weight_update_group",
         flush_cache: bool = True,
         weight_version: str | None = None,
+        lora: dict | None = None,
     ) -> dict:
         payload: dict[str, Any] = {
             "names": names,
@@ -179,6 +180,8 @@ class EngineClient:
         }
         if weight_version is not None:
             payload["weight_version"] = weight_version
+        if lora is not None:  # a LoRA adapter (slime.engine.lora_weights); not SGLang's
+            payload["lora"] = lora
         return self._call("POST", "/update_weights_from_distributed", payload)
 
     def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from slime import __version__
+from slime.engine.lora_weights import LoraBase
 from slime.engine.model_runner import ModelRunner
 from slime.engine.request import Req, parse_generate, result_of
 from slime.engine.sampling import BadRequest
@@ -98,6 +99,7 @@ class EngineState:
         # torch.distributed groups for update_weights_from_distributed, by group_name
         self.weight_groups: dict[str, Any] = {}
         self.weight_group_locks: dict[str, asyncio.Lock] = {}
+        self.lora = LoraBase()  # a LoRA run's base weights, for adapter-only updates (slime.engine.lora_weights)
         # large request bodies are parsed (JSON, and tokenizing any text) here, one at a time, not on
         # the event loop: a megabyte of text takes a tokenizer seconds, which the loop spends serving
         # every other client (the tokenizer releases the GIL)
@@ -186,6 +188,7 @@ class EngineState:
             version=__version__,
             engine="slime-builtin",
             weight_version=sch.weight_version,
+            lora_base_id=self.lora.base_id,  # its presence says: adapter-only updates are understood
             context_length=self.runner.context_length,
             max_total_num_tokens=self.max_total_tokens,
             model_path=self.model_path,

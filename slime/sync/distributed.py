@@ -140,7 +140,11 @@ class DistributedWeightSync:
             pg.shutdown()
 
     # ------------------------------------------------------------------ update
-    def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str) -> None:
+    def push(
+        self, engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str, lora: dict | None = None
+    ) -> int:
+        """Broadcast `state` to every engine; the bytes sent. `lora`: the update is a LoRA adapter
+        (`slime.engine.lora_weights`), announced on every bucket."""
         if self.pg is None or list(engine_urls) != self.urls:
             self.connect(engine_urls)
         tensors = dedupe_tied(state)
@@ -157,6 +161,8 @@ class DistributedWeightSync:
                     flush_cache=True,
                     weight_version=weight_version if last else None,
                 )
+                if lora is not None:
+                    meta["lora"] = lora
                 posts = {pool.submit(client_for(url).update_weights_from_distributed, **meta): url for url in self.urls}
 
                 def send(names=names, pg=self.pg):
@@ -174,3 +180,4 @@ class DistributedWeightSync:
                         raise SlimeError(f"update_weights_from_distributed ({where}) failed: {f.exception()}")
         finally:
             pool.shutdown(wait=False)
+        return sum(t.numel() * t.element_size() for t in tensors.values())

@@ -146,10 +146,15 @@ class SharedMemoryWeightSync:
             "offsets": [o for *_, o in layout],
         }
 
-    def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str) -> int:
-        """Write once, then every engine loads from the same buffer. Returns the bytes written."""
+    def push(
+        self, engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str, lora: dict | None = None
+    ) -> int:
+        """Write once, then every engine loads from the same buffer. Returns the bytes written.
+        `lora`: the update is a LoRA adapter (`slime.engine.lora_weights`)."""
         body = self.write(state)
         body.update(weight_version=weight_version, flush_cache=True)
+        if lora is not None:
+            body["lora"] = lora
 
         def one(url: str) -> None:
             client_for(url)._call("POST", "/update_weights_from_shared_memory", body)

@@ -11,7 +11,9 @@ Transports (what `transport_for` picks from the arguments and the weights):
   the engines (`slime.sync.distributed`); external engines the trainer can reach take it too.
 
 Every syncer takes the full state on rank 0 and returns the sync's metrics; under
-`--use-fault-tolerance` it also writes the snapshot a restarted engine loads.
+`--use-fault-tolerance` it also writes the snapshot a restarted engine loads. The `shm` and
+`collective` syncers also move a LoRA adapter alone (`lora`: the control body's field, see
+`slime.engine.lora_weights`); the snapshot is then the merged weights the caller passes.
 """
 
 from __future__ import annotations
@@ -33,9 +35,19 @@ from slime.utils.misc import load_function
 
 class WeightSyncer(Protocol):
     transport: str
+    adapter_updates: bool
 
-    def sync(self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str) -> dict[str, float]:
-        """Every engine serves `state` as `weight_version` when this returns; the sync's metrics."""
+    def sync(
+        self,
+        engine_urls: list[str],
+        state: dict[str, torch.Tensor],
+        weight_version: str,
+        *,
+        lora: dict | None = None,
+        snapshot: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        """Every engine serves `state` as `weight_version` when this returns (with `lora`: `state`
+        holds an adapter the engines merge; `snapshot` the merged weights); the sync's metrics."""
         ...
 
     def reset(self) -> None:
@@ -68,17 +80,36 @@ def transport_for(args: Namespace, state: dict[str, torch.Tensor]) -> str:
 
 class _Syncer:
     transport = ""
+    adapter_updates = False  # moves a LoRA adapter alone for the engines to merge
 
     def __init__(self, args: Namespace) -> None:
         self.args = args
 
-    def sync(self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str) -> dict[str, float]:
-        metrics = self.push(engine_urls, state, weight_version)
+    def sync(
+        self,
+        engine_urls: list[str],
+        state: dict[str, torch.Tensor],
+        weight_version: str,
+        *,
+        lora: dict | None = None,
+        snapshot: dict[str, torch.Tensor] | None = None,
+    ) -> dict[str, float]:
+        if lora is not None:
+            if not self.adapter_updates:
+                raise SlimeError(f"the {self.transport} weight sync moves whole weights, not a LoRA adapter")
+            metrics = self.push(engine_urls, state, weight_version, lora=lora)
+        else:
+            metrics = self.push(engine_urls, state, weight_version)
         if self.args.use_fault_tolerance:  # what an engine restarted later loads (see checkpoint_layout)
-            write_weight_snapshot(self.args.run_dir, dedupe_tied(state), weight_version)
+            write_weight_snapshot(
+                self.args.run_dir, dedupe_tied(state if snapshot is None else snapshot), weight_version
+            )
         return metrics
 
-    def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str) -> dict[str, float]:
+    def push(
+        self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str, lora: dict | None = None
+    ) -> dict[str, float]:
+        """`lora` reaches only the syncers with `adapter_updates` (`sync` checks)."""
         raise NotImplementedError
 
     def reset(self) -> None:
@@ -113,20 +144,26 @@ class DiskSyncer(_Syncer):
             post_write=hook,
         )
 
-    def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str) -> dict[str, float]:
+    def push(
+        self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str, lora: dict | None = None
+    ) -> dict[str, float]:
         """Bytes written and deltas refused (each followed by a full version)."""
         return dict(self.disk.push(engine_urls, state, weight_version=weight_version))
 
 
 class SharedMemorySyncer(_Syncer):
     transport = "shm"
+    adapter_updates = True
 
     def __init__(self, args: Namespace) -> None:
         super().__init__(args)
         self.shm = SharedMemoryWeightSync()
 
-    def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str) -> dict[str, float]:
-        return {"perf/weight_sync_bytes": float(self.shm.push(engine_urls, state, weight_version=weight_version))}
+    def push(
+        self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str, lora: dict | None = None
+    ) -> dict[str, float]:
+        size = self.shm.push(engine_urls, state, weight_version=weight_version, lora=lora)
+        return {"perf/weight_sync_bytes": float(size)}
 
     def close(self) -> None:
         self.shm.close()
@@ -135,7 +172,9 @@ class SharedMemorySyncer(_Syncer):
 class IpcSyncer(_Syncer):
     transport = "ipc"
 
-    def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str) -> dict[str, float]:
+    def push(
+        self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str, lora: dict | None = None
+    ) -> dict[str, float]:
         from slime.sync.ipc import push_weights_ipc  # CUDA IPC: loaded only where the weights are on a GPU
 
         push_weights_ipc(engine_urls, state, weight_version=weight_version)
@@ -144,14 +183,18 @@ class IpcSyncer(_Syncer):
 
 class CollectiveSyncer(_Syncer):
     transport = "collective"
+    adapter_updates = True
 
     def __init__(self, args: Namespace) -> None:
         super().__init__(args)
         self.group = DistributedWeightSync(buffer_size=args.update_weight_buffer_size)
 
-    def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str) -> dict[str, float]:
-        self.group.push(engine_urls, state, weight_version=weight_version)  # joins the group on first use
-        return {}
+    def push(
+        self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str, lora: dict | None = None
+    ) -> dict[str, float]:
+        # joins the group on first use
+        sent = self.group.push(engine_urls, state, weight_version=weight_version, lora=lora)
+        return {"perf/weight_sync_bytes": float(sent)}
 
     def reset(self) -> None:
         """The next sync builds a new group (a restarted engine is in none)."""

@@ -137,10 +137,14 @@ def _worker(rank: int, world: int, ports: list[int], model_dir: str, out: str) -
         return actor
 
     def finish(actor: TrainActor, metrics: list, path: str) -> None:
+        from slime.backends.torch import lora
+
         state = actor.full_state_dict()  # collectives: every rank calls
         critic = actor.critic.state()["model"] if actor.critic is not None else None
+        # what an adapter-only weight sync sends (gathered alone, without the base)
+        adapter = lora.engine_adapter(lora.gather_adapter(actor.model)) if actor.adapter_sync else None
         if rank == 0:
-            torch.save({"metrics": metrics, "state": state, "critic": critic}, path)
+            torch.save({"metrics": metrics, "state": state, "critic": critic, "adapter": adapter}, path)
         if world > 1:
             dist.destroy_process_group()
 
@@ -233,6 +237,16 @@ def test_two_ranks_make_the_same_update_as_one(runs, tiny_model_dir, name):
     start = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
     moved = max(float((one["state"][k] - start[k]).abs().max()) for k in one["state"] if k in start)
     assert moved > 1e-4
+    if "--enable-lora" in CONFIGS[name]:  # the engine's merge of the synced adapter = the trainer's merge
+        from slime.engine.lora_weights import LoraBase, LoraRequest
+
+        for run in (one, two):
+            modules = sorted({k.rsplit(".lora_", 1)[0] for k in run["adapter"]})
+            base = {f"{m}.weight": start[f"{m}.weight"] for m in modules}
+            req = LoraRequest(scaling=2.0, base_id="t", with_base=True, modules=modules)  # alpha 8 / rank 4
+            merged = LoraBase().expand({**base, **run["adapter"]}, req, closing=True)
+            assert merged.keys() == base.keys()
+            assert all(torch.equal(merged[k], run["state"][k]) for k in merged)
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -208,11 +208,14 @@ def _engine_pids_of(run_dir) -> list[int]:
 
 
 @pytest.mark.slow
-def test_colocated_run_survives_an_engine_sigkilled_after_the_first_step(tiny_model_dir, task_dir, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_colocated_run_survives_an_engine_sigkilled_after_the_first_step(tiny_model_dir, task_dir, tmp_path, lora):
     """`slime train --colocate --use-fault-tolerance` with two engines: one is SIGKILLed once step 0 is
     logged. The run finishes; every step has all its samples; after the restart the weight sync reached
     both engines (--check-weight-update-equal: engine and trainer log-probs agree), and the restarted engine
-    got the trainer's snapshot of the weights it had pushed."""
+    got the trainer's snapshot of the weights it had pushed. With LoRA the syncs move the adapter alone:
+    the restarted engine comes back with the merged snapshot and no base, so the next sync sends the base
+    again (an adapter alone would be refused)."""
     import json
     import subprocess
     import sys
@@ -263,6 +266,7 @@ def test_colocated_run_survives_an_engine_sigkilled_after_the_first_step(tiny_mo
         str(TIMEOUT),
         "--run-dir",
         str(run_dir),
+        *(["--enable-lora", "--lora-rank", "8", "--lr", "1e-2"] if lora else []),
     ]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     metrics = run_dir / "metrics.jsonl"
@@ -288,6 +292,9 @@ def test_colocated_run_survives_an_engine_sigkilled_after_the_first_step(tiny_mo
         assert r["rollout/num_samples"] == BATCH * N and r["rollout/status/failed"] == 0
         assert r["train/weight_sync_logprob_abs_diff"] < 1e-4  # every engine, the restarted one too
     assert sum(r.get("rollout/fault/restarts", 0) for r in rows) <= 1
+    if lora:  # the adapter alone, then the base again for the restarted engine
+        assert [r["perf/weight_sync_lora_base"] for r in rows] == [0.0, 1.0]
+        assert rows[0]["perf/weight_sync_bytes"] < rows[1]["perf/weight_sync_bytes"] / 5
     assert "is dead (connection failed" in out and "restarting it" in out and "is back after" in out, out[-4000:]
     _table(
         "SIGKILL one of two engines of a colocated `slime train` run after step 0",

@@ -108,3 +108,29 @@ def test_a_runs_buffers_are_removed_once_their_writers_are_gone():
         for name in (live_name, dead_name):
             if os.path.exists(os.path.join(SHM_DIR, name)):
                 os.unlink(os.path.join(SHM_DIR, name))
+
+
+def test_an_adapter_goes_only_where_the_transport_carries_one_and_the_snapshot_is_the_merge(tmp_path):
+    assert {s.transport for s in SYNCERS.values() if s.adapter_updates} == {"shm", "collective"}
+    disk = make_syncer(
+        "disk", make_args("--update-weight-transport", "disk", "--update-weight-disk-dir", str(tmp_path))
+    )
+    with pytest.raises(SlimeError, match="the disk weight sync moves whole weights, not a LoRA adapter"):
+        disk.sync(["http://e:1"], CPU_STATE, "1", lora={"base": False})
+    args = make_args("--use-fault-tolerance", "--run-dir", str(tmp_path))
+    pushed = []
+
+    class Recording(CollectiveSyncer):
+        def push(self, engine_urls, state, weight_version, lora=None):
+            pushed.append((sorted(state), lora))
+            return {}
+
+    merged = {"w": torch.ones(2)}
+    Recording(args).sync(
+        ["http://e:1"], {"w.lora_A.weight": torch.zeros(1)}, "3", lora={"base": False}, snapshot=merged
+    )
+    assert pushed == [(["w.lora_A.weight"], {"base": False})] and weight_snapshot_version(tmp_path) == "3"
+    from safetensors.torch import load_file
+
+    (snap,) = list(tmp_path.rglob("*.safetensors"))
+    assert torch.equal(load_file(str(snap))["w"], merged["w"])

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from slime.engine.client import EngineClient
 from slime.utils.http_utils import HTTPRequestError
-from tests.engine.engine_test_utils import start_engine
+from tests.engine.engine_test_utils import engine_input_logprobs, start_engine
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -53,15 +53,7 @@ def trained(hf_model):
 
 
 def engine_logprobs(url: str) -> list[float]:
-    out = EngineClient(url).generate(
-        {
-            "input_ids": SEQ,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
-            "return_logprob": True,
-            "logprob_start_len": 0,
-        }
-    )
-    return [lp[0] for lp in out["meta_info"]["input_token_logprobs"][1:]]
+    return engine_input_logprobs(url, SEQ)
 
 
 def reference_logprobs(model) -> torch.Tensor:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
-from slime.backends.torch import checkpoint, lora, models, rollout_batch, step
+from slime.backends.torch import checkpoint, lora, models, rollout_batch, step, sync_payload
 from slime.backends.torch import device as devices
 from slime.backends.torch.critic import Critic
 from slime.backends.torch.diagnostics import save_debug_train_data
@@ -31,6 +31,7 @@ from slime.backends.torch.offload import TrainOffload
 from slime.backends.torch.optim import build_optimizer, select_trainable
 from slime.backends.torch.placement import RankCores
 from slime.backends.torch.rollout_batch import BatchModels, RolloutBatch
+from slime.backends.torch.sync_payload import AdapterSync
 from slime.engine.client import set_default_timeout as set_engine_timeout
 from slime.observability.ci_checks import check_logprob_diff
 from slime.observability.profile_utils import TrainProfiler
@@ -62,6 +63,7 @@ class TrainActor:
         self.requested_device = device  # None: CUDA (one GPU per rank) when torch sees one, else the CPU
         self.cores = RankCores()
         self.syncer: WeightSyncer | None = None  # chosen by transport at rank 0's first sync
+        self.adapter_sync: AdapterSync | None = None  # a LoRA policy's: syncs the adapter alone
         self.offload_state = TrainOffload(os.path.join(args.run_dir, "offload"))  # --offload-train
 
     # ------------------------------------------------------------------ set-up
@@ -103,6 +105,7 @@ class TrainActor:
         self.model = models.load_policy(a.ref_load, self.device, a.recompute_granularity is not None)
         if a.enable_lora:  # before sharding and the optimizer: only the adapter trains
             lora.apply(self.model, a)
+        self.adapter_sync = AdapterSync(self.model) if a.enable_lora else None
         # --only-train / --freeze-params-name-list: before sharding, so FSDP sees the final requires_grad
         trainable = select_trainable(self.model, a.only_train_params_name_list, a.freeze_params_name_list)
         if self.world_size > 1:
@@ -206,12 +209,13 @@ class TrainActor:
         the sync's metrics: perf/update_weights_time, and the transport's own (bytes written, ...)."""
         t0 = time.perf_counter()
         register_keys(engine_urls, self.args.engine_api_key, self.args.engine_admin_api_key)
-        state = self.full_state_dict()
+        p = sync_payload.payload(self, engine_urls)  # the weights, or a LoRA policy's adapter
         metrics: dict[str, float] = {}
         if self.is_rank0() and engine_urls:
             if self.syncer is None:
-                self.syncer = select_syncer(self.args, state)
-            metrics.update(self.syncer.sync(engine_urls, state, weight_version))
+                self.syncer = select_syncer(self.args, p.state)
+            metrics.update(self.syncer.sync(engine_urls, p.state, weight_version, lora=p.lora, snapshot=p.snapshot))
+            metrics.update(p.metrics())
         self._snapshot_old_actor()  # the engines now serve these weights
         metrics["perf/update_weights_time"] = time.perf_counter() - t0
         return metrics

@@ -24,6 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from slime.errors import SlimeError
+from slime.utils.lora_merge import merge_weight, one_thread
 
 logger = logging.getLogger(__name__)
 
@@ -91,8 +92,14 @@ def scaling(model: torch.nn.Module) -> float:
 
 
 def merged(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
-    """The trainer's tensors as the plain model's: `x.weight = x.base_layer.weight + scale·B·A` (fp32
-    arithmetic, the base's dtype out), `x.base_layer.bias` as `x.bias`, no adapter tensors."""
+    """The trainer's tensors as the plain model's: `x.weight = x.base_layer.weight + scale·B·A`
+    (`merge_weight`, as an engine merges a synced adapter), `x.base_layer.bias` as `x.bias`, no
+    adapter tensors."""
+    with one_thread():
+        return _merged(state, scale)
+
+
+def _merged(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if f".lora_A.{ADAPTER}." in key or f".lora_B.{ADAPTER}." in key:
@@ -102,9 +109,8 @@ def merged(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tens
             continue
         prefix, leaf = key.split(".base_layer.")
         if leaf == "weight":
-            a = state[f"{prefix}.lora_A.{ADAPTER}.weight"].float()
-            b = state[f"{prefix}.lora_B.{ADAPTER}.weight"].float()
-            value = (value.float() + scale * (b @ a)).to(value.dtype)
+            a, b = state[f"{prefix}.lora_A.{ADAPTER}.weight"], state[f"{prefix}.lora_B.{ADAPTER}.weight"]
+            value = merge_weight(value, a, b, scale)
         out[f"{prefix}.{leaf}"] = value
     return out
 
@@ -112,6 +118,31 @@ def merged(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tens
 def base_view(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """The base tensors under the plain model's names (no arithmetic: for names and shapes)."""
     return {k.replace(".base_layer.", "."): v for k, v in state.items() if ".lora_" not in k}
+
+
+def adapted_modules(model: torch.nn.Module) -> list[str]:
+    """The plain model's names of the modules that carry an adapter (`model.layers.0.self_attn.q_proj`)."""
+    suffix = f".lora_A.{ADAPTER}.weight"
+    return sorted(name[: -len(suffix)] for name, _ in model.named_parameters() if name.endswith(suffix))
+
+
+def engine_adapter(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under the names an engine's adapter update takes (`<module>.lora_A.weight`,
+    `slime.engine.lora_weights`)."""
+    return {k.replace(f".{ADAPTER}.", "."): v for k, v in state.items() if ".lora_A." in k or ".lora_B." in k}
+
+
+def gather_adapter(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's full tensors under the trainer's names, without gathering the base (a collective
+    over the ranks when the model is sharded: every rank must call)."""
+    from torch.distributed.tensor import DTensor
+
+    out = {}
+    for name, p in model.named_parameters():
+        if ".lora_A." in name or ".lora_B." in name:
+            full = p.full_tensor() if isinstance(p, DTensor) else p
+            out[name] = full.detach().to("cpu").contiguous()
+    return out
 
 
 def adapter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

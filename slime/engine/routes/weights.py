@@ -21,10 +21,12 @@ from collections.abc import Callable
 
 import torch
 from fastapi import FastAPI
+from fastapi.responses import Response
 from safetensors.torch import load as load_safetensors
 
 from slime.engine import weight_delta
 from slime.engine.http import error_response, route
+from slime.engine.lora_weights import LoraBaseMissing, LoraRequest, LoraUpdateError
 from slime.engine.model_runner import ModelRunner, WeightUpdateError
 from slime.engine.sampling import BadRequest
 from slime.engine.state import EngineState
@@ -114,20 +116,35 @@ def _file_check(state: EngineState, path: str) -> Callable[[str], bool] | None:
     return None if _is_model_path(state, path) else functools.partial(inside_load_dirs, state)
 
 
-async def apply_update(state: EngineState, named: dict[str, torch.Tensor], body: dict, what: str) -> dict:
-    """Check `named` against the model, then swap it in between batches; BadRequest if it does not fit."""
+async def apply_update(state: EngineState, named: dict[str, torch.Tensor], body: dict, what: str) -> dict | Response:
+    """Check `named` against the model, then swap it in between batches; BadRequest if it does not fit.
+    An update with a `lora` field carries an adapter, merged here into the base the engine keeps
+    (`slime.engine.lora_weights`); any other update replaces weights wholesale and drops that base."""
     version = body.get("weight_version")
     if version is not None and not isinstance(version, str):
         raise BadRequest("weight_version must be a string")
+    lora = None
     try:
-        state.runner.validate_named_tensors(named)
-    except WeightUpdateError as e:
+        lora = LoraRequest.parse(body)
+        if lora is not None:
+            named = await asyncio.to_thread(state.lora.expand, named, lora, version is not None)
+        if named:
+            state.runner.validate_named_tensors(named)
+    except LoraBaseMissing as e:
+        return error_response(f"{what}: {e}", 409)
+    except (LoraUpdateError, WeightUpdateError) as e:
+        if lora is not None:
+            state.lora.clear()
         raise BadRequest(f"{what}: {e}") from None
+    if not named and version is None:  # a bucket of base weights only: kept, nothing to load yet
+        return {"success": True, "message": f"{what}: base weights kept", "num_tensors": 0}
     if body.get("abort_all_requests"):
         state.scheduler.abort(abort_all=True)
 
     def load():
-        n = state.runner.load_named_tensors(named)
+        if lora is None:
+            state.lora.clear()
+        n = state.runner.load_named_tensors(named) if named else 0
         return n, state.bump_version(version)
 
     try:
