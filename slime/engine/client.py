@@ -131,10 +131,12 @@ class EngineClient:
             payload["weight_version"] = weight_version
         return self._call("POST", "/update_weights_from_tensor", payload)
 
-    def update_weights_from_disk(self, path: str, weight_version: str | None = None) -> dict:
+    def update_weights_from_disk(self, path: str, weight_version: str | None = None, lora: dict | None = None) -> dict:
         payload: dict[str, Any] = {"model_path": str(path)}
         if weight_version is not None:
             payload["weight_version"] = weight_version
+        if lora is not None:  # the directory holds a LoRA adapter (slime.engine.lora_weights); not SGLang's
+            payload["lora"] = lora
         return self._call("POST", "/update_weights_from_disk", payload)
 
     def init_weights_update_group(

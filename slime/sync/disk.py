@@ -6,7 +6,8 @@ Every sync is one version directory `weight_v{N:06d}/` under `--update-weight-di
 * **full**: an HF checkpoint of every weight; the engines reload it with
   `/update_weights_from_disk` (or, with `--update-weight-local-checkpoint-dir`, first copy it
   there with `/pull_weights`). Removed once every engine has loaded it unless
-  `--update-weight-disk-keep-files`.
+  `--update-weight-disk-keep-files`. A LoRA run's full version may hold its adapter alone (and
+  the base, the first time), which the engines merge (`slime.engine.lora_weights`).
 * **delta** (`--update-weight-mode delta`): the trainer keeps a CPU snapshot of the weights the
   engines hold, seeded from `--hf-checkpoint` (the engines' own base, byte for byte); each sync
   writes only the changed tensors, encoded (`--update-weight-delta-encoding`) and zstd-compressed,
@@ -229,7 +230,12 @@ class DiskWeightSync:
         return self._dtypes
 
     # ------------------------------------------------------------------ sync
-    def push(self, engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str) -> dict[str, float]:
+    def push(
+        self, engine_urls: list[str], state: dict[str, torch.Tensor], *, weight_version: str, lora: dict | None = None
+    ) -> dict[str, float]:
+        """`lora` (full versions only): `state` is a LoRA adapter the engines merge (`slime.engine.lora_weights`)."""
+        if lora is not None and (self.mode != "full" or self.local_dir):
+            raise SlimeError("a LoRA adapter alone goes only in full disk versions loaded as they are")
         t0 = time.perf_counter()
         if not self.started:
             self._start(engine_urls)
@@ -260,7 +266,7 @@ class DiskWeightSync:
             changed = -1
             t_write = time.perf_counter() - t0
             self._published(vdir, engine_urls)
-            self._raise_failures(self._load(engine_urls, weight_version), "full")
+            self._raise_failures(self._load(engine_urls, weight_version, lora), "full")
             if not self.keep_files:
                 shutil.rmtree(vdir, ignore_errors=True)
         self.last = {
@@ -276,7 +282,7 @@ class DiskWeightSync:
         if self.post_write is not None:
             self.post_write(str(vdir), list(engine_urls))
 
-    def _load(self, engine_urls: list[str], weight_version: str) -> dict[str, Exception]:
+    def _load(self, engine_urls: list[str], weight_version: str, lora: dict | None = None) -> dict[str, Exception]:
         """Every engine loads version self.version; {url: error} of those that failed."""
         vdir = fmt.version_dir(self.disk_dir, self.version)
 
@@ -284,7 +290,7 @@ class DiskWeightSync:
             if self.local_dir:
                 c._call("POST", "/pull_weights", self._pull_body(self.version))
                 return c.update_weights_from_disk(str(self.local_dir), weight_version=weight_version)
-            return c.update_weights_from_disk(str(vdir), weight_version=weight_version)
+            return c.update_weights_from_disk(str(vdir), weight_version=weight_version, lora=lora)
 
         results = self._each(engine_urls, one)
         return {u: r for u, r in zip(engine_urls, results, strict=True) if isinstance(r, Exception)}

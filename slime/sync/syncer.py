@@ -11,9 +11,9 @@ Transports (what `transport_for` picks from the arguments and the weights):
   the engines (`slime.sync.distributed`); external engines the trainer can reach take it too.
 
 Every syncer takes the full state on rank 0 and returns the sync's metrics; under
-`--use-fault-tolerance` it also writes the snapshot a restarted engine loads. The `shm` and
-`collective` syncers also move a LoRA adapter alone (`lora`: the control body's field, see
-`slime.engine.lora_weights`); the snapshot is then the merged weights the caller passes.
+`--use-fault-tolerance` it also writes the snapshot a restarted engine loads. Where
+`carries_adapters` says so, a sync may move a LoRA adapter alone (`lora`: the control body's
+field, see `slime.engine.lora_weights`); the snapshot is then the merged weights the caller passes.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from slime.utils.misc import load_function
 
 class WeightSyncer(Protocol):
     transport: str
-    adapter_updates: bool
 
     def sync(
         self,
@@ -78,9 +77,17 @@ def transport_for(args: Namespace, state: dict[str, torch.Tensor]) -> str:
     return "collective"
 
 
+def carries_adapters(args: Namespace, transport: str) -> bool:
+    """Whether a sync over `transport` can move a LoRA adapter alone for the engines to merge: shared
+    memory, the collective, and full disk versions loaded as they are (a delta, or a copy into
+    --update-weight-local-checkpoint-dir, patches a whole checkpoint: those take the merged weights)."""
+    if transport in ("shm", "collective"):
+        return True
+    return transport == "disk" and args.update_weight_mode == "full" and not args.update_weight_local_checkpoint_dir
+
+
 class _Syncer:
     transport = ""
-    adapter_updates = False  # moves a LoRA adapter alone for the engines to merge
 
     def __init__(self, args: Namespace) -> None:
         self.args = args
@@ -95,8 +102,8 @@ class _Syncer:
         snapshot: dict[str, torch.Tensor] | None = None,
     ) -> dict[str, float]:
         if lora is not None:
-            if not self.adapter_updates:
-                raise SlimeError(f"the {self.transport} weight sync moves whole weights, not a LoRA adapter")
+            if not carries_adapters(self.args, self.transport):
+                raise SlimeError(f"this {self.transport} weight sync moves whole weights, not a LoRA adapter")
             metrics = self.push(engine_urls, state, weight_version, lora=lora)
         else:
             metrics = self.push(engine_urls, state, weight_version)
@@ -109,7 +116,7 @@ class _Syncer:
     def push(
         self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str, lora: dict | None = None
     ) -> dict[str, float]:
-        """`lora` reaches only the syncers with `adapter_updates` (`sync` checks)."""
+        """`lora` comes only where `carries_adapters` (`sync` checks)."""
         raise NotImplementedError
 
     def reset(self) -> None:
@@ -148,12 +155,11 @@ class DiskSyncer(_Syncer):
         self, engine_urls: list[str], state: dict[str, torch.Tensor], weight_version: str, lora: dict | None = None
     ) -> dict[str, float]:
         """Bytes written and deltas refused (each followed by a full version)."""
-        return dict(self.disk.push(engine_urls, state, weight_version=weight_version))
+        return dict(self.disk.push(engine_urls, state, weight_version=weight_version, lora=lora))
 
 
 class SharedMemorySyncer(_Syncer):
     transport = "shm"
-    adapter_updates = True
 
     def __init__(self, args: Namespace) -> None:
         super().__init__(args)
@@ -183,7 +189,6 @@ class IpcSyncer(_Syncer):
 
 class CollectiveSyncer(_Syncer):
     transport = "collective"
-    adapter_updates = True
 
     def __init__(self, args: Namespace) -> None:
         super().__init__(args)

@@ -217,8 +217,11 @@ def test_the_trainer_sends_the_base_once_and_merged_weights_where_adapters_canno
     actor.args = make_args("--colocate", "--use-fault-tolerance")
     p = sync_payload.payload(actor, [engine.url])
     assert set(p.snapshot) == set(lora.merged(model.state_dict(), 1.0))
-    # the disk transport moves whole weights: merged
-    actor.args = make_args("--update-weight-transport", "disk", "--update-weight-disk-dir", "/tmp/unused")
+    # full disk versions carry the adapter; deltas (patching a whole local checkpoint) the merged weights
+    disk = ["--update-weight-transport", "disk", "--update-weight-disk-dir", "/tmp/unused"]
+    actor.args = make_args(*disk)
+    assert sync_payload.payload(actor, [engine.url]).lora == actor.adapter_sync.field(False)
+    actor.args = make_args(*disk, "--update-weight-mode", "delta", "--update-weight-local-checkpoint-dir", "/tmp/l")
     p = sync_payload.payload(actor, [engine.url])
     assert p.lora is None and "model.layers.0.self_attn.q_proj.weight" in p.state and p.metrics() == {}
     # an engine that knows no adapter updates (SGLang's /server_info has no lora_base_id): merged

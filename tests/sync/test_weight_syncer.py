@@ -15,6 +15,7 @@ from slime.sync.syncer import (
     DiskSyncer,
     IpcSyncer,
     SharedMemorySyncer,
+    carries_adapters,
     make_syncer,
     select_syncer,
     transport_for,
@@ -111,12 +112,15 @@ def test_a_runs_buffers_are_removed_once_their_writers_are_gone():
 
 
 def test_an_adapter_goes_only_where_the_transport_carries_one_and_the_snapshot_is_the_merge(tmp_path):
-    assert {s.transport for s in SYNCERS.values() if s.adapter_updates} == {"shm", "collective"}
-    disk = make_syncer(
-        "disk", make_args("--update-weight-transport", "disk", "--update-weight-disk-dir", str(tmp_path))
-    )
-    with pytest.raises(SlimeError, match="the disk weight sync moves whole weights, not a LoRA adapter"):
-        disk.sync(["http://e:1"], CPU_STATE, "1", lora={"base": False})
+    disk = ["--update-weight-transport", "disk", "--update-weight-disk-dir", str(tmp_path)]
+    local = ["--update-weight-local-checkpoint-dir", str(tmp_path / "local")]
+    assert carries_adapters(make_args(), "shm") and carries_adapters(make_args(), "collective")
+    assert carries_adapters(make_args(*disk), "disk") and not carries_adapters(make_args(), "ipc")
+    assert not carries_adapters(make_args(*disk, *local), "disk")  # /pull_weights copies a whole checkpoint
+    delta = make_args(*disk, *local, "--update-weight-mode", "delta")
+    assert not carries_adapters(delta, "disk")
+    with pytest.raises(SlimeError, match="this disk weight sync moves whole weights, not a LoRA adapter"):
+        make_syncer("disk", delta).sync(["http://e:1"], CPU_STATE, "1", lora={"base": False})
     args = make_args("--use-fault-tolerance", "--run-dir", str(tmp_path))
     pushed = []
 

@@ -168,3 +168,37 @@ def test_delta_equals_full_bit_for_bit_and_refused_delta_falls_back(engine, tiny
     m = delta.push([engine.url], state, weight_version="next")
     assert m["perf/weight_sync_delta_refused"] == 0
     assert sorted(p.name for p in dirs["pub"].iterdir()) == ["weight_v000004", "weight_v000005"]  # older pruned
+
+
+def test_a_lora_adapter_alone_in_full_disk_versions(engine, tiny_model_dir, dirs, hf_model):
+    """A LoRA run's full disk versions hold the adapter (and the base, the first time); the engine
+    merges it and then serves the weights of the trainer's merge, bit for bit."""
+    import copy
+    from argparse import Namespace
+
+    from slime.backends.torch import lora
+    from slime.sync.disk import DiskWeightSync
+
+    m = copy.deepcopy(hf_model)
+    opts = dict(lora_rank=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules=["all-linear"])
+    lora.apply(m, Namespace(**opts, lora_exclude_modules=[], lora_adapter_path=None, seed=1))
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if ".lora_B." in name:
+                p.normal_(0, 0.05)
+    raw = {k: v.detach() for k, v in m.state_dict().items()}
+    field = {"scaling": lora.scaling(m), "base_id": "disk-run", "modules": lora.adapted_modules(m)}
+    sync = DiskWeightSync(disk_dir=str(dirs["root"] / "lora"), mode="full", base_checkpoint=str(tiny_model_dir))
+    sync.push([engine.url], lora.merged(raw, lora.scaling(m)), weight_version="merged")
+    want = engine_logprobs(engine.url)
+    first = sync.push(
+        [engine.url],
+        {**lora.base_view(raw), **lora.engine_adapter(raw)},
+        weight_version="l1",
+        lora={**field, "base": True},
+    )
+    assert engine_logprobs(engine.url) == want
+    again = sync.push([engine.url], lora.engine_adapter(raw), weight_version="l2", lora={**field, "base": False})
+    assert engine_logprobs(engine.url) == want and EngineClient(engine.url).get_weight_version() == "l2"
+    assert again["perf/weight_sync_bytes"] < first["perf/weight_sync_bytes"] / 3
+    assert (torch.tensor(want) - reference_logprobs(m)).abs().max() < 1e-4  # the LoRA model's own

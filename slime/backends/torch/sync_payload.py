@@ -1,12 +1,12 @@
 """What one weight sync sends: the policy's full weights, or, for a LoRA policy, its adapter alone.
 
 A LoRA policy sends only its adapter's A and B (and the scaling) when the transport can carry an
-adapter (`shm`, `collective`) and every engine understands adapter updates (slime's built-in
+adapter (shared memory, the collective, full disk versions: `carries_adapters`) and every engine understands adapter updates (slime's built-in
 engine: its `/server_info` has `lora_base_id`): the engines merge it into the base weights they
 keep (`slime.engine.lora_weights`, with the trainer's own merge, so the result is the same bits).
 The base goes along, once, to every engine that does not hold this trainer's yet: its first sync,
 an engine restarted by fault tolerance (it comes back with the merged snapshot and no base), a
-resumed trainer. Everything else (the disk transport, CUDA IPC, SGLang engines) gets the merged
+resumed trainer. Everything else (disk deltas and local checkpoints, CUDA IPC, SGLang engines) gets the merged
 weights W0 + (alpha/r)·B·A, as a full fine-tune's. Under `--use-fault-tolerance` the snapshot a
 restarted engine loads is always the merged weights.
 """
@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from slime.backends.torch import lora, models
 from slime.engine.client import client_for
-from slime.sync.syncer import SYNCERS, WeightSyncer, transport_for
+from slime.sync.syncer import WeightSyncer, carries_adapters, transport_for
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +68,8 @@ class AdapterSync:
     def mode(self, actor: TrainRank, engine_urls: list[str]) -> str:
         """Rank 0: `merged`, `adapter` or `adapter+base` for this sync (asks every engine what it holds)."""
         transport = actor.syncer.transport if actor.syncer is not None else transport_for(actor.args, _params(actor))
-        if not SYNCERS[transport].adapter_updates:
-            return self._say(MERGED, f"the {transport} transport moves whole weights")
+        if not carries_adapters(actor.args, transport):
+            return self._say(MERGED, f"this {transport} transport moves whole weights")
         held = [client_for(url).get_server_info().get("lora_base_id", False) for url in engine_urls]
         if False in held:
             return self._say(MERGED, "an engine is not slime's built-in engine (no adapter updates)")
