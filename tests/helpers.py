@@ -17,6 +17,19 @@ def make_args(*argv: str, **options) -> Namespace:
     return parse_args(REQUIRED + to_argv(options) + list(argv))
 
 
+def short_run_argv(model_dir, task_dir, run_dir, *extra: str) -> list[str]:
+    """A two-rollout colocated run on the addition task (2 prompts x 2 samples, 8 new tokens, one
+    optimizer step each, lr 1e-2), then `extra` (later values win)."""
+    return [
+        *("--hf-checkpoint", str(model_dir), "--prompt-data", str(task_dir / "train.jsonl")),
+        *("--input-key", "prompt", "--label-key", "label", "--num-rollout", "2"),
+        *("--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--rollout-max-response-len", "8"),
+        *("--global-batch-size", "4", "--micro-batch-size", "4", "--lr", "1e-2", "--colocate"),
+        *("--run-dir", str(run_dir)),
+        *extra,
+    ]
+
+
 def stub_generate_state(monkeypatch, args: Namespace):
     """Install a GenerateState without tokenizer or engine (hooks stand in for the engine): the real
     state for `args`, built by `GenerateState.build`. The caller resets `GenerateState` afterwards."""

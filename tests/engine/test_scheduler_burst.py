@@ -16,26 +16,33 @@ def reqs(n: int) -> list[Req]:
 
 
 def test_waits_until_the_burst_has_landed():
-    sch = Scheduler(runner=None, max_running_requests=256)
-    sch.submit(reqs(3))  # a burst has begun: 3 waiting, 1 running
+    # A loaded machine may stall this test between the first submit and the wait for longer than the
+    # burst gap: the burst is then over as far as the scheduler can tell. Up to 5 tries; each one
+    # that waits must end as designed.
+    for _ in range(5):
+        sch = Scheduler(runner=None, max_running_requests=256)
+        sch.submit(reqs(3))  # a burst has begun: 3 waiting, 1 running
 
-    def stream():
-        for _ in range(40):  # one request every 0.5 ms: faster than the burst gap
-            time.sleep(0.0005)
-            sch.submit(reqs(1))
+        def stream(sch=sch):
+            for _ in range(40):  # one request every 0.5 ms: faster than the burst gap
+                time.sleep(0.0005)
+                sch.submit(reqs(1))
 
-    t = threading.Thread(target=stream)
-    t0 = time.perf_counter()
-    t.start()
-    assert sch._settle_burst(alive=1) is True
-    with sch._cv:  # what the wait saw when it ended
-        waited = time.perf_counter() - t0
-        quiet = time.perf_counter() - sch._last_submit
-        arrived = len(sch._waiting)
-    t.join()
+        t = threading.Thread(target=stream)
+        t0 = time.perf_counter()
+        t.start()
+        waited = sch._settle_burst(alive=1)
+        with sch._cv:  # what the wait saw when it ended
+            elapsed = time.perf_counter() - t0
+            quiet = time.perf_counter() - sch._last_submit
+            arrived = len(sch._waiting)
+        t.join()
+        if waited:
+            break
+    assert waited
     # It ends only on a quiet gap (or the cap): on a quiet machine that is after the stream; a busy
     # one may stall the stream for a gap, and then the wait may end mid-stream, as designed.
-    assert arrived == 43 or quiet >= BURST_GAP_S or waited >= BURST_MAX_WAIT_S, (arrived, quiet, waited)
+    assert arrived == 43 or quiet >= BURST_GAP_S or elapsed >= BURST_MAX_WAIT_S, (arrived, quiet, elapsed)
 
 
 def test_no_wait_without_a_burst():

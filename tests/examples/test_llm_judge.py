@@ -68,13 +68,14 @@ def test_an_unknown_model_name_is_an_error_not_the_policy():
 # ------------------------------------------------------------------------------------ real run
 async def fingerprint(rollout_id, args, samples, extra_metrics, rollout_time) -> bool:
     """--custom-rollout-log-function-path (the rollout manager's args): each model's weight version,
-    its log-probs of PROBE (a fingerprint of its weights) and the judge's request count."""
+    its log-probs of PROBE (a fingerprint of its weights) and the frozen model's request count."""
     from slime.rollout.sglang_rollout import get_model_url
     from slime.utils.http_utils import get, post
 
     row = {"rollout_id": rollout_id, "routers": {k: list(v) for k, v in args.sglang_model_routers.items()}}
-    row["judge_rows"] = (await get(get_model_url(args, "judge", "/get_server_info")))["stats"]["rows_run"]
-    for name in ("actor", "judge"):
+    frozen = next(name for name in args.sglang_model_routers if name != "actor")  # the judge, or a teacher
+    row["frozen_rows"] = (await get(get_model_url(args, frozen, "/get_server_info")))["stats"]["rows_run"]
+    for name in args.sglang_model_routers:
         payload = {
             "input_ids": PROBE,
             "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
@@ -94,52 +95,26 @@ async def fingerprint(rollout_id, args, samples, extra_metrics, rollout_time) ->
 def test_two_models_judge_is_asked_and_never_synced(ray_cluster, tiny_model_dir, task_dir, tmp_path):
     from slime.arguments import parse_args
     from slime.train import train
+    from tests.helpers import short_run_argv
 
     run_dir = tmp_path / "run"
     args = parse_args(
-        [
-            "--hf-checkpoint",
-            str(tiny_model_dir),
-            "--prompt-data",
-            str(task_dir / "train.jsonl"),
-            "--input-key",
-            "prompt",
-            "--label-key",
-            "label",
-            "--sglang-config",
-            str(REPO / "examples/llm_judge/sglang_config.yaml"),
-            "--rollout-num-gpus",
-            "2",
-            "--custom-rm-path",
-            "examples.llm_judge.reward.judge_reward",
-            "--custom-rollout-log-function-path",
-            "tests.examples.test_llm_judge.fingerprint",
-            "--num-rollout",
-            "2",
-            "--rollout-batch-size",
-            "2",
-            "--n-samples-per-prompt",
-            "2",
-            "--rollout-max-response-len",
-            "8",
-            "--global-batch-size",
-            "4",
-            "--micro-batch-size",
-            "4",
-            "--lr",
-            "1e-2",
-            "--colocate",
-            "--run-dir",
-            str(run_dir),
-        ]
+        short_run_argv(
+            tiny_model_dir,
+            task_dir,
+            run_dir,
+            *("--sglang-config", str(REPO / "examples/llm_judge/sglang_config.yaml"), "--rollout-num-gpus", "2"),
+            *("--custom-rm-path", "examples.llm_judge.reward.judge_reward"),
+            *("--custom-rollout-log-function-path", "tests.examples.test_llm_judge.fingerprint"),
+        )
     )
     train(args)
     rows = [json.loads(line) for line in (run_dir / "fingerprints.jsonl").read_text().splitlines()]
     assert [r["rollout_id"] for r in rows] == [0, 1]
     first, last = rows
     assert set(first["routers"]) == {"actor", "judge"} and first["routers"]["actor"] != first["routers"]["judge"]
-    assert first["judge_rows"] >= 4  # every sample of rollout 0 was judged (2 verdicts each, batched)
-    assert last["judge_rows"] > first["judge_rows"]
+    assert first["frozen_rows"] >= 4  # every sample of rollout 0 was judged (2 verdicts each, batched)
+    assert last["frozen_rows"] > first["frozen_rows"]
     assert first["judge"] == last["judge"] and first["judge_version"] == last["judge_version"]  # never synced
     assert first["actor_version"] != last["actor_version"]  # the policy was
     assert max(abs(a - b) for a, b in zip(first["actor"], last["actor"], strict=True)) > 1e-4
