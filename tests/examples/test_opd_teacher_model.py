@@ -7,24 +7,14 @@ rounding; after one update of the student it is not, while the teacher's weights
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-CONFIG = """\
-sglang:
-  - name: actor
-    update_weights: true
-    server_groups:
-      - worker_type: regular
-        num_gpus: 1
-  - name: teacher
-    update_weights: false
-    server_groups:
-      - worker_type: regular
-        num_gpus: 1
-"""
+REPO = Path(__file__).resolve().parents[2]
+CONFIG = REPO / "examples/llm_judge/opd_sglang_config.yaml"  # the documented example
 
 
 def test_the_teacher_model_is_asked_never_synced_and_the_student_drifts_from_it(
@@ -34,15 +24,13 @@ def test_the_teacher_model_is_asked_never_synced_and_the_student_drifts_from_it(
     from slime.train import train
     from tests.helpers import short_run_argv
 
-    config = tmp_path / "sglang_config.yaml"
-    config.write_text(CONFIG)
     run_dir = tmp_path / "run"
     args = parse_args(
         short_run_argv(
             tiny_model_dir,
             task_dir,
             run_dir,
-            *("--sglang-config", str(config), "--rollout-num-gpus", "2", "--use-opd", "--opd-type", "sglang"),
+            *("--sglang-config", str(CONFIG), "--rollout-num-gpus", "2", "--use-opd", "--opd-type", "sglang"),
             *("--custom-rm-path", "slime.rollout.on_policy_distillation.reward_func"),
             *("--custom-reward-post-process-path", "slime.rollout.on_policy_distillation.post_process_rewards"),
             *("--custom-rollout-log-function-path", "tests.examples.test_llm_judge.fingerprint"),
