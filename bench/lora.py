@@ -1,6 +1,6 @@
-"""Benchmark: full fine-tuning vs LoRA on the trainer, in-process (no Ray, no engine).
+"""Benchmark: full fine-tuning vs LoRA: the trainer in-process (no Ray), then weight sync into a real engine.
 
-    .venv/bin/python bench/lora.py [--models 25m,150m] [--steps 3] [--lora-rank 16] [--threads 2]
+    .venv/bin/python bench/lora.py [--models 25m,150m] [--steps 3] [--lora-rank 16] [--threads 2] [--recompute] [--no-sync]
 
 For each model (Qwen2-style, random init, the default job's tokenizer: ~25M parameters = hidden 512,
 8 layers; ~150M = hidden 1024, 12 layers, about 6x) and each way of training (every weight, or a
