@@ -65,18 +65,3 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
         out.append(t)
         ids.append(t)
     return out
-
-
-def engine_input_logprobs(url: str, seq: list[int]) -> list[float]:
-    """The engine server's log-probs of seq[1:] given their prefixes (temperature 1, one forward)."""
-    from slime.engine.client import EngineClient
-
-    out = EngineClient(url).generate(
-        {
-            "input_ids": seq,
-            "sampling_params": {"temperature": 0.0, "max_new_tokens": 1},
-            "return_logprob": True,
-            "logprob_start_len": 0,
-        }
-    )
-    return [lp[0] for lp in out["meta_info"]["input_token_logprobs"][1:]]

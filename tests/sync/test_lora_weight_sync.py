@@ -17,9 +17,10 @@ from slime.engine.client import EngineClient
 from slime.engine.lora_weights import LoraBase, LoraRequest, LoraUpdateError
 from slime.sync.distributed import DistributedWeightSync
 from slime.sync.shm import SharedMemoryWeightSync
+from slime.sync.tensor import engine_sequence_log_probs
 from slime.utils.http_utils import HTTPRequestError
 from slime.utils.lora_merge import merge_weight
-from tests.engine.engine_test_utils import engine_input_logprobs, reference_logprobs
+from tests.engine.engine_test_utils import reference_logprobs
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -48,7 +49,7 @@ def policy(hf_model):
 
 
 def engine_logprobs(url: str) -> list[float]:
-    return engine_input_logprobs(url, SEQ)
+    return engine_sequence_log_probs(url, SEQ)
 
 
 def lora_field(model, base_id: str, with_base: bool) -> dict:

@@ -11,8 +11,9 @@ import torch
 from safetensors.torch import load_file
 
 from slime.engine.client import EngineClient
+from slime.sync.tensor import engine_sequence_log_probs
 from slime.utils.http_utils import HTTPRequestError
-from tests.engine.engine_test_utils import engine_input_logprobs, start_engine
+from tests.engine.engine_test_utils import start_engine
 
 pytestmark = [pytest.mark.timeout(300)]
 
@@ -53,7 +54,7 @@ def trained(hf_model):
 
 
 def engine_logprobs(url: str) -> list[float]:
-    return engine_input_logprobs(url, SEQ)
+    return engine_sequence_log_probs(url, SEQ)
 
 
 def reference_logprobs(model) -> torch.Tensor:
