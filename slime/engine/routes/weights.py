@@ -79,7 +79,8 @@ def add_weight_routes(app: FastAPI, state: EngineState) -> None:
         except Exception as e:  # noqa: BLE001
             raise BadRequest(f"update_weights_from_disk: cannot read {path!r}: {type(e).__name__}: {e}") from None
         answer = await apply_update(state, named, body, "update_weights_from_disk")
-        state.model_path = path
+        if isinstance(answer, dict):  # loaded (a refused adapter, HTTP 409, changed nothing)
+            state.model_path = path
         return answer
 
     route(app, "/update_weights_from_tensor", update_weights_from_tensor, allow_empty=False)
