@@ -1,6 +1,6 @@
 """Benchmark: full fine-tuning vs LoRA: the trainer in-process (no Ray), then weight sync into a real engine.
 
-    .venv/bin/python bench/lora.py [--models 25m,150m] [--steps 3] [--lora-rank 16] [--threads 2] [--recompute] [--no-sync]
+    .venv/bin/python bench/lora.py [--models 25m,150m] [--steps 3] [--lora-rank 16] [--threads 2] [--recompute] [--bf16] [--no-sync]
 
 For each model (Qwen2-style, random init, the default job's tokenizer: ~25M parameters = hidden 512,
 8 layers; ~150M = hidden 1024, 12 layers, about 6x) and each way of training (every weight, or a
@@ -93,7 +93,9 @@ def batch(seed: int = 0) -> dict:
     }
 
 
-def worker(model_dir: str, lora_rank: int, steps: int, threads: int, run_dir: str, recompute: bool = False) -> dict:
+def worker(
+    model_dir: str, lora_rank: int, steps: int, threads: int, run_dir: str, recompute: bool = False, bf16: bool = False
+) -> dict:
     """One TrainActor (full or LoRA) training the batch `steps` + 1 times; what it measured."""
     import torch
 
@@ -126,6 +128,8 @@ def worker(model_dir: str, lora_rank: int, steps: int, threads: int, run_dir: st
     ]
     if recompute:  # gradient checkpointing of every decoder layer
         argv += ["--recompute-granularity", "full"]
+    if bf16:  # autocast bf16 (fp32 master weights; a LoRA run keeps its frozen base in bf16)
+        argv += ["--bf16"]
     if lora_rank:
         argv += ["--enable-lora", "--lora-rank", str(lora_rank), "--lora-alpha", str(2 * lora_rank)]
     actor = TrainActor(
@@ -174,7 +178,7 @@ def sync_rows(model_dir: Path, rank: int, repeats: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opts = dict(lora_rank=rank, lora_alpha=2 * rank, lora_dropout=0.0, lora_target_modules=["all-linear"])
-    lora.apply(model, Namespace(**opts, lora_exclude_modules=[], lora_adapter_path=None, seed=0))
+    lora.apply(model, Namespace(**opts, lora_exclude_modules=[], lora_adapter_path=None, seed=0, bf16=False, fp16=False))
     with torch.no_grad():  # a trained adapter: B != 0
         for name, p in model.named_parameters():
             if ".lora_B." in name:
@@ -287,18 +291,20 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--sync-repeats", type=int, default=5, help="syncs timed per kind (after one warm-up)")
     ap.add_argument("--recompute", action="store_true", help="train with --recompute-granularity full (both ways)")
+    ap.add_argument("--bf16", action="store_true", help="train with --bf16 (both ways)")
     ap.add_argument("--no-sync", action="store_true", help="the trainer table only (no engine)")
     ap.add_argument("--worker", nargs=4, metavar=("MODEL_DIR", "RANK", "STEPS", "RUN_DIR"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.worker:
         model_dir, rank, steps, run_dir = a.worker
-        print(json.dumps(worker(model_dir, int(rank), int(steps), a.threads, run_dir, a.recompute)))
+        print(json.dumps(worker(model_dir, int(rank), int(steps), a.threads, run_dir, a.recompute, a.bf16)))
         return
 
     from slime.data.tiny_model import build_tiny_model
 
     print(
         f"{time.strftime('%Y-%m-%d')}; {cpu_line()}; torch threads {a.threads}; fp32 master weights"
+        f"{'; --bf16 (autocast; the LoRA base kept in bf16)' if a.bf16 else ''}"
         f"{'; activation recomputation (--recompute-granularity full)' if a.recompute else ''}"
     )
     print(
@@ -321,6 +327,7 @@ def main() -> None:
                         "--threads",
                         str(a.threads),
                         *(["--recompute"] if a.recompute else []),
+                        *(["--bf16"] if a.bf16 else []),
                         "--worker",
                         str(model_dir),
                         str(rank),

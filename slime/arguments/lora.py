@@ -150,5 +150,15 @@ def startup_note(args: argparse.Namespace) -> str | None:
         f"LoRA: rank {args.lora_rank}, alpha {args.lora_alpha:g} (updates scaled by {args.lora_alpha / args.lora_rank:g}) "
         f"on {'every linear layer of the decoder' if args.lora_target_modules == [ALL_LINEAR] else ', '.join(args.lora_target_modules)}"
         f"{' except ' + ', '.join(args.lora_exclude_modules) if args.lora_exclude_modules else ''}; only the adapter "
-        f"trains and the engines get the merged weights W0 + (alpha/r)·B·A{ref}"
+        f"trains and the engines get the merged weights W0 + (alpha/r)·B·A{ref}{_base_dtype_note(args)}"
+    )
+
+
+def _base_dtype_note(args: argparse.Namespace) -> str:
+    if not (args.bf16 or args.fp16):
+        return ""
+    dtype = "bf16" if args.bf16 else "fp16"
+    return (
+        f"; the adapted layers' frozen base weights are kept in {dtype} (autocast computes them in {dtype} anyway: "
+        "the same bits at half the memory), the adapter in fp32"
     )

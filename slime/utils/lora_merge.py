@@ -30,14 +30,16 @@ def one_thread() -> Iterator[None]:
 
 
 def merge_weight(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """`base + scale·(b @ a)` in float32 arithmetic, in `base`'s dtype (a: [r, in], b: [out, r]).
+    """`base + scale·(b @ a)` in float32 arithmetic (a: [r, in], b: [out, r]), in the wider of the
+    base's and the adapter's dtypes: a base kept in bf16 (a `--bf16` LoRA trainer's) with an fp32
+    adapter gives fp32 weights, the same on both sides.
     One fused GEMM (`addmm`): 4x faster than product, scale and sum as separate passes. A loop of
     merges runs inside one `one_thread()` (switching thread counts per weight costs more than the
     merge of a small one)."""
     if torch.get_num_threads() != 1:
         with one_thread():
             return merge_weight(base, a, b, scale)
-    return torch.addmm(base.float(), b.float(), a.float(), alpha=scale).to(base.dtype)
+    return torch.addmm(base.float(), b.float(), a.float(), alpha=scale).to(torch.promote_types(base.dtype, a.dtype))
 
 
 def check_shapes(name: str, base: torch.Size, a: torch.Size, b: torch.Size) -> str | None:

@@ -109,6 +109,15 @@ CONFIGS = {
         "--kl-loss-coef",
         "0.1",
     ],
+    # LoRA under --bf16: the adapted layers' base weights kept in bf16 beside the fp32 adapter, in one
+    # FSDP2 group (mixed dtypes); the merged state that leaves the trainer is fp32; 2 ranks' gradients
+    # = 1 rank's under autocast (they were not while autocast cached weight casts). One step per
+    # rollout: a separate old-log-prob pass would batch samples differently on 1 and 2 ranks, and
+    # bf16 matmuls round differently with the batch's shape
+    "lora_bf16_base": [
+        *("--enable-lora", "--lora-rank", "4", "--lora-alpha", "8", "--lr", "1e-2", "--bf16"),
+        *("--global-batch-size", str(N)),
+    ],
 }
 
 
@@ -242,7 +251,8 @@ def test_two_ranks_make_the_same_update_as_one(runs, tiny_model_dir, name):
 
         for run in (one, two):
             modules = sorted({k.rsplit(".lora_", 1)[0] for k in run["adapter"]})
-            base = {f"{m}.weight": start[f"{m}.weight"] for m in modules}
+            kept = torch.bfloat16 if "--bf16" in CONFIGS[name] else torch.float32  # the trainer's base, as sent
+            base = {f"{m}.weight": start[f"{m}.weight"].to(kept) for m in modules}
             req = LoraRequest(scaling=2.0, base_id="t", with_base=True, modules=modules)  # alpha 8 / rank 4
             merged = LoraBase().expand({**base, **run["adapter"]}, req, closing=True)
             assert merged.keys() == base.keys()

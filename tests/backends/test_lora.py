@@ -302,3 +302,49 @@ def test_the_start_up_notes_say_what_lora_changes():
     assert "LoRA: rank 4, alpha 8 (updates scaled by 2)" in notes
     assert "the reference policy (KL) is the base model: the policy with its adapter disabled, no second copy" in notes
     assert not any("LoRA" in n for n in startup_notes(make_args()))
+
+
+def test_bf16_keeps_the_base_in_bf16_with_the_bits_of_an_fp32_base_under_autocast(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """--bf16: autocast rounds the frozen base weights to bf16 at every matmul, so storing them in bf16
+    changes no bit of training; what leaves the trainer merged is fp32, merged from the bf16 base."""
+    kept = _actor(tiny_model_dir, tmp_path / "bf16", *LORA, "--bf16")
+    monkeypatch.setattr(lora, "store_base_weights_in", lambda model, dtype: None)
+    fp32 = _actor(tiny_model_dir, tmp_path / "fp32", *LORA, "--bf16")
+    params = dict(kept.model.named_parameters())
+    assert {p.dtype for n, p in params.items() if ".base_layer.weight" in n} == {torch.bfloat16}
+    assert {p.dtype for n, p in params.items() if ".base_layer." not in n} == {torch.float32}
+    assert lora.has_reduced_base(kept.model) and not lora.has_reduced_base(fp32.model)
+    for step in range(2):
+        a, b = kept.train(step, _copy(DATA)), fp32.train(step, _copy(DATA))
+        assert a["train/pg_loss"] == b["train/pg_loss"] and a["train/grad_norm"] == b["train/grad_norm"]
+    other = dict(fp32.model.named_parameters())
+    for n, p in params.items():
+        if ".lora_" in n:
+            assert torch.equal(p, other[n]), n
+    merged, scale = kept.full_state_dict(), lora.scaling(kept.model)
+    raw = kept.model.state_dict()
+    for key in lora.adapted_modules(kept.model):
+        w0 = raw[f"{key}.base_layer.weight"]
+        a_, b_ = raw[f"{key}.lora_A.default.weight"], raw[f"{key}.lora_B.default.weight"]
+        expect = w0.double() + scale * (b_.double() @ a_.double())
+        assert merged[f"{key}.weight"].dtype == torch.float32
+        torch.testing.assert_close(merged[f"{key}.weight"].double(), expect, rtol=0, atol=1e-6)
+    # the weight-parity forward runs in the policy's own precision (no fp32 x bf16 matmul)
+    from slime.backends.torch import step
+
+    assert step.sequence_log_probs(kept, [5, 6, 7, 8]).shape == (3,)
+
+
+def test_a_bf16_lora_checkpoint_resumes_only_in_bf16(tiny_model_dir, tmp_path):
+    """Its merged weights are the bf16 base's: an fp32 run would see other weights, and says why.
+    (The exact resume under --bf16, on 1 and 2 ranks: tests/backends/test_data_parallel.py.)"""
+    save = tmp_path / "ckpt"
+    run = _actor(tiny_model_dir, tmp_path / "a", *LORA, "--bf16", "--save", str(save))
+    run.train(0, _copy(DATA))
+    run.save(0)
+    commit(str(save), 0)
+    with pytest.raises(SlimeError, match="or with another of --bf16 / --fp16 / neither"):
+        _actor(tiny_model_dir, tmp_path / "b", *LORA, "--load", str(save))
+    assert _actor(tiny_model_dir, tmp_path / "c", *LORA, "--bf16", "--load", str(save)).model is not None

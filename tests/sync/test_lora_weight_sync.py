@@ -33,7 +33,7 @@ def policy(hf_model):
     m = copy.deepcopy(hf_model).train()
     args = Namespace(
         lora_rank=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules=["all-linear"],
-        lora_exclude_modules=[], lora_adapter_path=None, seed=3,
+        lora_exclude_modules=[], lora_adapter_path=None, seed=3, bf16=False, fp16=False,
     )  # fmt: skip
     lora.apply(m, args)
     opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2)
@@ -65,14 +65,19 @@ def with_base(raw: dict) -> dict:
     return {**lora.base_view(raw), **lora.engine_adapter(raw)}
 
 
-def test_the_engine_merge_is_the_trainers_bit_for_bit(policy):
+@pytest.mark.parametrize("base_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16-base"])
+def test_the_engine_merge_is_the_trainers_bit_for_bit(policy, base_dtype):
+    """bf16-base: a --bf16 LoRA trainer keeps its base weights in bf16 and sends them so; both sides'
+    merges give fp32 weights (the adapter's dtype), the same bits."""
     model, step = policy
     raw = step()
+    raw = {k: v.to(base_dtype) if ".base_layer.weight" in k else v for k, v in raw.items()}
     req = LoraRequest.parse({"lora": lora_field(model, "b1", True)})
     got = LoraBase().expand(with_base(raw), req, closing=True)
     want = lora.merged(raw, lora.scaling(model))
     assert set(got) == set(want)
     assert all(torch.equal(got[k], want[k]) for k in want)
+    assert {got[f"{m}.weight"].dtype for m in lora.adapted_modules(model)} == {torch.float32}
     # and the merge is the formula, computed independently in float64
     k = "model.layers.0.mlp.down_proj"
     ref = raw[f"{k}.base_layer.weight"].double() + lora.scaling(model) * (

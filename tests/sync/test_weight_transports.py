@@ -182,7 +182,7 @@ def test_a_lora_adapter_alone_in_full_disk_versions(engine, tiny_model_dir, dirs
 
     m = copy.deepcopy(hf_model)
     opts = dict(lora_rank=4, lora_alpha=8, lora_dropout=0.0, lora_target_modules=["all-linear"])
-    lora.apply(m, Namespace(**opts, lora_exclude_modules=[], lora_adapter_path=None, seed=1))
+    lora.apply(m, Namespace(**opts, lora_exclude_modules=[], lora_adapter_path=None, seed=1, bf16=False, fp16=False))
     with torch.no_grad():
         for name, p in m.named_parameters():
             if ".lora_B." in name:

@@ -137,7 +137,9 @@ def _reference_sft_step(tiny_model_dir, args, data, bf16: bool):
     idx = list(range(len(data["tokens"])))
     denoms = [float(sum(m)) for m in data["loss_masks"]]
     num_tokens = float(sum(sum(m) for m in data["loss_masks"]))
-    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    # --bf16 is autocast without its cache of weight casts (slime.backends.torch.device.autocast: the
+    # cache broke FSDP2's gradients); with the cache this step's last bits differ, even on one rank
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False) if bf16 else contextlib.nullcontext()
     with ctx:
         opt.zero_grad(set_to_none=True)
         mb = make_micro_batch(data, idx, model.config.pad_token_id or 0, share_prompts=args.share_prompt_forward)

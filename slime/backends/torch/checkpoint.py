@@ -288,7 +288,8 @@ def check_lora_resume(actor: Checkpointable, weights: dict[str, torch.Tensor], w
         raise SlimeError(
             f"{where}: this run's base model (--ref-load {actor.args.ref_load}) with the checkpoint's adapter does not "
             f"give the checkpoint's weights ({len(differ)} tensors differ, e.g. {differ[0]}): the checkpoint was "
-            f"trained on another base model; give the --ref-load / --hf-checkpoint it was saved with"
+            f"trained on another base model, or with another of --bf16 / --fp16 / neither (which keep the base "
+            f"weights in bf16 / fp16 / fp32); give the --ref-load / --hf-checkpoint and precision it was saved with"
         )
 
 

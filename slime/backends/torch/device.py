@@ -50,9 +50,13 @@ def process_group_backend(device: torch.device) -> str:
 
 
 def autocast(device: torch.device, bf16: bool, fp16: bool) -> contextlib.AbstractContextManager:
-    """Megatron's --bf16 / --fp16 as torch autocast on `device`; neither: fp32 throughout."""
+    """Megatron's --bf16 / --fp16 as torch autocast on `device`; neither: fp32 throughout.
+    Without autocast's cache of weight casts: FSDP2 gathers a layer's weights into the same
+    parameter object at every micro-batch, so a cached cast outlives the gathered weight it came
+    from and the later micro-batches' gradients went wrong (2 ranks' grad norm 20% off 1 rank's);
+    a cast per micro-batch costs one pass over the weights."""
     if bf16 or fp16:
-        return torch.autocast(device.type, dtype=torch.bfloat16 if bf16 else torch.float16)
+        return torch.autocast(device.type, dtype=torch.bfloat16 if bf16 else torch.float16, cache_enabled=False)
     return contextlib.nullcontext()
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from slime.algorithms.losses import reduce_loss, sft_loss
+from slime.backends.torch import lora
 from slime.backends.torch.batching import (
     MicroBatch,
     build_micro_batch,
@@ -29,7 +30,7 @@ from slime.backends.torch.batching import (
     plan_micro_batches,
     response_log_probs,
 )
-from slime.backends.torch.device import to_device, to_host
+from slime.backends.torch.device import autocast, to_device, to_host
 from slime.backends.torch.diagnostics import ci_step
 from slime.backends.torch.hooks import before_log_prob, before_train_step
 from slime.backends.torch.loss import policy_loss
@@ -110,9 +111,13 @@ def forward_log_probs(
 
 
 def sequence_log_probs(rank: Stepper, token_ids: list[int]) -> torch.Tensor:
-    """The policy's log-probs of tokens[1:] given their prefixes (temperature 1), on the host."""
+    """The policy's log-probs of tokens[1:] given their prefixes (temperature 1), on the host. In
+    fp32, or, for a LoRA policy whose base weights are kept in bf16/fp16, in its autocast (the only
+    precision that policy computes in)."""
+    a = rank.args
+    reduced = lora.has_reduced_base(rank.model)
     rank.model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), autocast(rank.device, a.bf16 and reduced, a.fp16 and reduced):
         data = {
             "tokens": [token_ids],
             "response_lengths": [len(token_ids) - 1],
