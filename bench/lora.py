@@ -178,7 +178,9 @@ def sync_rows(model_dir: Path, rank: int, repeats: int, threads: int) -> dict:
     torch.set_num_threads(threads)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     opts = dict(lora_rank=rank, lora_alpha=2 * rank, lora_dropout=0.0, lora_target_modules=["all-linear"])
-    lora.apply(model, Namespace(**opts, lora_exclude_modules=[], lora_adapter_path=None, seed=0, bf16=False, fp16=False))
+    lora.apply(
+        model, Namespace(**opts, lora_exclude_modules=[], lora_adapter_path=None, seed=0, bf16=False, fp16=False)
+    )
     with torch.no_grad():  # a trained adapter: B != 0
         for name, p in model.named_parameters():
             if ".lora_B." in name:

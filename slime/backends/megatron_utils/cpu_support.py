@@ -1,0 +1,162 @@
+"""megatron-core on a CPU: substitutes for the few places that hard-code CUDA, in one module.
+
+megatron-core's model, tensor-parallel layers and collectives run on torch's CPU tensors and a gloo
+process group, except where a function allocates on `torch.cuda.current_device()` or builds a
+tensor with `device="cuda"`. Each such place gets a substitute here that does the same on the
+device of its inputs. They are applied by `apply()` only when torch sees no CUDA device: on a GPU
+none of this runs and the code path is Megatron's own.
+
+The substitutes are tied to the megatron-core release they were written against (`TESTED`):
+another release stops at start-up with a message, since a moved or renamed function would
+otherwise be patched silently in the wrong place. Each substitute has a test that leaves it out
+and shows what fails (tests/backends/test_megatron_model.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from slime.errors import SlimeError
+
+TESTED = "0.16.1"  # the megatron-core release these substitutes were written against
+
+
+@dataclass(frozen=True)
+class Substitute:
+    name: str
+    module: str  # where the attribute lives (a function imported by name is patched where it is used too)
+    attr: str  # "func" or "Class.method"
+    replacement: Callable[..., Any]
+    why: str
+
+
+def _rotary_embedding(self: Any, max_seq_len: int, offset: int = 0) -> torch.Tensor:
+    """RoPE's angle table [s, 1, 1, dim] on the device `inv_freq` lives on (Megatron moves it to
+    the current CUDA device at the first forward)."""
+    freqs = self.get_freqs_non_repeated(max_seq_len, offset)  # [s, dim / 2]
+    emb = freqs.repeat_interleave(2, dim=-1) if self.rotary_interleaved else torch.cat((freqs, freqs), dim=-1)
+    return emb[:, None, None, :]
+
+
+def _causal_mask(sq: int) -> torch.Tensor:
+    """True above the diagonal: the positions a query may not attend to."""
+    return torch.ones(sq, sq, dtype=torch.bool).triu(diagonal=1)
+
+
+def _gather_along_last_dim(input_: torch.Tensor, group: Any) -> torch.Tensor:
+    """Every tensor-parallel rank's slice, concatenated along the last dimension (vocab-parallel
+    logits gathered whole), on the input's device."""
+    world = group.size()
+    if world == 1:
+        return input_
+    parts = [torch.empty_like(input_) for _ in range(world)]
+    dist.all_gather(parts, input_.contiguous(), group=group)
+    return torch.cat(parts, dim=-1).contiguous()
+
+
+def _global_buffer_tensor(
+    self: Any, tensor_shape: Any, dtype: torch.dtype, name: str, mem_alloc_context: Any = None
+) -> torch.Tensor:
+    """Megatron's reusable scratch buffer (gathers of activations), kept on the CPU."""
+    needed = 1
+    for n in tensor_shape:
+        needed *= int(n)
+    key = (name, dtype)
+    held = self.buffer.get(key)
+    if held is None or held.numel() < needed:
+        held = self.buffer[key] = torch.empty(needed, dtype=dtype, requires_grad=False)
+    return held[:needed].view(*tensor_shape)
+
+
+SUBSTITUTES: tuple[Substitute, ...] = (
+    Substitute(
+        "rotary_embedding",
+        "megatron.core.models.common.embeddings.rotary_pos_embedding",
+        "RotaryEmbedding.get_emb",
+        _rotary_embedding,
+        "moves inv_freq to torch.cuda.current_device() at the first forward",
+    ),
+    Substitute(
+        "causal_mask",
+        "megatron.core.fusions.fused_softmax",  # imported there by name from megatron.core.transformer.utils
+        "get_default_causal_mask",
+        _causal_mask,
+        'the unfused softmax builds the causal attention mask with device="cuda"',
+    ),
+    Substitute(
+        "gather_along_last_dim",
+        "megatron.core.tensor_parallel.mappings",
+        "_gather_along_last_dim",
+        _gather_along_last_dim,
+        "allocates the gathered tensor on torch.cuda.current_device()",
+    ),
+    Substitute(
+        "global_memory_buffer",
+        "megatron.core.utils",
+        "GlobalMemoryBuffer.get_tensor",
+        _global_buffer_tensor,
+        "allocates its buffers on torch.cuda.current_device()",
+    ),
+)
+
+_originals: dict[str, Any] = {}
+
+
+def _owner_and_leaf(sub: Substitute) -> tuple[Any, str]:
+    owner: Any = importlib.import_module(sub.module)
+    *path, leaf = sub.attr.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    return owner, leaf
+
+
+def check_version() -> str:
+    """The installed megatron-core's version; another than `TESTED` stops with what to do."""
+    try:
+        import megatron.core
+    except ImportError as e:
+        raise SlimeError(
+            f"--train-backend megatron needs megatron-core {TESTED}: pip install -c constraints.txt "
+            f"'slime-rl[megatron]' ({e})"
+        ) from e
+    version = str(megatron.core.__version__)
+    if version != TESTED:
+        raise SlimeError(
+            f"megatron-core {version} is installed; slime-rl's CPU support is tested with {TESTED} only "
+            f"(slime/backends/megatron_utils/cpu_support.py patches its CUDA-only functions by name): install "
+            f"megatron-core=={TESTED}"
+        )
+    return version
+
+
+def needed() -> bool:
+    return not torch.cuda.is_available()
+
+
+def apply(skip: frozenset[str] = frozenset()) -> list[str]:
+    """Install every substitute (but `skip`'s) when torch sees no CUDA device; the names installed."""
+    if not needed():
+        return []
+    check_version()
+    # every module imported before the first patch: one that imports a patched function by name
+    # would otherwise take the substitute as Megatron's original
+    targets = [(sub, *_owner_and_leaf(sub)) for sub in SUBSTITUTES if sub.name not in skip]
+    for sub, owner, leaf in targets:
+        _originals.setdefault(sub.name, getattr(owner, leaf))
+    for sub, owner, leaf in targets:
+        setattr(owner, leaf, sub.replacement)
+    return [sub.name for sub, _, _ in targets]
+
+
+def restore(names: frozenset[str] | None = None) -> None:
+    """Megatron's own functions back, all or `names` (tests: what fails without a substitute)."""
+    for sub in SUBSTITUTES:
+        if sub.name in _originals and (names is None or sub.name in names):
+            owner, leaf = _owner_and_leaf(sub)
+            setattr(owner, leaf, _originals.pop(sub.name))

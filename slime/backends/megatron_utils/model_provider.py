@@ -1,0 +1,90 @@
+"""The policy as a megatron-core `GPTModel`, built from a Hugging Face checkpoint's config.
+
+A Qwen2 / Llama-style decoder (RMSNorm, SwiGLU, RoPE, grouped-query attention, QKV bias as the
+config says) with Megatron's local layer spec (plain torch modules: no TransformerEngine on a
+CPU). Every fusion is off: they are CUDA kernels. The weights come from the HF checkpoint
+(`hf_weights.load_hf_weights`), not from Megatron's initialisation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from slime.errors import SlimeError
+
+SUPPORTED = ("qwen2", "llama")  # model types whose HF layout `hf_weights` converts
+
+
+def transformer_config(hf: Any, tensor_parallel: int, params_dtype: torch.dtype = torch.float32) -> Any:
+    """Megatron's TransformerConfig for the HF config `hf` (a PretrainedConfig)."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if hf.model_type not in SUPPORTED:
+        raise SlimeError(
+            f"--train-backend megatron: model type {hf.model_type!r} is not converted here (supported: "
+            f"{', '.join(SUPPORTED)})"
+        )
+    heads, groups = hf.num_attention_heads, hf.num_key_value_heads or hf.num_attention_heads
+    if groups % tensor_parallel or heads % tensor_parallel:
+        raise SlimeError(
+            f"--tensor-model-parallel-size {tensor_parallel} must divide the model's {heads} attention heads "
+            f"and {groups} key/value heads"
+        )
+    return TransformerConfig(
+        num_layers=hf.num_hidden_layers,
+        hidden_size=hf.hidden_size,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        kv_channels=getattr(hf, "head_dim", None) or hf.hidden_size // heads,
+        ffn_hidden_size=hf.intermediate_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=hf.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=bool(getattr(hf, "attention_bias", hf.model_type == "qwen2")),
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tensor_parallel,
+        params_dtype=params_dtype,
+        use_cpu_initialization=True,
+        perform_initialization=False,  # the checkpoint's weights replace them
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+    )
+
+
+def rope_theta(hf: Any) -> float:
+    params = getattr(hf, "rope_parameters", None) or {}
+    scaling = params.get("rope_type", "default")
+    if scaling != "default":
+        raise SlimeError(f"--train-backend megatron: RoPE scaling {scaling!r} is not supported, only plain RoPE")
+    return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
+
+
+def build_gpt_model(hf: Any, tensor_parallel: int, params_dtype: torch.dtype = torch.float32) -> Any:
+    """A GPTModel shaped like the HF config (weights not loaded yet); parallel state must be set up."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config(hf, tensor_parallel, params_dtype)
+    if hf.vocab_size % tensor_parallel:
+        raise SlimeError(
+            f"--tensor-model-parallel-size {tensor_parallel} must divide the vocabulary ({hf.vocab_size} tokens)"
+        )
+    return GPTModel(
+        config,
+        get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=hf.vocab_size,
+        max_sequence_length=hf.max_position_embeddings,
+        position_embedding_type="rope",
+        rotary_base=rope_theta(hf),
+        share_embeddings_and_output_weights=bool(hf.tie_word_embeddings),
+    )

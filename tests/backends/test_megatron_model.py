@@ -1,0 +1,155 @@
+"""The policy as a real megatron-core GPTModel on the CPU (gloo): built from an HF checkpoint's config,
+its weights converted from transformers', per-token log-probs equal to transformers' at tensor-parallel
+sizes 1 and 2, the weights converted back exactly, and each CPU substitute shown necessary by
+leaving it out."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from slime.errors import SlimeError
+from slime.utils.net import free_port
+
+pytest.importorskip("megatron.core")
+
+MODELS = {  # a tied Qwen2 (QKV bias) and an untied Llama (no bias, an output layer of its own)
+    "qwen2_tied": dict(arch="qwen2"),
+    "llama_untied": dict(arch="llama", tie_word_embeddings=False),
+}
+
+
+def _forward(model, hf, ids):
+    """(Megatron's per-token log-probs via the vocab-parallel cross entropy, its logits gathered
+    whole over the tensor-parallel ranks, transformers' log-probs and logits)."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region, vocab_parallel_cross_entropy
+
+    positions = torch.arange(ids.shape[1]).expand_as(ids)
+    with torch.no_grad():
+        logits = model(ids, positions, None)  # [b, s, vocab / tp]
+        sbv = logits[:, :-1].transpose(0, 1).contiguous()
+        lp = -vocab_parallel_cross_entropy(sbv, ids[:, 1:].transpose(0, 1).contiguous()).transpose(0, 1)
+        full = gather_from_tensor_model_parallel_region(logits)
+        ref_logits = hf(input_ids=ids).logits
+        ref_lp = torch.log_softmax(ref_logits[:, :-1], -1).gather(-1, ids[:, 1:, None])[..., 0]
+    return lp, full, ref_lp, ref_logits
+
+
+def _worker(rank: int, world: int, port: int, model_dirs: dict, out: str) -> None:
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from slime.backends.megatron_utils import cpu_support, hf_weights, initialize, model_provider
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    installed = initialize.init_megatron(world, seed=1234)
+    tp_rank, group = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_group()
+    ids = torch.randint(5, 300, (3, 17), generator=torch.Generator().manual_seed(0))
+    results: dict = {"installed": installed}
+    for name, path in model_dirs.items():
+        config = AutoConfig.from_pretrained(path)
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        model = model_provider.build_gpt_model(config, world).eval()
+        hf_weights.load_hf_weights(model, hf.state_dict(), tp_rank, world, config.tie_word_embeddings)
+        lp, full, ref_lp, ref_logits = _forward(model, hf, ids)
+        back = hf_weights.to_hf(dict(model.named_parameters()), model.config, world, group, config.tie_word_embeddings)
+        expected = hf.state_dict()
+        results[name] = {
+            "lp_diff": float((lp - ref_lp).abs().max()),
+            "logits_diff": float((full - ref_logits).abs().max()),
+            "local_vocab": model.state_dict()["embedding.word_embeddings.weight"].shape[0],
+            "same_names": sorted(back) == sorted(expected),
+            "exact": all(torch.equal(back[k], expected[k]) for k in expected if k in back),
+        }
+    # each substitute left out in turn: a new model's forward fails (Megatron's CUDA-only code runs;
+    # a new model and empty scratch buffers: both are kept after a first forward)
+    without = {}
+    for sub in cpu_support.SUBSTITUTES:
+        cpu_support.restore(frozenset({sub.name}))
+        parallel_state.get_global_memory_buffer().buffer.clear()  # allocated anew, as at the first forward
+        try:
+            _forward(model_provider.build_gpt_model(config, world).eval(), hf, ids)
+            without[sub.name] = "ran"
+        except Exception as e:  # noqa: BLE001 - recorded for the test to read
+            without[sub.name] = f"{type(e).__name__}: {e}"
+        cpu_support.apply()
+    results["without"] = without
+    if rank == 0:
+        torch.save(results, f"{out}/megatron_{world}.pt")
+    dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from slime.data.tiny_model import build_tiny_model
+
+    root = tmp_path_factory.mktemp("megatron")
+    dirs = {name: str(build_tiny_model(root / name, **kw)) for name, kw in MODELS.items()}
+    out = {}
+    for world in (1, 2):
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        procs = [ctx.Process(target=_worker, args=(r, world, port, dirs, str(root))) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        codes = [p.exitcode for p in procs]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        assert codes == [0] * world, f"{world} rank(s): exit codes {codes}"
+        out[world] = torch.load(root / f"megatron_{world}.pt", weights_only=False)
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_megatron_log_probs_are_transformers(runs, name, world):
+    r = runs[world][name]
+    assert r["local_vocab"] == 320 // world  # the vocabulary really is split over the ranks
+    assert r["lp_diff"] < 1e-5 and r["logits_diff"] < 1e-5, r
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_weights_convert_back_exactly(runs, name, world):
+    assert runs[world][name]["same_names"] and runs[world][name]["exact"]
+
+
+def test_every_cpu_substitute_is_needed(runs):
+    from slime.backends.megatron_utils import cpu_support
+
+    assert runs[2]["installed"] == [s.name for s in cpu_support.SUBSTITUTES]
+    for name, outcome in runs[2]["without"].items():
+        assert "CUDA" in outcome or "cuda" in outcome, (name, outcome)
+
+
+def test_an_untested_megatron_core_stops_with_the_version_to_install(monkeypatch):
+    import megatron.core
+
+    from slime.backends.megatron_utils import cpu_support
+
+    monkeypatch.setattr(megatron.core, "__version__", "0.99.0")
+    with pytest.raises(SlimeError, match=r"megatron-core 0.99.0 is installed; .* install megatron-core==0.16.1"):
+        cpu_support.check_version()
+
+
+def test_shapes_megatron_cannot_split_stop_naming_them(tmp_path):
+    from transformers import AutoConfig
+
+    from slime.backends.megatron_utils import model_provider
+    from slime.data.tiny_model import build_tiny_model
+
+    config = AutoConfig.from_pretrained(build_tiny_model(tmp_path / "m"))  # 4 heads, 2 key/value heads
+    with pytest.raises(SlimeError, match="--tensor-model-parallel-size 4 must divide .* 4 attention heads and 2 key/value"):
+        model_provider.transformer_config(config, 4)
+    config.model_type = "gpt2"
+    with pytest.raises(SlimeError, match="model type 'gpt2' is not converted here"):
+        model_provider.transformer_config(config, 1)
