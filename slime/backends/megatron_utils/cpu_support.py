@@ -2,9 +2,11 @@
 
 megatron-core's model, tensor-parallel layers and collectives run on torch's CPU tensors and a gloo
 process group, except where a function allocates on `torch.cuda.current_device()` or builds a
-tensor with `device="cuda"`. Each such place gets a substitute here that does the same on the
-device of its inputs. They are applied by `apply()` only when torch sees no CUDA device: on a GPU
-none of this runs and the code path is Megatron's own.
+tensor with `device="cuda"`. The short ones a forward reaches get a substitute here that does the
+same on the device of its inputs (`SUBSTITUTES`, installed by `apply()`); the training machinery,
+where such allocations sit inside long functions, runs inside `cuda_calls_on_cpu()`, which makes
+those tensors on the CPU. Both act only when torch sees no CUDA device: on a GPU none of this runs
+and the code path is Megatron's own.
 
 The substitutes are tied to the megatron-core release they were written against (`TESTED`):
 another release stops at start-up with a message, since a moved or renamed function would
@@ -14,13 +16,15 @@ and shows what fails (tests/backends/test_megatron_model.py).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.overrides import TorchFunctionMode
 
 from slime.errors import SlimeError
 
@@ -106,6 +110,46 @@ SUBSTITUTES: tuple[Substitute, ...] = (
 )
 
 _originals: dict[str, Any] = {}
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, int) and not isinstance(device, bool):  # torch.cuda.current_device()'s answer
+        return True
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return isinstance(device, torch.device) and device.type == "cuda"
+
+
+class _CudaCallsOnCpu(TorchFunctionMode):
+    """Inside Megatron's training machinery: a tensor asked for on CUDA is made on the CPU, and a
+    CPU tensor's `type()` answers as its CUDA twin (`torch.cuda.FloatTensor`), which Megatron's
+    optimizer and gradient clipping assert."""
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if args[0].device.type == "cpu" else name
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cuda_calls_on_cpu() -> Iterator[None]:
+    """Megatron's training machinery (the DDP gradient buffers, the no-pipelining schedule, the
+    optimizer, gradient norms and clipping) on the CPU: those allocate on CUDA inside long
+    functions, which this runs unchanged. A no-op when torch sees a CUDA device."""
+    if not needed():
+        yield
+        return
+    current_device = torch.cuda.current_device
+    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]  # a device index, made the CPU above
+    try:
+        with _CudaCallsOnCpu():
+            yield
+    finally:
+        torch.cuda.current_device = current_device  # type: ignore[assignment]
 
 
 def _owner_and_leaf(sub: Substitute) -> tuple[Any, str]:

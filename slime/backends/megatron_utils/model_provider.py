@@ -51,7 +51,10 @@ def transformer_config(hf: Any, tensor_parallel: int, params_dtype: torch.dtype 
         tensor_model_parallel_size=tensor_parallel,
         params_dtype=params_dtype,
         use_cpu_initialization=True,
-        perform_initialization=False,  # the checkpoint's weights replace them
+        # initialised although the checkpoint's weights replace them: with CPU initialisation only that
+        # path marks a weight tensor-parallel, and without the mark the gradient norm counts the
+        # split weights on the first rank alone
+        perform_initialization=True,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,

@@ -1,0 +1,122 @@
+"""A Megatron policy that trains: the GPTModel in Megatron's DistributedDataParallel, Megatron's
+optimizer (Adam, gradient clipping by the global norm over every rank), and one optimizer step over
+micro-batches through Megatron's forward-backward schedule.
+
+Per-token log-probs come from Megatron's vocabulary-parallel cross entropy, so the logits stay split
+over the tensor-parallel ranks. The loss of a micro-batch is the caller's (`LossFn`): the schedule
+averages it over the micro-batches and DDP averages the gradients over the data-parallel ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from slime.backends.megatron_utils import cpu_support, hf_weights, model_provider
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (log-probs [b, s-1], tokens [b, s]) -> loss
+
+
+@dataclass
+class OptimizerSettings:
+    lr: float
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    clip_grad: float = 1.0
+
+
+@dataclass
+class MegatronPolicy:
+    model: Any  # the GPTModel
+    ddp: Any  # Megatron's DistributedDataParallel around it
+    optimizer: Any
+    tensor_parallel: int
+    tied: bool
+
+
+def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: OptimizerSettings) -> MegatronPolicy:
+    """The policy from an HF config and full HF weights (Megatron's parallel state must be set up)."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    tied = bool(hf_config.tie_word_embeddings)
+    with cpu_support.cuda_calls_on_cpu():
+        model = model_provider.build_gpt_model(hf_config, tp)
+        hf_weights.load_hf_weights(model, hf_state, parallel_state.get_tensor_model_parallel_rank(), tp, tied)
+        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+        # what megatron.training's loop sets: the schedule then averages the gradients over the
+        # data-parallel ranks after the last micro-batch (without it each rank steps on its own)
+        model.config.finalize_model_grads_func = finalize_model_grads
+        model.config.no_sync_func = ddp.no_sync
+        config = OptimizerConfig(
+            optimizer="adam",
+            lr=opt.lr,
+            weight_decay=opt.weight_decay,
+            adam_beta1=opt.adam_beta1,
+            adam_beta2=opt.adam_beta2,
+            adam_eps=opt.adam_eps,
+            clip_grad=opt.clip_grad,
+            params_dtype=torch.float32,
+        )
+        optimizer = get_megatron_optimizer(config, [ddp])
+    return MegatronPolicy(model, ddp, optimizer, tp, tied)
+
+
+def token_log_probs(model: Any, tokens: torch.Tensor) -> torch.Tensor:
+    """log p(tokens[:, t+1] | tokens[:, :t+1]) for every t, [b, s-1] (right padding only: causal)."""
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    positions = torch.arange(tokens.shape[1]).expand_as(tokens)
+    logits = model(tokens, positions, None)  # [b, s, vocab / tp]
+    sbv = logits[:, :-1].transpose(0, 1).contiguous()
+    return -vocab_parallel_cross_entropy(sbv, tokens[:, 1:].transpose(0, 1).contiguous()).transpose(0, 1)
+
+
+def train_step(policy: MegatronPolicy, micro_batches: list[torch.Tensor], loss_fn: LossFn) -> dict[str, float]:
+    """One optimizer step over `micro_batches` (token tensors [b, s], all of one shape). Returns the
+    mean loss over the micro-batches and the gradient norm before clipping."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    batch, seq = micro_batches[0].shape
+
+    def forward_step(data: Iterator[torch.Tensor], model: Any) -> tuple[torch.Tensor, Callable]:
+        tokens = next(data)
+        log_probs = token_log_probs(model, tokens)
+
+        def loss(lp: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+            value = loss_fn(lp, tokens)
+            return value, {"loss": value.detach().clone()}  # the schedule scales `value` in place
+
+        return log_probs, loss
+
+    with cpu_support.cuda_calls_on_cpu():
+        policy.ddp.zero_grad_buffer()
+        policy.optimizer.zero_grad()
+        out = get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[policy.ddp],
+            num_microbatches=len(micro_batches),
+            seq_length=seq,
+            micro_batch_size=batch,
+            forward_only=False,
+        )
+        _, grad_norm, _ = policy.optimizer.step()
+    losses = [float(o["loss"]) for o in out]
+    return {"loss": sum(losses) / len(losses), "grad_norm": float(grad_norm)}
+
+
+def hf_state(policy: MegatronPolicy) -> dict[str, torch.Tensor]:
+    """The full weights under transformers' names (a collective over the tensor-parallel ranks)."""
+    from megatron.core import parallel_state
+
+    group = parallel_state.get_tensor_model_parallel_group()
+    params = dict(policy.model.named_parameters())
+    return hf_weights.to_hf(params, policy.model.config, policy.tensor_parallel, group, policy.tied)
