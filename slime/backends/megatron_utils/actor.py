@@ -1,0 +1,158 @@
+"""The training rank on megatron-core: the FSDP `TrainActor`'s contract (batches, losses, metrics)
+with a Megatron policy under it.
+
+What changes against `slime.backends.torch.actor.TrainActor`: the policy is a megatron-core
+GPTModel in Megatron's DistributedDataParallel (one copy per rank: tensor parallelism is not
+wired into the actor yet), each
+optimizer step runs through Megatron's forward-backward schedule with Megatron's optimizer, and the
+weights that leave the rank are gathered into transformers' names. What stays: the rollout batch,
+its log-probs, advantages and every loss (`step._micro_batch_loss`, the same function the FSDP step
+calls on each micro-batch), so both backends compute the same numbers.
+
+Not yet here (each stops at `init` naming the option): tensor parallelism, the reference model (KL), the old actor, the
+critic, LoRA, packed micro-batches (`--use-dynamic-batch-size`), the OPD teacher, `--offload-train`,
+checkpoints. `--train-backend megatron` itself is still refused at argument parsing until they are.
+"""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from slime.backends.megatron_utils import cpu_support, initialize
+from slime.backends.megatron_utils import model as megatron_model
+from slime.backends.torch import step
+from slime.backends.torch.actor import TrainActor
+from slime.backends.torch.optim import lr_at
+from slime.backends.torch.rollout_batch import RolloutBatch
+from slime.errors import SlimeError
+from slime.utils.net import free_port
+
+
+class MegatronCausalLM(torch.nn.Module):
+    """A GPTModel answering as a transformers causal LM does (`model(input_ids=...).logits`, the
+    vocabulary gathered whole over the tensor-parallel ranks), so the FSDP path's batching and
+    losses run on it. Right-padded micro-batches only: the causal mask keeps padding out of every
+    real token's attention."""
+
+    def __init__(self, gpt: Any) -> None:
+        super().__init__()
+        self.gpt = gpt
+        self.config = SimpleNamespace(pad_token_id=None)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        use_cache: bool = False,
+        position_ids: torch.Tensor | None = None,
+    ) -> SimpleNamespace:
+        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+        if position_ids is None:
+            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        logits = self.gpt(input_ids, position_ids, None)  # [b, s, vocab / tp]
+        return SimpleNamespace(logits=gather_from_tensor_model_parallel_region(logits))
+
+
+def _unsupported(a: Any) -> list[str]:
+    checks = [
+        ("--use-kl-loss / --kl-coef (the reference model)", a.use_kl_loss or a.kl_coef != 0.0),
+        ("--keep-old-actor", a.keep_old_actor),
+        ("a critic (--advantage-estimator ppo)", a.use_critic),
+        ("LoRA", a.enable_lora),
+        ("--use-dynamic-batch-size (packed micro-batches)", a.use_dynamic_batch_size),
+        ("--use-opd --opd-type megatron", a.use_opd and a.opd_type == "megatron"),
+        ("--offload-train", a.offload_train),
+    ]
+    return [name for name, used in checks if used]
+
+
+class MegatronTrainActor(TrainActor):
+    def _load_models(self) -> None:
+        a = self.args
+        missing = _unsupported(a)
+        if missing:
+            raise SlimeError(f"the megatron backend does not support {', '.join(missing)} yet")
+        if not dist.is_initialized():  # Megatron's groups need a process group, even of one rank
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+            dist.init_process_group("gloo", rank=0, world_size=1)
+        if a.tensor_model_parallel_size != 1:
+            # the model and one optimizer step are tensor-parallel (tests/backends/test_megatron_model.py);
+            # the actor's batches and metrics still count every rank as data-parallel
+            raise SlimeError(
+                f"the megatron backend's trainer is data-parallel only yet: --tensor-model-parallel-size "
+                f"{a.tensor_model_parallel_size} needs 1"
+            )
+        initialize.init_megatron(1, a.seed)
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        hf_config = AutoConfig.from_pretrained(a.ref_load)
+        hf_state = AutoModelForCausalLM.from_pretrained(a.ref_load, dtype=torch.float32).state_dict()
+        settings = megatron_model.OptimizerSettings(
+            lr=a.lr,
+            adam_beta1=a.adam_beta1,
+            adam_beta2=a.adam_beta2,
+            adam_eps=a.adam_eps,
+            weight_decay=a.weight_decay,
+            clip_grad=a.clip_grad,
+        )
+        self.policy = megatron_model.build_policy(hf_config, hf_state, settings)
+        self.model = MegatronCausalLM(self.policy.model)
+        self.model.config.pad_token_id = hf_config.pad_token_id
+        self.model.train()
+        self.optimizer = self.policy.optimizer
+        self.scheduler = None
+        self.steps_done = 0
+        self.ref_model = self.teacher_model = self.old_actor = self.critic = None
+        self.adapter_sync = None
+
+    def _optimizer_step(self, batch: RolloutBatch, positions: list[int], reduce_kw: dict) -> dict[str, float]:
+        """One optimizer step through Megatron's schedule, each micro-batch's loss the FSDP step's."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        a = self.args
+        plan = step.plan(a, batch.sequences, positions)
+        micro_batches = [step.micro_batch(self, batch.sequences, idx) for idx in plan]
+        n = len(micro_batches)
+        stats: dict[str, float] = {}
+
+        def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
+            loss, parts = step._micro_batch_loss(self, batch, next(data), reduce_kw)
+            for k, v in parts.items():  # each part is already this micro-batch's share of the step
+                stats[k] = stats.get(k, 0.0) + float(v.detach())
+            # the schedule divides a micro-batch's loss by their number; this one is its share already
+            return loss, lambda out: (out * n, {})
+
+        lr = lr_at(self.steps_done, a.lr, style=a.lr_decay_style, warmup=a.lr_warmup_iters,
+                   decay_iters=a.lr_decay_iters, min_lr=min(a.min_lr, a.lr))  # fmt: skip
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        with cpu_support.cuda_calls_on_cpu():
+            self.policy.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(micro_batches),
+                model=[self.policy.ddp],
+                num_microbatches=n,
+                seq_length=int(micro_batches[0].input_ids.shape[1]),
+                micro_batch_size=micro_batches[0].size,
+                forward_only=False,
+            )
+            _, grad_norm, _ = self.optimizer.step()
+        self.steps_done += 1
+        stats["train/lr"] = lr
+        stats["train/grad_norm"] = float(grad_norm)
+        return stats
+
+    def save(self, rollout_id: int) -> str:
+        raise SlimeError("the megatron backend does not write checkpoints yet")
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The full weights under transformers' names (a collective over the tensor-parallel ranks)."""
+        return megatron_model.hf_state(self.policy)

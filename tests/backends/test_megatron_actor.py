@@ -1,0 +1,109 @@
+"""The training rank on megatron-core (`MegatronTrainActor`) against the FSDP `TrainActor`: the same
+GRPO rollouts give the same losses, gradient norms and weights, on one rank and on two
+data-parallel ranks; options it does not support yet stop at `init`, naming them."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from slime.arguments import parse_args
+from slime.backends.torch.actor import TrainActor
+from slime.errors import SlimeError
+from slime.utils.net import free_port
+
+pytest.importorskip("megatron.core")
+
+DATA = {  # two prompts x two samples, right-padded into micro-batches of 2
+    "tokens": [[5, 6, 7, 8, 9, 10], [5, 6, 7, 10, 11], [12, 13, 14, 15, 16], [12, 13, 16, 17, 18, 19]],
+    "response_lengths": [3, 2, 2, 3],
+    "loss_masks": [[1, 1, 1], [1, 0], [1, 1], [1, 1, 1]],
+    "rewards": [1.0, 0.0, 0.5, -0.5],
+}
+COMPARED = ("train/pg_loss", "train/grad_norm", "train/loss", "train/entropy_loss", "train/pg_clipfrac")
+
+
+def _copy(data):
+    return {k: [list(v) if isinstance(v, list) else v for v in vals] for k, vals in data.items()}
+
+
+def _argv(model_dir, run_dir, *extra):
+    return [
+        "--hf-checkpoint", str(model_dir), "--run-dir", str(run_dir),
+        "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
+        "--global-batch-size", "2", "--micro-batch-size", "1",  # two optimizer steps per rollout
+        "--lr", "1e-2", "--adam-eps", "1e-2", "--clip-grad", "1.0", *extra,
+    ]  # fmt: skip
+
+
+def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    from slime.backends.megatron_utils.actor import MegatronTrainActor
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    args = parse_args(_argv(model_dir, f"{out}/run_{world}", "--actor-num-gpus-per-node", str(world)))
+    actor = MegatronTrainActor(args, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, num_threads=1)
+    actor.init()
+    metrics = [actor.train(i, _copy(DATA)) for i in range(2)]
+    state = actor.full_state_dict()
+    if rank == 0:
+        torch.save({"metrics": metrics, "state": state}, f"{out}/megatron_actor_{world}.pt")
+
+
+@pytest.fixture(scope="module")
+def megatron_runs(tiny_model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("megatron-actor")
+    runs = {}
+    for world in (1, 2):
+        ctx = mp.get_context("spawn")
+        port = free_port()
+        procs = [ctx.Process(target=_worker, args=(r, world, port, str(tiny_model_dir), str(out))) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        codes = [p.exitcode for p in procs]
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        assert codes == [0] * world, f"{world} rank(s): exit codes {codes}"
+        runs[world] = torch.load(out / f"megatron_actor_{world}.pt", weights_only=False)
+    return runs
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tiny_model_dir, tmp_path_factory):
+    args = parse_args(_argv(tiny_model_dir, tmp_path_factory.mktemp("fsdp")))
+    actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
+    actor.init()
+    metrics = [actor.train(i, _copy(DATA)) for i in range(2)]
+    return {"metrics": metrics, "state": actor.full_state_dict()}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_run, tiny_model_dir, world):
+    from transformers import AutoModelForCausalLM
+
+    got = megatron_runs[world]
+    initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
+    assert max(float((fsdp_run["state"][k] - v).abs().max()) for k, v in initial.items()) > 1e-3  # it trained
+    for rollout, (m, ref) in enumerate(zip(got["metrics"], fsdp_run["metrics"], strict=True)):
+        for key in COMPARED:
+            if key in ref:
+                assert m[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), (rollout, key)
+        assert "train/pg_loss" in m and m["train/grad_norm"] > 0
+    start = {k: v for k, v in fsdp_run["state"].items()}
+    assert got["state"].keys() == start.keys()
+    for k, v in start.items():
+        torch.testing.assert_close(got["state"][k], v, rtol=0, atol=1e-5, msg=lambda msg, k=k: f"{k}: {msg}")
+
+
+def test_what_it_does_not_do_yet_stops_naming_it(tiny_model_dir, tmp_path):
+    from slime.backends.megatron_utils.actor import MegatronTrainActor
+
+    args = parse_args(_argv(tiny_model_dir, tmp_path, "--use-kl-loss", "--keep-old-actor"))
+    actor = MegatronTrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
+    with pytest.raises(SlimeError, match=r"does not support --use-kl-loss / --kl-coef .*, --keep-old-actor yet"):
+        actor.init()
