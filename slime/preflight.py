@@ -222,6 +222,10 @@ def preflight(args: Namespace) -> None:
     if note:
         print(f"[slime] {note}", flush=True)
     check_model_dir(args.hf_checkpoint, "--hf-checkpoint")
+    if args.train_backend == "megatron":  # megatron-core as tested, no option it cannot serve yet
+        from slime.backends.megatron_utils.actor import check_run
+
+        check_run(args)
     check_disk_room(args)
     config_path = Path(args.hf_checkpoint) / "config.json"
     config = json.loads(config_path.read_text())

@@ -102,11 +102,6 @@ def _add_cpu_arguments(g: argparse._ArgumentGroup) -> None:
 
 
 def finalize(args: argparse.Namespace) -> None:
-    if args.train_backend == "megatron":
-        raise SlimeError(
-            "--train-backend megatron needs GPUs and Megatron-LM, which this installation does not have; "
-            "use --train-backend fsdp (the default)"
-        )
     require_positive(args, "actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine")
     args.actor_world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
     if args.rollout_num_gpus is None:
@@ -132,11 +127,12 @@ def resolve_offload(args: argparse.Namespace) -> None:
     --offload-train. --release-train is Megatron's (slime refuses it with any other backend)."""
     if args.offload:
         args.offload_train = args.offload_rollout = True
+    if args.release_train and args.train_backend == "megatron":
+        raise SlimeError("--release-train: the megatron backend does not release its weights yet; leave it out")
     if args.release_train:
         raise SlimeError(
-            "--release-train is only supported with the Megatron train backend (slime's rule); this installation "
-            "trains with --train-backend fsdp, where --offload-train releases the optimizer state and gradients "
-            "during rollout instead"
+            "--release-train is only supported with the Megatron train backend (slime's rule); with --train-backend "
+            "fsdp, --offload-train releases the optimizer state and gradients during rollout instead"
         )
     if args.debug_rollout_only:
         args.offload_train = args.offload_rollout = False

@@ -7,6 +7,7 @@ from typing import Any
 
 import ray
 
+from slime.backends.megatron_utils.actor import RayMegatronTrainActor
 from slime.backends.torch.actor import RayTrainActor
 from slime.errors import SlimeError
 from slime.ray.placement import Placement, thread_budget
@@ -26,8 +27,9 @@ class RayTrainGroup:
         master_addr = places[0].node_ip if places and places[0] else "127.0.0.1"  # rank 0's node
         # --train-env-vars: slime's environment for the training processes (Ray merges it with the job's)
         env = {"runtime_env": {"env_vars": dict(args.train_env_vars)}} if args.train_env_vars else {}
+        actor_class = RayMegatronTrainActor if args.train_backend == "megatron" else RayTrainActor
         self.actors = [
-            RayTrainActor.options(
+            actor_class.options(
                 num_cpus=placement.actor_cpus, scheduling_strategy=placement.strategy(bundle), **env
             ).remote(args, rank, world, master_addr, master_port, threads[rank])
             for rank, bundle in enumerate(placement.actor_bundles)

@@ -62,7 +62,7 @@ def test_invalid_choice_suggests_closest():
         (["--global-batch-size", "3"], r"--global-batch-size \(3\) must divide"),
         (["--global-batch-size", "8", "--micro-batch-size", "3"], r"divisible by --micro-batch-size \(3\)"),
         (["--rollout-num-gpus", "3", "--rollout-num-gpus-per-engine", "2"], r"multiple of"),
-        (["--train-backend", "megatron"], r"megatron needs GPUs"),
+        (["--train-backend", "megatron", "--release-train"], r"--release-train: the megatron backend does not"),
         (["--n-samples-per-prompt", "0"], r"--n-samples-per-prompt must be >= 1"),
         # SGLang's sampling ranges and the learning rate, at parse time (not after the engines start)
         (["--rollout-temperature=-1"], r"--rollout-temperature must be > 0, got -1.0"),

@@ -44,7 +44,9 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
 
     os.environ["OMP_NUM_THREADS"] = "1"
     args = parse_args(_argv(model_dir, f"{out}/run_{world}", "--actor-num-gpus-per-node", str(world)))
-    actor = MegatronTrainActor(args, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, num_threads=1)
+    actor = MegatronTrainActor(
+        args, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, num_threads=1
+    )
     actor.init()
     metrics = [actor.train(i, _copy(DATA)) for i in range(2)]
     state = actor.full_state_dict()
@@ -59,7 +61,9 @@ def megatron_runs(tiny_model_dir, tmp_path_factory):
     for world in (1, 2):
         ctx = mp.get_context("spawn")
         port = free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, str(tiny_model_dir), str(out))) for r in range(world)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, world, port, str(tiny_model_dir), str(out))) for r in range(world)
+        ]
         for p in procs:
             p.start()
         for p in procs:
@@ -94,7 +98,7 @@ def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_run, tiny_model
             if key in ref:
                 assert m[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), (rollout, key)
         assert "train/pg_loss" in m and m["train/grad_norm"] > 0
-    start = {k: v for k, v in fsdp_run["state"].items()}
+    start = fsdp_run["state"]
     assert got["state"].keys() == start.keys()
     for k, v in start.items():
         torch.testing.assert_close(got["state"][k], v, rtol=0, atol=1e-5, msg=lambda msg, k=k: f"{k}: {msg}")

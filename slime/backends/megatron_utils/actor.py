@@ -11,7 +11,8 @@ calls on each micro-batch), so both backends compute the same numbers.
 
 Not yet here (each stops at `init` naming the option): tensor parallelism, the reference model (KL), the old actor, the
 critic, LoRA, packed micro-batches (`--use-dynamic-batch-size`), the OPD teacher, `--offload-train`,
-checkpoints. `--train-backend megatron` itself is still refused at argument parsing until they are.
+checkpoints. `--train-backend megatron` runs it through Ray (`slime.ray.train_group`); those options are
+refused before the run starts (`check_run`, from `slime.preflight`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 from types import SimpleNamespace
 from typing import Any
 
+import ray
 import torch
 import torch.distributed as dist
 
@@ -39,10 +41,10 @@ class MegatronCausalLM(torch.nn.Module):
     losses run on it. Right-padded micro-batches only: the causal mask keeps padding out of every
     real token's attention."""
 
-    def __init__(self, gpt: Any) -> None:
+    def __init__(self, gpt: Any, hf_config: Any) -> None:
         super().__init__()
         self.gpt = gpt
-        self.config = SimpleNamespace(pad_token_id=None)
+        self.config = hf_config  # what the batching reads of a model (pad token, dropout: Megatron's is 0)
 
     def forward(
         self,
@@ -59,35 +61,40 @@ class MegatronCausalLM(torch.nn.Module):
         return SimpleNamespace(logits=gather_from_tensor_model_parallel_region(logits))
 
 
-def _unsupported(a: Any) -> list[str]:
+def unsupported(a: Any) -> list[str]:
+    """The options of a run that this backend cannot serve yet (checked before the run starts)."""
     checks = [
+        (f"--tensor-model-parallel-size {a.tensor_model_parallel_size}", a.tensor_model_parallel_size != 1),
         ("--use-kl-loss / --kl-coef (the reference model)", a.use_kl_loss or a.kl_coef != 0.0),
         ("--keep-old-actor", a.keep_old_actor),
         ("a critic (--advantage-estimator ppo)", a.use_critic),
         ("LoRA", a.enable_lora),
         ("--use-dynamic-batch-size (packed micro-batches)", a.use_dynamic_batch_size),
         ("--use-opd --opd-type megatron", a.use_opd and a.opd_type == "megatron"),
-        ("--offload-train", a.offload_train),
+        ("--offload-train (--colocate turns it on: add --no-offload-train)", a.offload_train),
+        ("--save-interval (checkpoints)", a.save_interval is not None),
+        ("--load of a checkpoint", bool(a.load and a.load != a.save)),
     ]
     return [name for name, used in checks if used]
+
+
+def check_run(a: Any) -> None:
+    """Before anything starts: megatron-core as tested, and no option this backend cannot serve."""
+    cpu_support.check_version()
+    missing = unsupported(a)
+    if missing:
+        raise SlimeError(f"--train-backend megatron does not support {', '.join(missing)} yet")
 
 
 class MegatronTrainActor(TrainActor):
     def _load_models(self) -> None:
         a = self.args
-        missing = _unsupported(a)
-        if missing:
-            raise SlimeError(f"the megatron backend does not support {', '.join(missing)} yet")
+        check_run(a)
         if not dist.is_initialized():  # Megatron's groups need a process group, even of one rank
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             dist.init_process_group("gloo", rank=0, world_size=1)
-        if a.tensor_model_parallel_size != 1:
-            # the model and one optimizer step are tensor-parallel (tests/backends/test_megatron_model.py);
-            # the actor's batches and metrics still count every rank as data-parallel
-            raise SlimeError(
-                f"the megatron backend's trainer is data-parallel only yet: --tensor-model-parallel-size "
-                f"{a.tensor_model_parallel_size} needs 1"
-            )
+        # the model and one optimizer step are tensor-parallel (tests/backends/test_megatron_model.py);
+        # the rank's batches and metrics still count every rank as data-parallel: TP 1 (`unsupported`)
         initialize.init_megatron(1, a.seed)
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -102,8 +109,7 @@ class MegatronTrainActor(TrainActor):
             clip_grad=a.clip_grad,
         )
         self.policy = megatron_model.build_policy(hf_config, hf_state, settings)
-        self.model = MegatronCausalLM(self.policy.model)
-        self.model.config.pad_token_id = hf_config.pad_token_id
+        self.model = MegatronCausalLM(self.policy.model, hf_config)
         self.model.train()
         self.optimizer = self.policy.optimizer
         self.scheduler = None
@@ -156,3 +162,6 @@ class MegatronTrainActor(TrainActor):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights under transformers' names (a collective over the tensor-parallel ranks)."""
         return megatron_model.hf_state(self.policy)
+
+
+RayMegatronTrainActor = ray.remote(MegatronTrainActor)

@@ -42,6 +42,8 @@ class TrainRank(Protocol):
 
     def is_rank0(self) -> bool: ...
 
+    def full_state_dict(self) -> dict[str, torch.Tensor]: ...
+
 
 @dataclass
 class SyncPayload:
@@ -88,8 +90,8 @@ class AdapterSync:
 def payload(actor: TrainRank, engine_urls: list[str]) -> SyncPayload:
     """This sync's payload (every rank calls: gathering a sharded model is a collective)."""
     adapter_sync: AdapterSync | None = actor.adapter_sync
-    if adapter_sync is None:
-        return SyncPayload(models.full_state(actor.model, actor.world_size))
+    if adapter_sync is None:  # the backend's full weights under transformers' names
+        return SyncPayload(actor.full_state_dict())
     mode = adapter_sync.mode(actor, engine_urls) if actor.is_rank0() and engine_urls else MERGED
     if actor.world_size > 1:  # every rank gathers what rank 0 sends
         box = [mode]
