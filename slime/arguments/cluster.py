@@ -67,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--train-backend",
         choices=TRAIN_BACKENDS,
         default="fsdp",
-        help="fsdp (torch FSDP2, runs on CPU too) or megatron (Megatron-LM; needs GPUs).",
+        help="fsdp (torch FSDP2) or megatron (megatron-core, data-parallel so far: docs/megatron.md); both run "
+        "on the CPU too.",
     )
     _add_cpu_arguments(g)
 
