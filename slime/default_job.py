@@ -23,6 +23,7 @@ from slime.data.arithmetic import write_arithmetic_dataset
 from slime.data.tiny_model import build_tiny_model
 from slime.train import finish_run, run_cli, train
 from slime.utils.checkpoint_layout import iter_dir
+from slime.utils.misc import argv_value
 
 SHARED_FLAGS = (
     "--run-dir",
@@ -136,16 +137,6 @@ def _shared(argv: Sequence[str]) -> list[str]:
     return out
 
 
-def _given(argv: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in `argv` (`--flag value` or `--flag=value`), None when absent."""
-    for i, a in enumerate(argv):
-        if a == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(flag + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def run_default_job(argv: Sequence[str]) -> int:
     def body() -> None:
         user = list(argv)
@@ -167,7 +158,7 @@ def run_default_job(argv: Sequence[str]) -> int:
         # Both stages are parsed before anything runs: a typo in the user's arguments costs no SFT time.
         sft_ckpt = iter_dir(ckpts / "sft", sft_args.num_rollout - 1)
         rl = dict(RL)
-        if _given(user, "--train-backend") == "megatron":  # the RL stage's trainer only
+        if argv_value(user, "--train-backend") == "megatron":  # the RL stage's trainer only
             print(
                 "[slime] --train-backend megatron: the RL stage trains on megatron-core; the SFT stage stays on "
                 "fsdp and the RL stage saves no checkpoint (the megatron backend writes none yet)",

@@ -11,6 +11,24 @@ from slime.arguments import parse_args, to_argv
 REQUIRED = ["--rollout-batch-size", "1", "--num-rollout", "1"]
 
 
+def run_ranks(target, world: int, *args, timeout: float = 300) -> None:
+    """`target(rank, world, *args)` in `world` spawned processes (one per training rank, as torch
+    launches them); every one must exit 0 within `timeout` seconds."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=target, args=(rank, world, *args)) for rank in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=timeout)
+    codes = [p.exitcode for p in procs]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    assert codes == [0] * world, f"{world} rank(s): exit codes {codes}"
+
+
 def make_args(*argv: str, **options) -> Namespace:
     """`parse_args` of the required options, then `options` (`rm_type="math"` -> `--rm-type math`,
     True -> a flag), then `argv` (later values win)."""

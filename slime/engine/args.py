@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from slime.engine.parsing import REASONING_PARSERS, TOOL_PARSERS
 from slime.errors import SlimeError
 from slime.utils.api_keys import ENV_ADMIN_API_KEY, ENV_API_KEY
+from slime.utils.misc import argv_value
 
 if TYPE_CHECKING:  # torch is imported where a device is resolved, not by the argument parser
     import torch
@@ -256,14 +257,7 @@ def check_model_dir(path: str | None, arg: str) -> None:
 # these read and edit such token lists.
 
 
-def passthrough_value(tokens: Sequence[str], flag: str) -> str | None:
-    """The value of `flag` in forwarded engine arguments (`--flag v` or `--flag=v`), else None."""
-    for i, tok in enumerate(tokens):
-        if tok == flag and i + 1 < len(tokens):
-            return tokens[i + 1]
-        if tok.startswith(flag + "="):
-            return tok.split("=", 1)[1]
-    return None
+passthrough_value = argv_value  # the value of a flag in forwarded engine arguments, else None
 
 
 def passthrough_without(tokens: Sequence[str], flags: set[str]) -> list[str]:

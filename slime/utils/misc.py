@@ -8,7 +8,7 @@ import os
 import subprocess
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from slime.errors import SlimeError
@@ -179,3 +179,13 @@ def chunk_named_params_by_size(named_params: Iterable[tuple[str, Any]], chunk_si
         filled += size
     if bucket:
         yield bucket
+
+
+def argv_value(tokens: Sequence[str], flag: str) -> str | None:
+    """The value of `flag` in a command line's tokens (`--flag v` or `--flag=v`), else None."""
+    for i, tok in enumerate(tokens):
+        if tok == flag and i + 1 < len(tokens):
+            return tokens[i + 1]
+        if tok.startswith(flag + "="):
+            return tok.split("=", 1)[1]
+    return None

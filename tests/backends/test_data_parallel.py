@@ -21,9 +21,9 @@ import random
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from slime.utils.net import free_port
+from tests.helpers import run_ranks
 
 # real processes (1 + 2 spawned gloo ranks, six actors each): 2.7 min on 2 cores shared with a load of ~10
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -182,18 +182,8 @@ def _worker(rank: int, world: int, ports: list[int], model_dir: str, out: str) -
 
 def _run(world: int, model_dir, out) -> dict:
     """Every configuration in `world` spawned processes; {name: what rank 0 saw}."""
-    ctx = mp.get_context("spawn")
     ports = [free_port() for _ in range(2 * len(CONFIGS))]
-    procs = [ctx.Process(target=_worker, args=(rank, world, ports, str(model_dir), str(out))) for rank in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=400)
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    assert codes == [0] * world, f"{world} rank(s): exit codes {codes}"
+    run_ranks(_worker, world, ports, str(model_dir), str(out), timeout=400)
     return {
         name: {way: torch.load(out / f"{name}_{world}{way}.pt", weights_only=True) for way in ("", "_resumed")}
         | {"rng": [torch.load(out / f"rng_{name}_{world}_{r}.pt", weights_only=True) for r in range(world)]}

@@ -8,12 +8,12 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from slime.arguments import parse_args
 from slime.backends.torch.actor import TrainActor
 from slime.errors import SlimeError
 from slime.utils.net import free_port
+from tests.helpers import run_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -59,20 +59,7 @@ def megatron_runs(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron-actor")
     runs = {}
     for world in (1, 2):
-        ctx = mp.get_context("spawn")
-        port = free_port()
-        procs = [
-            ctx.Process(target=_worker, args=(r, world, port, str(tiny_model_dir), str(out))) for r in range(world)
-        ]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        codes = [p.exitcode for p in procs]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        assert codes == [0] * world, f"{world} rank(s): exit codes {codes}"
+        run_ranks(_worker, world, free_port(), str(tiny_model_dir), str(out))
         runs[world] = torch.load(out / f"megatron_actor_{world}.pt", weights_only=False)
     return runs
 

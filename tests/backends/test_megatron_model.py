@@ -9,10 +9,10 @@ import os
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from slime.errors import SlimeError
 from slime.utils.net import free_port
+from tests.helpers import run_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -93,18 +93,7 @@ def runs(tmp_path_factory):
     dirs = {name: str(build_tiny_model(root / name, **kw)) for name, kw in MODELS.items()}
     out = {}
     for world in (1, 2):
-        ctx = mp.get_context("spawn")
-        port = free_port()
-        procs = [ctx.Process(target=_worker, args=(r, world, port, dirs, str(root))) for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        codes = [p.exitcode for p in procs]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        assert codes == [0] * world, f"{world} rank(s): exit codes {codes}"
+        run_ranks(_worker, world, free_port(), dirs, str(root))
         out[world] = torch.load(root / f"megatron_{world}.pt", weights_only=False)
     return out
 
@@ -231,18 +220,7 @@ def steps(tmp_path_factory):
     path = str(build_tiny_model(root / "m"))
     out = {}
     for world, tp in ((1, 1), (2, 2), (2, 1)):
-        port = free_port()
-        ctx = mp.get_context("spawn")
-        procs = [ctx.Process(target=_train_worker, args=(r, world, tp, port, path, str(root))) for r in range(world)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=300)
-        codes = [p.exitcode for p in procs]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        assert codes == [0] * world, f"world {world}, tp {tp}: exit codes {codes}"
+        run_ranks(_train_worker, world, tp, free_port(), path, str(root))
         out[(world, tp)] = torch.load(root / f"train_{world}_{tp}.pt", weights_only=False)
     return out, _reference_step(path)
 
