@@ -105,6 +105,7 @@ def _add_cpu_arguments(g: argparse._ArgumentGroup) -> None:
 def finalize(args: argparse.Namespace) -> None:
     require_positive(args, "actor_num_nodes", "actor_num_gpus_per_node", "rollout_num_gpus_per_engine")
     args.actor_world_size = args.actor_num_nodes * args.actor_num_gpus_per_node
+    _data_parallel_size(args)
     if args.rollout_num_gpus is None:
         args.rollout_num_gpus = args.actor_world_size if args.colocate else args.rollout_num_gpus_per_engine
     if args.rollout_num_gpus % args.rollout_num_gpus_per_engine:
@@ -120,6 +121,18 @@ def finalize(args: argparse.Namespace) -> None:
             f"--actor-num-gpus-per-node {args.actor_num_gpus_per_node}, so an engine's slots would span two nodes"
         )
     resolve_offload(args)
+
+
+def _data_parallel_size(args: argparse.Namespace) -> None:
+    """Megatron's rule: the training ranks are tensor-parallel groups of --tensor-model-parallel-size,
+    each a data-parallel rank (the fsdp backend shards over every rank: each is data-parallel)."""
+    tp = args.tensor_model_parallel_size if args.train_backend == "megatron" else 1
+    if tp < 1 or args.actor_world_size % tp:
+        raise SlimeError(
+            f"--tensor-model-parallel-size {tp} must divide the training ranks ({args.actor_world_size}, from "
+            f"--actor-num-nodes {args.actor_num_nodes} x --actor-num-gpus-per-node {args.actor_num_gpus_per_node})"
+        )
+    args.data_parallel_size = args.actor_world_size // tp
 
 
 def resolve_offload(args: argparse.Namespace) -> None:

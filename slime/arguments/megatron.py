@@ -268,10 +268,23 @@ MAPPED = {
 }
 
 
+# What --train-backend megatron reads besides (the parallel layout; options it cannot serve yet stop
+# the run in slime.backends.megatron_utils.actor.check_run, naming them).
+MEGATRON_BACKEND = {
+    "--tensor-model-parallel-size": "tensor-parallel groups of the training ranks",
+    "--pipeline-model-parallel-size": "pipeline stages (1 only, yet)",
+    "--context-parallel-size": "context-parallel groups (1 only, yet)",
+    "--sequence-parallel": "refused by Megatron's layer spec without TransformerEngine",
+    "--use-distributed-optimizer": "the optimizer state sharded over the data-parallel ranks",
+}
+
+
 def unused_note(args: argparse.Namespace) -> str | None:
     """One line naming the Megatron-LM options the command line set that this backend does not use."""
     checked = set(SHAPE) | set(FLAGS) | set(MAPPED)
+    if args.train_backend == "megatron":
+        checked |= set(MEGATRON_BACKEND)
     unused = [o for o in args.megatron_options_given if o not in checked]
     if not unused:
         return None
-    return f"Megatron-LM options accepted but not used by the fsdp backend: {' '.join(unused)}"
+    return f"Megatron-LM options accepted but not used by the {args.train_backend} backend: {' '.join(unused)}"

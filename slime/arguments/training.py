@@ -268,9 +268,9 @@ def finalize(args: argparse.Namespace) -> None:
             "--use-dynamic-batch-size needs --max-tokens-per-gpu (>= 1)",
         )
         need(
-            args.global_batch_size % args.actor_world_size == 0,
+            args.global_batch_size % args.data_parallel_size == 0,
             f"--global-batch-size ({args.global_batch_size}) must be divisible by the data-parallel size "
-            f"({args.actor_world_size}) with --use-dynamic-batch-size",
+            f"({args.data_parallel_size}) with --use-dynamic-batch-size",
         )
         if args.log_probs_max_tokens_per_gpu is None:  # slime's default
             args.log_probs_max_tokens_per_gpu = args.max_tokens_per_gpu
@@ -395,11 +395,11 @@ def _finalize_batching(args: argparse.Namespace) -> None:
             f"--global-batch-size ({args.global_batch_size}) must divide --rollout-batch-size x "
             f"--n-samples-per-prompt ({args.rollout_batch_size} x {args.n_samples_per_prompt} = {samples_per_rollout})"
         )
-    if not args.use_dynamic_batch_size and args.global_batch_size % (args.micro_batch_size * args.actor_world_size):
+    if not args.use_dynamic_batch_size and args.global_batch_size % (args.micro_batch_size * args.data_parallel_size):
         raise SlimeError(
             f"--global-batch-size ({args.global_batch_size}) must be divisible by --micro-batch-size "
-            f"({args.micro_batch_size}) x data-parallel size ({args.actor_world_size}, from --actor-num-nodes x "
-            f"--actor-num-gpus-per-node)"
+            f"({args.micro_batch_size}) x data-parallel size ({args.data_parallel_size}: --actor-num-nodes x "
+            f"--actor-num-gpus-per-node / --tensor-model-parallel-size with the megatron backend)"
         )
     args.num_steps_per_rollout = samples_per_rollout // args.global_batch_size
 

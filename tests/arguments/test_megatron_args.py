@@ -405,3 +405,18 @@ def test_bf16_fp16_are_mixed_precision_training(tiny_model_dir, tmp_path, flag, 
 def test_bf16_and_fp16_together_stop():
     with pytest.raises(SlimeError, match="--bf16 and --fp16"):
         parse_args(BASE + ["--bf16", "--fp16"])
+
+
+def test_the_megatron_backend_reads_its_parallel_layout():
+    """Tensor-parallel groups are data-parallel ranks with --train-backend megatron (Megatron's
+    rule); the fsdp backend shards over every rank and names the option as not used."""
+    tp2 = ["--actor-num-gpus-per-node", "4", "--tensor-model-parallel-size", "2", "--global-batch-size", "2"]
+    a = parse_args(BASE + tp2 + ["--train-backend", "megatron"])
+    assert (a.actor_world_size, a.data_parallel_size) == (4, 2)
+    assert unused_note(a) is None
+    a = parse_args(BASE + tp2[:4] + ["--global-batch-size", "4"])
+    assert a.data_parallel_size == 4 and "--tensor-model-parallel-size" in unused_note(a)
+    with pytest.raises(SlimeError, match=r"--tensor-model-parallel-size 3 must divide the training ranks \(4"):
+        parse_args(BASE + tp2[:2] + ["--tensor-model-parallel-size", "3", "--train-backend", "megatron"])
+    with pytest.raises(SlimeError, match=r"data-parallel size \(2: .*--tensor-model-parallel-size"):
+        parse_args(BASE + tp2[:4] + ["--micro-batch-size", "4", "--train-backend", "megatron"])

@@ -1,6 +1,7 @@
 """The training rank on megatron-core (`MegatronTrainActor`) against the FSDP `TrainActor`: the same
-GRPO rollouts give the same losses, gradient norms and weights, on one rank and on two
-data-parallel ranks; options it does not support yet stop at `init`, naming them."""
+GRPO rollouts give the same losses, gradient norms and weights on one rank, two data-parallel
+ranks, two tensor-parallel ranks and 2 x 2 of them; options it does not support yet stop at `init`,
+naming them."""
 
 from __future__ import annotations
 
@@ -35,15 +36,34 @@ def _argv(model_dir, run_dir, *extra):
         "--hf-checkpoint", str(model_dir), "--run-dir", str(run_dir),
         "--rollout-batch-size", "2", "--n-samples-per-prompt", "2", "--num-rollout", "2",
         "--global-batch-size", "2", "--micro-batch-size", "1",  # two optimizer steps per rollout
-        "--lr", "1e-2", "--adam-eps", "1e-2", "--clip-grad", "1.0", *extra,
+        "--lr", "1e-2", "--adam-eps", "1e-2", "--clip-grad", "1.0",
+        "--calculate-per-token-loss",  # its token count is a sum over the data-parallel ranks only
+        *extra,
     ]  # fmt: skip
 
 
-def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+# name: (ranks, tensor-parallel, more options)
+LAYOUTS = {
+    "dp1": (1, 1, ()),
+    "dp2": (2, 1, ()),
+    "tp2": (2, 2, ()),
+    "dp2_tp2_distopt": (4, 2, ("--use-distributed-optimizer",)),
+}
+
+
+def _worker(rank: int, world: int, port: int, model_dir: str, out: str, name: str, tp: int, more: tuple) -> None:
     from slime.backends.megatron_utils.actor import MegatronTrainActor
 
     os.environ["OMP_NUM_THREADS"] = "1"
-    args = parse_args(_argv(model_dir, f"{out}/run_{world}", "--actor-num-gpus-per-node", str(world)))
+    layout = (
+        "--actor-num-gpus-per-node",
+        str(world),
+        "--tensor-model-parallel-size",
+        str(tp),
+        "--train-backend",
+        "megatron",
+    )
+    args = parse_args(_argv(model_dir, f"{out}/run_{name}", *layout, *more))
     actor = MegatronTrainActor(
         args, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, num_threads=1
     )
@@ -51,16 +71,17 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
     metrics = [actor.train(i, _copy(DATA)) for i in range(2)]
     state = actor.full_state_dict()
     if rank == 0:
-        torch.save({"metrics": metrics, "state": state}, f"{out}/megatron_actor_{world}.pt")
+        split = (actor.policy.tensor_parallel, actor.dp.size)
+        torch.save({"metrics": metrics, "state": state, "split": split}, f"{out}/megatron_actor_{name}.pt")
 
 
 @pytest.fixture(scope="module")
 def megatron_runs(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron-actor")
     runs = {}
-    for world in (1, 2):
-        run_ranks(_worker, world, free_port(), str(tiny_model_dir), str(out))
-        runs[world] = torch.load(out / f"megatron_actor_{world}.pt", weights_only=False)
+    for name, (world, tp, more) in LAYOUTS.items():
+        run_ranks(_worker, world, free_port(), str(tiny_model_dir), str(out), name, tp, more)
+        runs[name] = torch.load(out / f"megatron_actor_{name}.pt", weights_only=False)
     return runs
 
 
@@ -73,11 +94,13 @@ def fsdp_run(tiny_model_dir, tmp_path_factory):
     return {"metrics": metrics, "state": actor.full_state_dict()}
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_run, tiny_model_dir, world):
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_run, tiny_model_dir, layout):
     from transformers import AutoModelForCausalLM
 
-    got = megatron_runs[world]
+    got = megatron_runs[layout]
+    world, tp, _ = LAYOUTS[layout]
+    assert got["split"] == (tp, world // tp)  # the model is split, each group one data-parallel rank
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     assert max(float((fsdp_run["state"][k] - v).abs().max()) for k, v in initial.items()) > 1e-3  # it trained
     for rollout, (m, ref) in enumerate(zip(got["metrics"], fsdp_run["metrics"], strict=True)):
@@ -98,3 +121,17 @@ def test_what_it_does_not_do_yet_stops_naming_it(tiny_model_dir, tmp_path):
     actor = MegatronTrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
     with pytest.raises(SlimeError, match=r"does not support --use-kl-loss / --kl-coef .*, --keep-old-actor yet"):
         actor.init()
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        (("--sequence-parallel",), r"--sequence-parallel: Megatron's layer spec without TransformerEngine"),
+        (("--pipeline-model-parallel-size", "2"), r"does not support --pipeline-model-parallel-size 2 yet"),
+    ],
+)
+def test_parallel_layouts_it_cannot_build_stop_naming_them(tiny_model_dir, tmp_path, option, message):
+    from slime.backends.megatron_utils.actor import check_run
+
+    with pytest.raises(SlimeError, match=message):
+        check_run(parse_args(_argv(tiny_model_dir, tmp_path, "--train-backend", "megatron", *option)))

@@ -155,7 +155,7 @@ def _nll(lp: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     return -lp.mean()
 
 
-def _train_worker(rank: int, world: int, tp: int, port: int, path: str, out: str) -> None:
+def _train_worker(rank: int, world: int, tp: int, distributed: bool, port: int, path: str, out: str) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -180,16 +180,19 @@ def _train_worker(rank: int, world: int, tp: int, port: int, path: str, out: str
             result["bare_ddp"] = "ran"
         except Exception as e:  # noqa: BLE001 - recorded for the test to read
             result["bare_ddp"] = f"{type(e).__name__}: {e}"
-    policy = model.build_policy(config, hf.state_dict(), model.OptimizerSettings(**OPT))
+    policy = model.build_policy(config, hf.state_dict(), model.OptimizerSettings(**OPT, distributed=distributed))
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     mine = TOKENS.chunk(dp)[dp_rank]  # this data-parallel rank's share of the global batch
     result.update(model.train_step(policy, list(mine.split(2)), _nll))
     result["state"] = model.hf_state(policy)
+    result["optimizer"] = {
+        type(o).__name__ for o in getattr(policy.optimizer, "chained_optimizers", [policy.optimizer])
+    }
     result["split_marked"] = all(
         getattr(p, "tensor_model_parallel", False) for n, p in policy.model.named_parameters() if "linear_" in n
     )
     if rank == 0:
-        torch.save(result, f"{out}/train_{world}_{tp}.pt")
+        torch.save(result, f"{out}/train_{world}_{tp}_{distributed}.pt")
     dist.destroy_process_group()
 
 
@@ -219,20 +222,27 @@ def steps(tmp_path_factory):
     root = tmp_path_factory.mktemp("megatron-train")
     path = str(build_tiny_model(root / "m"))
     out = {}
-    for world, tp in ((1, 1), (2, 2), (2, 1)):
-        run_ranks(_train_worker, world, tp, free_port(), path, str(root))
-        out[(world, tp)] = torch.load(root / f"train_{world}_{tp}.pt", weights_only=False)
+    for layout in STEP_LAYOUTS.values():
+        run_ranks(_train_worker, *layout, free_port(), path, str(root))
+        out[layout] = torch.load(root / "train_{}_{}_{}.pt".format(*layout), weights_only=False)
     return out, _reference_step(path)
 
 
-@pytest.mark.parametrize("layout", [(1, 1), (2, 2), (2, 1)], ids=["tp1", "tp2", "dp2"])
-def test_a_megatron_step_is_the_plain_torch_step(steps, layout):
-    """TP=2 and DP=2 make the update TP=1 makes, and all of them the one written out with torch."""
+# name: (ranks, tensor-parallel, --use-distributed-optimizer)
+STEP_LAYOUTS = {"tp1": (1, 1, False), "tp2": (2, 2, False), "dp2": (2, 1, False), "dp2_distopt": (2, 1, True)}
+
+
+@pytest.mark.parametrize("name", list(STEP_LAYOUTS))
+def test_a_megatron_step_is_the_plain_torch_step(steps, name):
+    """TP=2 and DP=2 (Adam's state whole or sharded over the DP ranks) make the update TP=1 makes,
+    and all of them the one written out with torch."""
+    layout = STEP_LAYOUTS[name]
     runs, ref = steps
     got = runs[layout]
     assert got["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-5)
-    if layout != (2, 1):  # with DP=2 rank 0 saw only its half of the batch
+    if layout[0] == layout[1]:  # with DP=2 rank 0 saw only its half of the batch
         assert got["loss"] == pytest.approx(ref["loss"], rel=1e-6)
+    assert got["optimizer"] == ({"DistributedOptimizer"} if layout[2] else {"FP32Optimizer"}), got["optimizer"]
     assert got["split_marked"]  # else the gradient norm counts split weights on one rank only
     start = ref["state"]
     assert got["state"].keys() == start.keys()
@@ -241,4 +251,4 @@ def test_a_megatron_step_is_the_plain_torch_step(steps, layout):
 
 
 def test_megatrons_training_machinery_needs_the_cpu_mode(steps):
-    assert "CUDA" in steps[0][(1, 1)]["bare_ddp"]
+    assert "CUDA" in steps[0][STEP_LAYOUTS["tp1"]]["bare_ddp"]

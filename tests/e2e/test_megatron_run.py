@@ -1,6 +1,7 @@
-"""`--train-backend megatron` through Ray: a colocated run whose trainer is megatron-core (one rank),
-with the built-in engine, real weight syncs (the engine's log-probs equal the trainer's after
-each) and a reward that varies, so the policy moves; unsupported options stop before Ray starts."""
+"""`--train-backend megatron` through Ray: runs whose trainer is megatron-core (one rank; two
+tensor-parallel ranks colocated with the built-in engine and on their own cores beside it), real
+weight syncs (the engine's log-probs equal the trainer's after each) and a reward that varies, so
+the policy moves; unsupported options stop before Ray starts."""
 
 from __future__ import annotations
 
@@ -27,12 +28,26 @@ def _argv(tiny_model_dir, task_dir, run_dir, *extra):
     )
 
 
-def test_a_megatron_run_trains_and_syncs_the_engine(tiny_model_dir, task_dir, tmp_path):
+TP2 = ("--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2")
+LAYOUTS = {
+    "one_rank": (),
+    "tp2_colocated": (*TP2, "--rollout-num-gpus-per-engine", "2"),
+    "tp2_separate": (*TP2, "--rollout-num-gpus", "1"),  # --colocate dropped below
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_megatron_run_trains_and_syncs_the_engine(tiny_model_dir, task_dir, tmp_path, layout):
     from slime.arguments import parse_args
     from slime.train import train
 
     run_dir = tmp_path / "run"
-    train(parse_args(_argv(tiny_model_dir, task_dir, run_dir)))
+    argv = _argv(tiny_model_dir, task_dir, run_dir, *LAYOUTS[layout])
+    if layout.endswith("separate"):
+        argv.remove("--colocate")
+    args = parse_args(argv)
+    assert args.data_parallel_size == 1 and args.colocate != layout.endswith("separate")
+    train(args)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and not any(r.get("rollout/status/failed") for r in rows)
     for r in rows:

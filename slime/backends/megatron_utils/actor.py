@@ -2,17 +2,19 @@
 with a Megatron policy under it.
 
 What changes against `slime.backends.torch.actor.TrainActor`: the policy is a megatron-core
-GPTModel in Megatron's DistributedDataParallel (one copy per rank: tensor parallelism is not
-wired into the actor yet), each
-optimizer step runs through Megatron's forward-backward schedule with Megatron's optimizer, and the
-weights that leave the rank are gathered into transformers' names. What stays: the rollout batch,
-its log-probs, advantages and every loss (`step._micro_batch_loss`, the same function the FSDP step
-calls on each micro-batch), so both backends compute the same numbers.
+GPTModel split over --tensor-model-parallel-size ranks, in Megatron's DistributedDataParallel over
+the data-parallel ranks (the ranks of one tensor-parallel group share a data-parallel rank: the
+same samples, `self.dp`); each optimizer step runs through Megatron's forward-backward schedule
+with Megatron's optimizer; the weights that leave the rank are gathered into transformers' names.
+What stays: the rollout batch, its log-probs, advantages and every loss (`step._micro_batch_loss`,
+the same function the FSDP step calls on each micro-batch), so both backends compute the same
+numbers.
 
-Not yet here (each stops at `init` naming the option): tensor parallelism, the reference model (KL), the old actor, the
-critic, LoRA, packed micro-batches (`--use-dynamic-batch-size`), the OPD teacher, `--offload-train`,
-checkpoints. `--train-backend megatron` runs it through Ray (`slime.ray.train_group`); those options are
-refused before the run starts (`check_run`, from `slime.preflight`).
+Not yet here: pipeline and context parallelism, the reference model (KL), the old actor, the
+critic, LoRA, packed micro-batches (`--use-dynamic-batch-size`), the OPD teacher,
+`--offload-train`, checkpoints. `--train-backend megatron` runs it through Ray
+(`slime.ray.train_group`); those options are refused before the run starts (`check_run`, from
+`slime.preflight`), each named.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from slime.backends.megatron_utils import cpu_support, initialize
 from slime.backends.megatron_utils import model as megatron_model
 from slime.backends.torch import step
 from slime.backends.torch.actor import TrainActor
+from slime.backends.torch.data_parallel import DataParallel
 from slime.backends.torch.optim import lr_at
 from slime.backends.torch.rollout_batch import RolloutBatch
 from slime.errors import SlimeError
@@ -64,7 +67,8 @@ class MegatronCausalLM(torch.nn.Module):
 def unsupported(a: Any) -> list[str]:
     """The options of a run that this backend cannot serve yet (checked before the run starts)."""
     checks = [
-        (f"--tensor-model-parallel-size {a.tensor_model_parallel_size}", a.tensor_model_parallel_size != 1),
+        (f"--pipeline-model-parallel-size {a.pipeline_model_parallel_size}", a.pipeline_model_parallel_size != 1),
+        (f"--context-parallel-size {a.context_parallel_size}", a.context_parallel_size != 1),
         ("--use-kl-loss / --kl-coef (the reference model)", a.use_kl_loss or a.kl_coef != 0.0),
         ("--keep-old-actor", a.keep_old_actor),
         ("a critic (--advantage-estimator ppo)", a.use_critic),
@@ -81,6 +85,11 @@ def unsupported(a: Any) -> list[str]:
 def check_run(a: Any) -> None:
     """Before anything starts: megatron-core as tested, and no option this backend cannot serve."""
     cpu_support.check_version()
+    if a.sequence_parallel:
+        raise SlimeError(
+            "--sequence-parallel: Megatron's layer spec without TransformerEngine (the one this backend builds) "
+            "does not support sequence parallelism (its WrappedTorchNorm refuses it); leave the option out"
+        )
     missing = unsupported(a)
     if missing:
         raise SlimeError(f"--train-backend megatron does not support {', '.join(missing)} yet")
@@ -93,9 +102,13 @@ class MegatronTrainActor(TrainActor):
         if not dist.is_initialized():  # Megatron's groups need a process group, even of one rank
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
             dist.init_process_group("gloo", rank=0, world_size=1)
-        # the model and one optimizer step are tensor-parallel (tests/backends/test_megatron_model.py);
-        # the rank's batches and metrics still count every rank as data-parallel: TP 1 (`unsupported`)
-        initialize.init_megatron(1, a.seed)
+        initialize.init_megatron(a.tensor_model_parallel_size, a.seed)
+        from megatron.core import parallel_state as ps
+
+        # the ranks of one tensor-parallel group train on the same samples
+        self.dp = DataParallel(
+            ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group()
+        )
         from transformers import AutoConfig, AutoModelForCausalLM
 
         hf_config = AutoConfig.from_pretrained(a.ref_load)
@@ -107,6 +120,7 @@ class MegatronTrainActor(TrainActor):
             adam_eps=a.adam_eps,
             weight_decay=a.weight_decay,
             clip_grad=a.clip_grad,
+            distributed=a.use_distributed_optimizer,
         )
         self.policy = megatron_model.build_policy(hf_config, hf_state, settings)
         self.model = MegatronCausalLM(self.policy.model, hf_config)

@@ -28,6 +28,7 @@ class OptimizerSettings:
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
     clip_grad: float = 1.0
+    distributed: bool = False  # --use-distributed-optimizer: Adam's state sharded over the data-parallel ranks
 
 
 @dataclass
@@ -50,7 +51,8 @@ def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: Optimiz
     with cpu_support.cuda_calls_on_cpu():
         model = model_provider.build_gpt_model(hf_config, tp)
         hf_weights.load_hf_weights(model, hf_state, parallel_state.get_tensor_model_parallel_rank(), tp, tied)
-        ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(grad_reduce_in_fp32=True), model)
+        ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=opt.distributed)
+        ddp = DistributedDataParallel(model.config, ddp_config, model)
         # what megatron.training's loop sets: the schedule then averages the gradients over the
         # data-parallel ranks after the last micro-batch (without it each rank steps on its own)
         model.config.finalize_model_grads_func = finalize_model_grads
@@ -64,6 +66,7 @@ def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: Optimiz
             adam_eps=opt.adam_eps,
             clip_grad=opt.clip_grad,
             params_dtype=torch.float32,
+            use_distributed_optimizer=opt.distributed,
         )
         optimizer = get_megatron_optimizer(config, [ddp])
     return MegatronPolicy(model, ddp, optimizer, tp, tied)

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import fully_shard
 from slime.backends.torch import checkpoint, lora, models, rollout_batch, step, sync_payload
 from slime.backends.torch import device as devices
 from slime.backends.torch.critic import Critic
+from slime.backends.torch.data_parallel import DataParallel
 from slime.backends.torch.diagnostics import save_debug_train_data
 from slime.backends.torch.memory_recorder import MemoryRecorder
 from slime.backends.torch.offload import TrainOffload
@@ -59,6 +60,7 @@ class TrainActor:
         device: str | None = None,
     ) -> None:
         self.args, self.rank, self.world_size = args, rank, world_size
+        self.dp = DataParallel(rank, world_size)  # the megatron backend's tensor-parallel ranks share one
         self.master_addr, self.master_port, self.num_threads = master_addr, master_port, num_threads
         self.requested_device = device  # None: CUDA (one GPU per rank) when torch sees one, else the CPU
         self.cores = RankCores()
@@ -138,7 +140,7 @@ class TrainActor:
         critic_only = self.critic is not None and rollout_id < a.num_critic_only_steps
         batch, extra = self._prepare(rollout_id, data, critic_only)
         if a.save_debug_train_data is not None:
-            save_debug_train_data(a, rollout_id, batch, self.rank, self.world_size)
+            save_debug_train_data(a, rollout_id, batch, self.rank, self.world_size, self.dp.rank)
         with self.prof.phase("train_actor"):
             metrics = step.train_steps(self, batch, rollout_id, critic_only)
         if batch.old_from_training_forward:
@@ -153,8 +155,8 @@ class TrainActor:
     def _prepare(self, rollout_id: int, data: dict[str, Any], critic_only: bool) -> tuple[RolloutBatch, dict]:
         """This rank's share of every global batch as a typed batch, and the rollout metrics."""
         a = self.args
-        mine = rollout_batch.rank_positions(a, [len(t) for t in data["tokens"]], self.rank, self.world_size)
-        steps = len(range(0, len(mine), a.global_batch_size // self.world_size))
+        mine = rollout_batch.rank_positions(a, [len(t) for t in data["tokens"]], self.dp.rank, self.dp.size)
+        steps = len(range(0, len(mine), a.global_batch_size // self.dp.size))
         reuse = self.reuse_training_forward and rollout_batch.can_reuse_training_forward(
             a, self.model, self.old_actor, steps, critic_only
         )
@@ -167,7 +169,7 @@ class TrainActor:
 
     def _batch_models(self) -> BatchModels:
         models_ = (self.model, self.old_actor, self.ref_model, self.teacher_model, self.critic)
-        return BatchModels(self.args, self._forward_only, *models_, self._sum_over_ranks, self.rank)
+        return BatchModels(self.args, self._forward_only, *models_, self._sum_over_ranks, self.dp.rank)
 
     def _forward_only(
         self, data: Any, indices: list[int], model: torch.nn.Module, entropy_out: list[torch.Tensor] | None = None
@@ -179,10 +181,7 @@ class TrainActor:
         return step.optimizer_step(self, batch, positions, reduce_kw)
 
     def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world_size > 1:
-            t = t.clone()
-            dist.all_reduce(t)
-        return t
+        return self.dp.sum(t)
 
     # ------------------------------------------------------------------ weights
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -37,8 +37,11 @@ def ci_step(args: Namespace, rollout_id: int, step_id: int, step_metrics: dict[s
         save_or_check_grad_norm(args, rollout_id, step_id, step_metrics["train/grad_norm"], writer=writer)
 
 
-def save_debug_train_data(args: Namespace, rollout_id: int, batch: RolloutBatch, rank: int, world_size: int) -> None:
-    """--save-debug-train-data: rank 0 writes every rank's samples with what was computed for them."""
+def save_debug_train_data(
+    args: Namespace, rollout_id: int, batch: RolloutBatch, rank: int, world_size: int, dp_rank: int
+) -> None:
+    """--save-debug-train-data: rank 0 writes every data-parallel rank's samples with what was
+    computed for them (once: tensor-parallel ranks hold the same samples)."""
 
     def plain(v: Any) -> Any:
         return v.tolist() if isinstance(v, torch.Tensor) else v
@@ -47,7 +50,7 @@ def save_debug_train_data(args: Namespace, rollout_id: int, batch: RolloutBatch,
     local = [
         {
             "sample_index": i,
-            "data_parallel_rank": rank,
+            "data_parallel_rank": dp_rank,
             **{name: plain(col[k]) for name, col in columns.items() if col is not None},
         }
         for k, i in enumerate(batch.indices)
@@ -55,6 +58,7 @@ def save_debug_train_data(args: Namespace, rollout_id: int, batch: RolloutBatch,
     if world_size > 1:
         parts: list[Any] | None = [None] * world_size if rank == 0 else None
         dist.gather_object(local, parts, dst=0)
-        local = [s for part in parts or [] for s in part]
+        firsts = {part[0]["data_parallel_rank"]: part for part in reversed(parts or []) if part}
+        local = [s for _, part in sorted(firsts.items()) for s in part]
     if rank == 0:
         save_train_data(args.save_debug_train_data, rollout_id, rank, local, readable=args.dump_details is not None)

@@ -30,6 +30,7 @@ from slime.backends.torch.batching import (
     plan_micro_batches,
     response_log_probs,
 )
+from slime.backends.torch.data_parallel import DataParallel
 from slime.backends.torch.device import autocast, to_device, to_host
 from slime.backends.torch.diagnostics import ci_step
 from slime.backends.torch.hooks import before_log_prob, before_train_step
@@ -129,16 +130,15 @@ def sequence_log_probs(rank: Stepper, token_ids: list[int]) -> torch.Tensor:
     return out
 
 
-def reduce_kw(args: Namespace, batch: RolloutBatch, positions: list[int], world_size: int) -> dict[str, Any]:
+def reduce_kw(args: Namespace, batch: RolloutBatch, positions: list[int], dp: DataParallel) -> dict[str, Any]:
     """Global-batch denominators of slime's two reductions (same for every micro-batch of the step)."""
     num_tokens = float(sum(sum(batch.loss_masks[i]) for i in positions))
     # FAILED samples (and groups dropped for too few valid samples) are out of the sample average
     excluded = batch.excluded
     num_samples = float(len(positions) - sum(excluded[i] for i in positions)) if excluded else float(len(positions))
-    if world_size > 1 and (args.calculate_per_token_loss or excluded):
-        t = torch.tensor([num_tokens, num_samples])
-        dist.all_reduce(t)
-        mean_tokens, mean_samples = (float(x) / world_size for x in t)  # FSDP averages grads over ranks
+    if dp.size > 1 and (args.calculate_per_token_loss or excluded):
+        t = dp.sum(torch.tensor([num_tokens, num_samples]))
+        mean_tokens, mean_samples = (float(x) / dp.size for x in t)  # gradients are averaged over ranks
         num_tokens = mean_tokens if args.calculate_per_token_loss else num_tokens
         num_samples = mean_samples if excluded else num_samples
     return dict(
@@ -151,7 +151,7 @@ def reduce_kw(args: Namespace, batch: RolloutBatch, positions: list[int], world_
 def train_steps(rank: Any, batch: RolloutBatch, rollout_id: int, critic_only: bool) -> dict[str, float]:
     """Every optimizer step of a rollout (critic first, then the policy unless `critic_only`), one
     per global batch of this rank's share; the metrics averaged over the steps."""
-    args, per_rank = rank.args, rank.args.global_batch_size // rank.world_size
+    args, per_rank = rank.args, rank.args.global_batch_size // rank.dp.size
     if args.reset_optimizer_states:  # slime: at the start of every rollout's training, critic's too
         for owner in (rank, rank.critic):
             if owner is not None:
@@ -159,7 +159,7 @@ def train_steps(rank: Any, batch: RolloutBatch, rollout_id: int, critic_only: bo
     sums: dict[str, float] = {}
     for start in range(0, len(batch), per_rank):
         positions = list(range(start, min(start + per_rank, len(batch))))
-        reduce = reduce_kw(args, batch, positions, rank.world_size)
+        reduce = reduce_kw(args, batch, positions, rank.dp)
         step_metrics: dict[str, float] = {}
         step_id = start // per_rank
         if rank.critic is not None:
