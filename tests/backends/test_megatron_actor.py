@@ -24,7 +24,14 @@ DATA = {  # two prompts x two samples, right-padded into micro-batches of 2
     "loss_masks": [[1, 1, 1], [1, 0], [1, 1], [1, 1, 1]],
     "rewards": [1.0, 0.0, 0.5, -0.5],
 }
-COMPARED = ("train/pg_loss", "train/grad_norm", "train/loss", "train/entropy_loss", "train/pg_clipfrac")
+COMPARED = (
+    "train/pg_loss",
+    "train/grad_norm",
+    "train/loss",
+    "train/entropy_loss",
+    "train/pg_clipfrac",
+    "train/kl_loss",
+)
 
 
 def _copy(data):
@@ -42,12 +49,19 @@ def _argv(model_dir, run_dir, *extra):
     ]  # fmt: skip
 
 
-# name: (ranks, tensor-parallel, more options)
+# the algorithm's options, the same on both backends: plain GRPO; KL to a reference that follows
+# the policy after every rollout, and old log-probs from the old actor (a frozen copy)
+ALGOS = {
+    "grpo": (),
+    "kl_old_actor": ("--use-kl-loss", "--kl-loss-coef", "0.5", "--keep-old-actor", "--ref-update-interval", "1"),
+}
+# name: (ranks, tensor-parallel, megatron's options, algorithm)
 LAYOUTS = {
-    "dp1": (1, 1, ()),
-    "dp2": (2, 1, ()),
-    "tp2": (2, 2, ()),
-    "dp2_tp2_distopt": (4, 2, ("--use-distributed-optimizer",)),
+    "dp1": (1, 1, (), "grpo"),
+    "dp2": (2, 1, (), "grpo"),
+    "tp2": (2, 2, (), "grpo"),
+    "dp2_tp2_distopt": (4, 2, ("--use-distributed-optimizer",), "grpo"),
+    "tp2_kl_old_actor": (2, 2, (), "kl_old_actor"),
 }
 
 
@@ -79,27 +93,31 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, name: st
 def megatron_runs(tiny_model_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("megatron-actor")
     runs = {}
-    for name, (world, tp, more) in LAYOUTS.items():
-        run_ranks(_worker, world, free_port(), str(tiny_model_dir), str(out), name, tp, more)
+    for name, (world, tp, more, algo) in LAYOUTS.items():
+        run_ranks(_worker, world, free_port(), str(tiny_model_dir), str(out), name, tp, (*more, *ALGOS[algo]))
         runs[name] = torch.load(out / f"megatron_actor_{name}.pt", weights_only=False)
     return runs
 
 
 @pytest.fixture(scope="module")
-def fsdp_run(tiny_model_dir, tmp_path_factory):
-    args = parse_args(_argv(tiny_model_dir, tmp_path_factory.mktemp("fsdp")))
-    actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
-    actor.init()
-    metrics = [actor.train(i, _copy(DATA)) for i in range(2)]
-    return {"metrics": metrics, "state": actor.full_state_dict()}
+def fsdp_runs(tiny_model_dir, tmp_path_factory):
+    runs = {}
+    for algo, options in ALGOS.items():
+        args = parse_args(_argv(tiny_model_dir, tmp_path_factory.mktemp("fsdp"), *options))
+        actor = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
+        actor.init()
+        metrics = [actor.train(i, _copy(DATA)) for i in range(2)]
+        runs[algo] = {"metrics": metrics, "state": actor.full_state_dict()}
+    return runs
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_run, tiny_model_dir, layout):
+def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_runs, tiny_model_dir, layout):
     from transformers import AutoModelForCausalLM
 
     got = megatron_runs[layout]
-    world, tp, _ = LAYOUTS[layout]
+    world, tp, _, algo = LAYOUTS[layout]
+    fsdp_run = fsdp_runs[algo]
     assert got["split"] == (tp, world // tp)  # the model is split, each group one data-parallel rank
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     assert max(float((fsdp_run["state"][k] - v).abs().max()) for k, v in initial.items()) > 1e-3  # it trained
@@ -108,6 +126,8 @@ def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_run, tiny_model
             if key in ref:
                 assert m[key] == pytest.approx(ref[key], rel=1e-5, abs=1e-6), (rollout, key)
         assert "train/pg_loss" in m and m["train/grad_norm"] > 0
+    if algo == "kl_old_actor":  # the reference and the policy differ at every rollout's second step
+        assert all(abs(m["train/kl_loss"]) > 1e-6 for m in got["metrics"])
     start = fsdp_run["state"]
     assert got["state"].keys() == start.keys()
     for k, v in start.items():
@@ -117,9 +137,9 @@ def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_run, tiny_model
 def test_what_it_does_not_do_yet_stops_naming_it(tiny_model_dir, tmp_path):
     from slime.backends.megatron_utils.actor import MegatronTrainActor
 
-    args = parse_args(_argv(tiny_model_dir, tmp_path, "--use-kl-loss", "--keep-old-actor"))
+    args = parse_args(_argv(tiny_model_dir, tmp_path, "--advantage-estimator", "ppo", "--save-interval", "1"))
     actor = MegatronTrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
-    with pytest.raises(SlimeError, match=r"does not support --use-kl-loss / --kl-coef .*, --keep-old-actor yet"):
+    with pytest.raises(SlimeError, match=r"does not support a critic \(--advantage-estimator ppo\), .*--save-interval"):
         actor.init()
 
 

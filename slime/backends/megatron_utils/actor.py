@@ -10,9 +10,11 @@ What stays: the rollout batch, its log-probs, advantages and every loss (`step._
 the same function the FSDP step calls on each micro-batch), so both backends compute the same
 numbers.
 
-Not yet here: pipeline and context parallelism, the reference model (KL), the old actor, the
-critic, LoRA, packed micro-batches (`--use-dynamic-batch-size`), the OPD teacher,
-`--offload-train`, checkpoints. `--train-backend megatron` runs it through Ray
+The frozen models (the reference for KL, `--keep-old-actor`'s old actor, the OPD teacher of
+`--opd-type megatron`) are GPTModels split as the policy is, read from their HF checkpoints.
+
+Not yet here: pipeline and context parallelism, the critic, LoRA, packed micro-batches
+(`--use-dynamic-batch-size`), `--offload-train`, checkpoints. `--train-backend megatron` runs it through Ray
 (`slime.ray.train_group`); those options are refused before the run starts (`check_run`, from
 `slime.preflight`), each named.
 """
@@ -63,18 +65,24 @@ class MegatronCausalLM(torch.nn.Module):
         logits = self.gpt(input_ids, position_ids, None)  # [b, s, vocab / tp]
         return SimpleNamespace(logits=gather_from_tensor_model_parallel_region(logits))
 
+    @classmethod
+    def frozen(cls, hf_config: Any, hf_state: dict[str, torch.Tensor]) -> MegatronCausalLM:
+        """A copy that never trains (reference, old actor, OPD teacher)."""
+        return cls(megatron_model.build_frozen(hf_config, hf_state), hf_config).eval()
+
+    @classmethod
+    def frozen_from(cls, path: str) -> MegatronCausalLM:
+        return cls.frozen(*megatron_model.read_hf(path))
+
 
 def unsupported(a: Any) -> list[str]:
     """The options of a run that this backend cannot serve yet (checked before the run starts)."""
     checks = [
         (f"--pipeline-model-parallel-size {a.pipeline_model_parallel_size}", a.pipeline_model_parallel_size != 1),
         (f"--context-parallel-size {a.context_parallel_size}", a.context_parallel_size != 1),
-        ("--use-kl-loss / --kl-coef (the reference model)", a.use_kl_loss or a.kl_coef != 0.0),
-        ("--keep-old-actor", a.keep_old_actor),
         ("a critic (--advantage-estimator ppo)", a.use_critic),
         ("LoRA", a.enable_lora),
         ("--use-dynamic-batch-size (packed micro-batches)", a.use_dynamic_batch_size),
-        ("--use-opd --opd-type megatron", a.use_opd and a.opd_type == "megatron"),
         ("--offload-train (--colocate turns it on: add --no-offload-train)", a.offload_train),
         ("--save-interval (checkpoints)", a.save_interval is not None),
         ("--load of a checkpoint", bool(a.load and a.load != a.save)),
@@ -109,10 +117,7 @@ class MegatronTrainActor(TrainActor):
         self.dp = DataParallel(
             ps.get_data_parallel_rank(), ps.get_data_parallel_world_size(), ps.get_data_parallel_group()
         )
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        hf_config = AutoConfig.from_pretrained(a.ref_load)
-        hf_state = AutoModelForCausalLM.from_pretrained(a.ref_load, dtype=torch.float32).state_dict()
+        hf_config, hf_state = megatron_model.read_hf(a.ref_load)  # the policy starts as the reference
         settings = megatron_model.OptimizerSettings(
             lr=a.lr,
             adam_beta1=a.adam_beta1,
@@ -128,8 +133,19 @@ class MegatronTrainActor(TrainActor):
         self.optimizer = self.policy.optimizer
         self.scheduler = None
         self.steps_done = 0
-        self.ref_model = self.teacher_model = self.old_actor = self.critic = None
+        uses_ref = a.use_kl_loss or a.kl_coef != 0.0
+        self.ref_model = MegatronCausalLM.frozen(hf_config, hf_state) if uses_ref else None
+        del hf_state
+        self.teacher_model = (
+            MegatronCausalLM.frozen_from(a.opd_teacher_load) if a.use_opd and a.opd_type == "megatron" else None
+        )
+        self.old_actor = MegatronCausalLM.frozen_from(a.hf_checkpoint) if a.keep_old_actor else None
+        self.critic = None
         self.adapter_sync = None
+
+    def copy_policy_into(self, frozen: torch.nn.Module) -> None:
+        """Every rank copies its own shards: the frozen copies are split as the policy is."""
+        frozen.load_state_dict(self.model.state_dict())
 
     def _optimizer_step(self, batch: RolloutBatch, positions: list[int], reduce_kw: dict) -> dict[str, float]:
         """One optimizer step through Megatron's schedule, each micro-batch's loss the FSDP step's."""

@@ -72,6 +72,27 @@ def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: Optimiz
     return MegatronPolicy(model, ddp, optimizer, tp, tied)
 
 
+def build_frozen(hf_config: Any, hf_state: dict[str, torch.Tensor]) -> Any:
+    """A GPTModel that never trains (reference, old actor, teacher), split as the policy is."""
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    with cpu_support.cuda_calls_on_cpu():
+        model = model_provider.build_gpt_model(hf_config, tp)
+        tied = bool(hf_config.tie_word_embeddings)
+        hf_weights.load_hf_weights(model, hf_state, parallel_state.get_tensor_model_parallel_rank(), tp, tied)
+    return model.eval().requires_grad_(False)
+
+
+def read_hf(path: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """An HF checkpoint's config and fp32 weights (what a Megatron model is built from)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    return AutoConfig.from_pretrained(path), AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32
+    ).state_dict()
+
+
 def token_log_probs(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     """log p(tokens[:, t+1] | tokens[:, :t+1]) for every t, [b, s-1] (right padding only: causal)."""
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy

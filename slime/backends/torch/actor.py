@@ -120,7 +120,11 @@ class TrainActor:
 
     def _snapshot_old_actor(self) -> None:
         if self.old_actor is not None:
-            self.old_actor.load_state_dict(models.full_state_every_rank(self.model, self.world_size))
+            self.copy_policy_into(self.old_actor)
+
+    def copy_policy_into(self, frozen: torch.nn.Module) -> None:
+        """A frozen copy (the old actor; the reference at --ref-update-interval) takes the policy's weights."""
+        frozen.load_state_dict(models.full_state_every_rank(self.model, self.world_size))
 
     def is_rank0(self) -> bool:
         return self.rank == 0

@@ -35,7 +35,6 @@ from slime.backends.torch.device import autocast, to_device, to_host
 from slime.backends.torch.diagnostics import ci_step
 from slime.backends.torch.hooks import before_log_prob, before_train_step
 from slime.backends.torch.loss import policy_loss
-from slime.backends.torch.models import full_state_every_rank
 from slime.backends.torch.optim import reset_adam_state
 from slime.backends.torch.rollout_batch import RolloutBatch
 from slime.utils.misc import load_function
@@ -172,7 +171,7 @@ def train_steps(rank: Any, batch: RolloutBatch, rollout_id: int, critic_only: bo
         for k, v in step_metrics.items():
             sums[k] = sums.get(k, 0.0) + v
     if args.ref_update_interval and rank.ref_model is not None and (rollout_id + 1) % args.ref_update_interval == 0:
-        rank.ref_model.load_state_dict(full_state_every_rank(rank.model, rank.world_size))
+        rank.copy_policy_into(rank.ref_model)
     return {k: v / max(1, len(batch) // per_rank) for k, v in sums.items()}
 
 
