@@ -42,7 +42,8 @@ def resolve_checkpoints(args: Namespace, config: dict) -> list[str]:
     if megatron_run is not None and not (megatron_run / TRAINER_STATE_FILE).exists():
         raise SlimeError(
             f"--load {args.load} holds a Megatron-LM torch_dist checkpoint ({megatron_run.name}), which "
-            f"the fsdp backend cannot resume; point --load at a checkpoint of a slime-rl run, or at an "
+            f"--train-backend {args.train_backend} cannot resume (it has no {TRAINER_STATE_FILE}: not written by "
+            f"slime-rl); point --load at a checkpoint of a slime-rl run, or at an "
             f"empty directory to start from --ref-load"
         )
     if args.load and not has_checkpoint(args.load):

@@ -157,17 +157,15 @@ def run_default_job(argv: Sequence[str]) -> int:
         )
         # Both stages are parsed before anything runs: a typo in the user's arguments costs no SFT time.
         sft_ckpt = iter_dir(ckpts / "sft", sft_args.num_rollout - 1)
-        rl = dict(RL)
         if argv_value(user, "--train-backend") == "megatron":  # the RL stage's trainer only
             print(
-                "[slime] --train-backend megatron: the RL stage trains on megatron-core; the SFT stage stays on "
-                "fsdp and the RL stage saves no checkpoint (the megatron backend writes none yet)",
+                "[slime] --train-backend megatron: the RL stage trains on megatron-core (its checkpoints are "
+                "Megatron's torch_dist beside the HF files); the SFT stage stays on fsdp",
                 flush=True,
             )
-            del rl["save_interval"]
         rl_args = parse_args(
             base
-            + to_argv(rl)
+            + to_argv(RL)
             + [
                 "--prompt-data",
                 str(data_dir / "train.jsonl"),

@@ -60,9 +60,27 @@ def test_what_the_megatron_backend_cannot_do_yet_stops_before_the_run(tiny_model
     from slime.arguments import parse_args
     from slime.train import train
 
-    args = parse_args(
-        _argv(tiny_model_dir, task_dir, tmp_path / "run", "--advantage-estimator", "ppo", "--save-interval", "1")
-    )
-    with pytest.raises(SlimeError, match=r"--train-backend megatron does not support a critic.*--save-interval"):
+    args = parse_args(_argv(tiny_model_dir, task_dir, tmp_path / "run", "--advantage-estimator", "ppo"))
+    with pytest.raises(SlimeError, match=r"--train-backend megatron does not support a critic.*--offload-train"):
         train(args)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_megatron_run_saves_and_resumes(tiny_model_dir, task_dir, tmp_path):
+    """--save-interval writes Megatron checkpoints through a run on 2 tensor-parallel ranks; a second
+    run on one rank with --load starts after the last one and trains on."""
+    from slime.arguments import parse_args
+    from slime.train import train
+
+    save = str(tmp_path / "ckpt")
+    first = _argv(
+        tiny_model_dir, task_dir, tmp_path / "run1", "--save", save, "--save-interval", "1", *LAYOUTS["tp2_colocated"]
+    )
+    train(parse_args(first))
+    assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
+    assert (tmp_path / "ckpt" / "iter_0000001" / ".metadata").is_file()
+    second = _argv(tiny_model_dir, task_dir, tmp_path / "run2", "--load", save, "--num-rollout", "3")
+    train(parse_args(second))
+    ids = [[json.loads(line)["rollout_id"] for line in (tmp_path / r / "metrics.jsonl").read_text().splitlines()]
+           for r in ("run1", "run2")]  # fmt: skip
+    assert len(ids[0]) == 2 and ids[1] == [ids[0][-1] + 1]  # the third rollout only

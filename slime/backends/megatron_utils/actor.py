@@ -13,8 +13,9 @@ numbers.
 The frozen models (the reference for KL, `--keep-old-actor`'s old actor, the OPD teacher of
 `--opd-type megatron`) are GPTModels split as the policy is, read from their HF checkpoints.
 
-Not yet here: pipeline and context parallelism, the critic, LoRA, packed micro-batches
-(`--use-dynamic-batch-size`), `--offload-train`, checkpoints. `--train-backend megatron` runs it through Ray
+Checkpoints are Megatron's torch_dist beside the HF files (`checkpoint.py`). Not yet here:
+pipeline and context parallelism, the critic, LoRA, packed micro-batches
+(`--use-dynamic-batch-size`), `--offload-train`. `--train-backend megatron` runs it through Ray
 (`slime.ray.train_group`); those options are refused before the run starts (`check_run`, from
 `slime.preflight`), each named.
 """
@@ -29,6 +30,7 @@ import ray
 import torch
 import torch.distributed as dist
 
+from slime.backends.megatron_utils import checkpoint as megatron_checkpoint
 from slime.backends.megatron_utils import cpu_support, initialize
 from slime.backends.megatron_utils import model as megatron_model
 from slime.backends.torch import step
@@ -65,6 +67,15 @@ class MegatronCausalLM(torch.nn.Module):
         logits = self.gpt(input_ids, position_ids, None)  # [b, s, vocab / tp]
         return SimpleNamespace(logits=gather_from_tensor_model_parallel_region(logits))
 
+    def save_pretrained(self, out: Any, state_dict: dict[str, torch.Tensor], safe_serialization: bool = True) -> None:
+        """`state_dict` (transformers' names) as a Hugging Face model directory's config and weights."""
+        from safetensors.torch import save_file
+
+        self.config.save_pretrained(out)
+        if self.config.tie_word_embeddings:  # transformers ties it back on load; safetensors refuses shared storage
+            state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
+        save_file({k: v.contiguous() for k, v in state_dict.items()}, f"{out}/model.safetensors", {"format": "pt"})
+
     @classmethod
     def frozen(cls, hf_config: Any, hf_state: dict[str, torch.Tensor]) -> MegatronCausalLM:
         """A copy that never trains (reference, old actor, OPD teacher)."""
@@ -84,8 +95,6 @@ def unsupported(a: Any) -> list[str]:
         ("LoRA", a.enable_lora),
         ("--use-dynamic-batch-size (packed micro-batches)", a.use_dynamic_batch_size),
         ("--offload-train (--colocate turns it on: add --no-offload-train)", a.offload_train),
-        ("--save-interval (checkpoints)", a.save_interval is not None),
-        ("--load of a checkpoint", bool(a.load and a.load != a.save)),
     ]
     return [name for name, used in checks if used]
 
@@ -187,7 +196,10 @@ class MegatronTrainActor(TrainActor):
         return stats
 
     def save(self, rollout_id: int) -> str:
-        raise SlimeError("the megatron backend does not write checkpoints yet")
+        return megatron_checkpoint.save(self, rollout_id)
+
+    def load_checkpoint(self, path: str) -> int:
+        return megatron_checkpoint.load(self, path)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights under transformers' names (a collective over the tensor-parallel ranks)."""

@@ -143,13 +143,15 @@ def cuda_calls_on_cpu() -> Iterator[None]:
     if not needed():
         yield
         return
-    current_device = torch.cuda.current_device
+    current_device, synchronize = torch.cuda.current_device, torch.cuda.synchronize
     torch.cuda.current_device = lambda: 0  # type: ignore[assignment]  # a device index, made the CPU above
+    # checkpoint writes wait for their device-to-host copies; the CPU's copies are done when they return
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     try:
         with _CudaCallsOnCpu():
             yield
     finally:
-        torch.cuda.current_device = current_device  # type: ignore[assignment]
+        torch.cuda.current_device, torch.cuda.synchronize = current_device, synchronize  # type: ignore[assignment]
 
 
 def _owner_and_leaf(sub: Substitute) -> tuple[Any, str]:

@@ -94,7 +94,7 @@ class TrainActor:
         set_engine_timeout(a.engine_control_timeout_secs)
         self._load_models()
         self.pad_id = self.model.config.pad_token_id or 0
-        start = checkpoint.load(self, a.load) if a.load else 0
+        start = self.load_checkpoint(a.load) if a.load else 0
         self._snapshot_old_actor()
         self.cores.install(self.model, self.num_threads, self.device)
         self.prof.on_init_end()
@@ -231,6 +231,10 @@ class TrainActor:
 
     def save(self, rollout_id: int) -> str:
         return checkpoint.save(self, rollout_id)
+
+    def load_checkpoint(self, path: str) -> int:
+        """Resume from `--load` (weights, optimizer, RNG); the next rollout id."""
+        return checkpoint.load(self, path)
 
     def weights_checksum(self) -> float:
         """Sum of |w| over all parameters (tests use it to see that training changed the weights)."""

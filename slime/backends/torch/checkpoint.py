@@ -83,7 +83,7 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
         "rollout_id": rollout_id,
         "scheduler": actor.scheduler.state_dict(),
         "rng": torch.get_rng_state(),
-        "rng_per_rank": _rng_of_every_rank(actor),
+        "rng_per_rank": rng_of_every_rank(actor),
         "run_config": run_config(actor),
     }
     if with_optim:  # a collective when sharded: every rank gathers, rank 0 writes
@@ -101,7 +101,7 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
     if actor.is_rank0():
         shutil.rmtree(out, ignore_errors=True)  # what a killed run left of this save
         out.mkdir(parents=True)
-        _write_hf_model(actor, out, model_state)
+        write_hf_model(actor, out, model_state)
         if is_lora:  # what resuming needs (the HF files hold the merged model, for serving)
             lora.save_adapter(actor.model, out / ADAPTER_DIR, raw_state, actor.args.ref_load)
         halt_point("trainer_weights", rollout_id)
@@ -115,7 +115,7 @@ def save(actor: Checkpointable, rollout_id: int) -> str:
     return str(out)
 
 
-def _write_hf_model(actor: Checkpointable, out: Path, model_state: dict[str, torch.Tensor]) -> None:
+def write_hf_model(actor: Checkpointable, out: Path, model_state: dict[str, torch.Tensor]) -> None:
     actor.model.save_pretrained(out, state_dict=model_state, safe_serialization=True)
     AutoTokenizer.from_pretrained(actor.args.hf_checkpoint).save_pretrained(out)
 
@@ -129,7 +129,7 @@ def save_hf(actor: Checkpointable, rollout_id: int, model_state: dict[str, torch
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("*.safetensors"), *out.glob("*.safetensors.index.json")]:
         stale.unlink()  # a save with fewer shards must not leave the old ones to be loaded beside
-    _write_hf_model(actor, out, model_state)
+    write_hf_model(actor, out, model_state)
     logger.info("--save-hf: rollout %d's policy written to %s", rollout_id, out)
     return out
 
@@ -156,6 +156,12 @@ def load(actor: Checkpointable, load_path: str) -> int:
             raise SlimeError(f"{what}: cannot read {f} ({type(e).__name__}: {e})") from e
     check_same_model(actor.model, weights, f"{what}: {ckpt}")
     state = load_state_file(ckpt / TRAINER_STATE_FILE, what)
+    if state.get("train_backend", "fsdp") != "fsdp":  # the megatron backend's optimizer state is its torch_dist
+        raise SlimeError(
+            f"{what}: {ckpt} was saved by --train-backend {state['train_backend']}, whose optimizer state the fsdp "
+            f"backend cannot read; resume it with --train-backend {state['train_backend']}, or start from its "
+            f"weights with --hf-checkpoint {ckpt} (without --load)"
+        )
     missing = [k for k in ("rollout_id", "rng") if k not in state]
     if missing:
         raise SlimeError(
@@ -187,7 +193,7 @@ def load(actor: Checkpointable, load_path: str) -> int:
             load_path,
             ckpt,
         )
-    _restore_rng(actor, state, what)
+    restore_rng(actor, state, what)
     if "scheduler" in state:
         actor.scheduler.load_state_dict(state["scheduler"])
     if actor.critic is not None and (ckpt / CRITIC_STATE_FILE).exists():
@@ -248,7 +254,7 @@ def check_same_architecture(model: torch.nn.Module, ckpt: Path, what: str) -> No
         )
 
 
-def _rng_of_every_rank(actor: Checkpointable) -> list[dict[str, Any]]:
+def rng_of_every_rank(actor: Checkpointable) -> list[dict[str, Any]]:
     """Each rank's torch and Python RNG states, rank order (a collective when sharded)."""
     version, internal, gauss = random.getstate()
     mine = {"torch": torch.get_rng_state(), "python": [version, list(internal), gauss]}
@@ -259,7 +265,7 @@ def _rng_of_every_rank(actor: Checkpointable) -> list[dict[str, Any]]:
     return every
 
 
-def _restore_rng(actor: Checkpointable, state: dict[str, Any], what: str) -> None:
+def restore_rng(actor: Checkpointable, state: dict[str, Any], what: str) -> None:
     per_rank = state.get("rng_per_rank")
     rank = dist.get_rank() if actor.world_size > 1 else 0
     if per_rank is None or len(per_rank) != actor.world_size:
