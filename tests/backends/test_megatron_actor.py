@@ -61,7 +61,7 @@ LAYOUTS = {
     "dp2": (2, 1, (), "grpo"),
     "tp2": (2, 2, (), "grpo"),
     "dp2_tp2_distopt": (4, 2, ("--use-distributed-optimizer",), "grpo"),
-    "tp2_kl_old_actor": (2, 2, (), "kl_old_actor"),
+    "tp2_kl_old_actor_offload": (2, 2, ("--offload-train",), "kl_old_actor"),
 }
 
 
@@ -82,7 +82,11 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, name: st
         args, rank=rank, world_size=world, master_addr="127.0.0.1", master_port=port, num_threads=1
     )
     actor.init()
-    metrics = [actor.train(i, _copy(DATA)) for i in range(2)]
+    metrics = [actor.train(0, _copy(DATA))]
+    if args.offload_train:  # Adam's state leaves memory and comes back bit for bit
+        metrics[0].update(actor.offload())
+        actor.onload()
+    metrics.append(actor.train(1, _copy(DATA)))
     state = actor.full_state_dict()
     if rank == 0:
         split = (actor.policy.tensor_parallel, actor.dp.size)
@@ -128,6 +132,8 @@ def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_runs, tiny_mode
         assert "train/pg_loss" in m and m["train/grad_norm"] > 0
     if algo == "kl_old_actor":  # the reference and the policy differ at every rollout's second step
         assert all(abs(m["train/kl_loss"]) > 1e-6 for m in got["metrics"])
+    if "--offload-train" in LAYOUTS[layout][2]:  # Adam's two moments of this rank's shards were written out
+        assert got["metrics"][0]["offload_bytes"] > 0
     start = fsdp_run["state"]
     assert got["state"].keys() == start.keys()
     for k, v in start.items():
@@ -139,7 +145,7 @@ def test_what_it_does_not_do_yet_stops_naming_it(tiny_model_dir, tmp_path):
 
     args = parse_args(_argv(tiny_model_dir, tmp_path, "--advantage-estimator", "ppo", "--enable-lora"))
     actor = MegatronTrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
-    with pytest.raises(SlimeError, match=r"does not support a critic \(--advantage-estimator ppo\), LoRA, .*--offload-train"):
+    with pytest.raises(SlimeError, match=r"does not support a critic \(--advantage-estimator ppo\), LoRA yet"):
         actor.init()
 
 

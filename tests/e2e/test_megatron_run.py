@@ -22,7 +22,7 @@ def _argv(tiny_model_dir, task_dir, run_dir, *extra):
         tiny_model_dir,
         task_dir,
         run_dir,
-        *("--train-backend", "megatron", "--no-offload-train", "--check-weight-update-equal"),
+        *("--train-backend", "megatron", "--check-weight-update-equal"),  # colocated: --offload-train on
         *("--custom-rm-path", "tests.e2e.hooks.digit_reward", "--rollout-temperature", "1.0"),
         *extra,
     )
@@ -53,6 +53,8 @@ def test_a_megatron_run_trains_and_syncs_the_engine(tiny_model_dir, task_dir, tm
     for r in rows:
         assert r["train/weight_sync_logprob_abs_diff"] < 1e-5  # the engine serves the Megatron policy's weights
         assert r["perf/weight_sync_bytes"] > 0
+        if args.colocate:  # --offload-train: Adam's state out of memory while the engine generates
+            assert r["perf/train_offload_bytes"] > 0
     assert any(r["train/grad_norm"] > 0 for r in rows)  # the reward varied: the policy moved
 
 
@@ -60,8 +62,10 @@ def test_what_the_megatron_backend_cannot_do_yet_stops_before_the_run(tiny_model
     from slime.arguments import parse_args
     from slime.train import train
 
-    args = parse_args(_argv(tiny_model_dir, task_dir, tmp_path / "run", "--advantage-estimator", "ppo"))
-    with pytest.raises(SlimeError, match=r"--train-backend megatron does not support a critic.*--offload-train"):
+    args = parse_args(
+        _argv(tiny_model_dir, task_dir, tmp_path / "run", "--advantage-estimator", "ppo", "--enable-lora")
+    )
+    with pytest.raises(SlimeError, match=r"--train-backend megatron does not support a critic.*LoRA"):
         train(args)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 

@@ -15,7 +15,7 @@ The frozen models (the reference for KL, `--keep-old-actor`'s old actor, the OPD
 
 Checkpoints are Megatron's torch_dist beside the HF files (`checkpoint.py`). Not yet here:
 pipeline and context parallelism, the critic, LoRA, packed micro-batches
-(`--use-dynamic-batch-size`), `--offload-train`. `--train-backend megatron` runs it through Ray
+(`--use-dynamic-batch-size`). `--train-backend megatron` runs it through Ray
 (`slime.ray.train_group`); those options are refused before the run starts (`check_run`, from
 `slime.preflight`), each named.
 """
@@ -94,7 +94,6 @@ def unsupported(a: Any) -> list[str]:
         ("a critic (--advantage-estimator ppo)", a.use_critic),
         ("LoRA", a.enable_lora),
         ("--use-dynamic-batch-size (packed micro-batches)", a.use_dynamic_batch_size),
-        ("--offload-train (--colocate turns it on: add --no-offload-train)", a.offload_train),
     ]
     return [name for name, used in checks if used]
 
@@ -200,6 +199,11 @@ class MegatronTrainActor(TrainActor):
 
     def load_checkpoint(self, path: str) -> int:
         return megatron_checkpoint.load(self, path)
+
+    def offload(self) -> dict[str, float]:
+        """--offload-train: Adam's state (inside Megatron's optimizer) to a file until `onload`. The
+        gradients live in DDP's buffer, which every step zeroes: it stays."""
+        return self.offload_state.offload(megatron_model.torch_optimizers(self.optimizer), [self.model])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights under transformers' names (a collective over the tensor-parallel ranks)."""

@@ -72,6 +72,11 @@ def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: Optimiz
     return MegatronPolicy(model, ddp, optimizer, tp, tied)
 
 
+def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    """The torch optimizers inside Megatron's (its wrappers keep Adam's state in them)."""
+    return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+
+
 def build_frozen(hf_config: Any, hf_state: dict[str, torch.Tensor]) -> Any:
     """A GPTModel that never trains (reference, old actor, teacher), split as the policy is."""
     from megatron.core import parallel_state
