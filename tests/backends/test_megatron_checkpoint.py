@@ -66,7 +66,9 @@ def test_resuming_continues_the_run_exactly(runs):
         for key in ("train/pg_loss", "train/grad_norm", "train/lr"):
             assert resumed["metrics"][key] == pytest.approx(whole["metrics"][key], rel=tol, abs=tol), (phase, key)
         for k, v in whole["state"].items():
-            torch.testing.assert_close(resumed["state"][k], v, rtol=0, atol=tol, msg=lambda m, k=k: f"{phase} {k}: {m}")
+            torch.testing.assert_close(
+                resumed["state"][k], v, rtol=0, atol=tol, msg=lambda m, k=k, p=phase: f"{p} {k}: {m}"
+            )
 
 
 def test_the_checkpoint_is_megatrons_torch_dist_and_a_transformers_model(runs):
