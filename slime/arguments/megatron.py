@@ -276,6 +276,7 @@ MEGATRON_BACKEND = {
     "--context-parallel-size": "context-parallel groups (1 only, yet)",
     "--sequence-parallel": "refused by Megatron's layer spec without TransformerEngine",
     "--use-distributed-optimizer": "the optimizer state sharded over the data-parallel ranks",
+    "--lr-warmup-init": "the learning rate warm-up starts from (Megatron's OptimizerParamScheduler)",
 }
 
 

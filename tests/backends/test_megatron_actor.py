@@ -45,6 +45,9 @@ def _argv(model_dir, run_dir, *extra):
         "--global-batch-size", "2", "--micro-batch-size", "1",  # two optimizer steps per rollout
         "--lr", "1e-2", "--adam-eps", "1e-2", "--clip-grad", "1.0",
         "--calculate-per-token-loss",  # its token count is a sum over the data-parallel ranks only
+        # Megatron's parameter groups exempt biases and norm weights from weight decay, the fsdp
+        # backend's AdamW decays every weight: without decay both take the same step
+        "--weight-decay", "0",
         *extra,
     ]  # fmt: skip
 
@@ -54,6 +57,7 @@ def _argv(model_dir, run_dir, *extra):
 ALGOS = {
     "grpo": (),
     "kl_old_actor": ("--use-kl-loss", "--kl-loss-coef", "0.5", "--keep-old-actor", "--ref-update-interval", "1"),
+    "packed": ("--use-dynamic-batch-size", "--max-tokens-per-gpu", "11"),  # samples packed into rows of <= 11 tokens
 }
 # name: (ranks, tensor-parallel, megatron's options, algorithm)
 LAYOUTS = {
@@ -62,6 +66,7 @@ LAYOUTS = {
     "tp2": (2, 2, (), "grpo"),
     "dp2_tp2_distopt": (4, 2, ("--use-distributed-optimizer",), "grpo"),
     "tp2_kl_old_actor_offload": (2, 2, ("--offload-train",), "kl_old_actor"),
+    "tp2_packed": (2, 2, (), "packed"),
 }
 
 
@@ -161,3 +166,54 @@ def test_parallel_layouts_it_cannot_build_stop_naming_them(tiny_model_dir, tmp_p
 
     with pytest.raises(SlimeError, match=message):
         check_run(parse_args(_argv(tiny_model_dir, tmp_path, "--train-backend", "megatron", *option)))
+
+
+HOOK_CALLS: list = []
+
+
+def record_train_step(args, rollout_id, step_id, model, optimizer, opt_param_scheduler):
+    """slime's before-train-step hook: what a Megatron run hands it."""
+    grads = [p.main_grad for p in model[0].parameters() if getattr(p, "main_grad", None) is not None]
+    HOOK_CALLS.append(
+        ("train_step", rollout_id, step_id, type(model[0]).__name__, type(optimizer).__name__,
+         type(opt_param_scheduler).__name__, optimizer.param_groups[0]["lr"], bool(grads) and not any(g.any() for g in grads))
+    )  # fmt: skip
+
+
+def record_log_prob(args, model, store_prefix):
+    HOOK_CALLS.append(("log_prob", store_prefix, type(model[0]).__name__, model[0].training))
+
+
+def _hook_worker(rank: int, world: int, port: int, model_dir: str, out: str) -> None:
+    from slime.backends.megatron_utils.actor import MegatronTrainActor
+
+    hooks = (
+        "--custom-megatron-before-train-step-hook-path", f"{__name__}.record_train_step",
+        "--custom-megatron-before-log-prob-hook-path", f"{__name__}.record_log_prob",
+        "--lr-warmup-iters", "2", "--use-kl-loss", "--keep-old-actor",
+    )  # fmt: skip
+    args = parse_args(_argv(model_dir, f"{out}/run", "--train-backend", "megatron", *hooks))
+    actor = MegatronTrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=port, num_threads=1)
+    actor.init()
+    metrics = [actor.train(i, _copy(DATA)) for i in range(2)]
+    torch.save({"calls": HOOK_CALLS, "lr": [m["train/lr"] for m in metrics]}, f"{out}/hooks.pt")
+
+
+def test_slimes_megatron_hooks_get_megatrons_objects(tiny_model_dir, tmp_path):
+    run_ranks(_hook_worker, 1, free_port(), str(tiny_model_dir), str(tmp_path))
+    got = torch.load(tmp_path / "hooks.pt", weights_only=False)
+    steps = [c for c in got["calls"] if c[0] == "train_step"]
+    assert [(c[1], c[2]) for c in steps] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for _, _, _, model, optimizer, scheduler, _, zeroed in steps:
+        assert (model, optimizer, scheduler) == (
+            "DistributedDataParallel",
+            "ChainedOptimizer",
+            "OptimizerParamScheduler",
+        )
+        assert zeroed  # the gradient buffers are clear when the hook runs
+    # the LR each step is about to use: warm-up over 2 steps from 0 to --lr, then the default linear
+    # decay to --min-lr 0 at the last of the run's 4 steps
+    assert [c[6] for c in steps] == pytest.approx([0.0, 5e-3, 1e-2, 5e-3])
+    assert got["lr"] == pytest.approx([2.5e-3, 7.5e-3])  # the metric: the mean over the rollout's steps
+    log_probs = [c[1:] for c in got["calls"] if c[0] == "log_prob"]
+    assert ("", "GPTModel", False) in log_probs and ("ref_", "GPTModel", False) in log_probs

@@ -14,8 +14,7 @@ The frozen models (the reference for KL, `--keep-old-actor`'s old actor, the OPD
 `--opd-type megatron`) are GPTModels split as the policy is, read from their HF checkpoints.
 
 Checkpoints are Megatron's torch_dist beside the HF files (`checkpoint.py`). Not yet here:
-pipeline and context parallelism, the critic, LoRA, packed micro-batches
-(`--use-dynamic-batch-size`). `--train-backend megatron` runs it through Ray
+pipeline and context parallelism, the critic, LoRA. `--train-backend megatron` runs it through Ray
 (`slime.ray.train_group`); those options are refused before the run starts (`check_run`, from
 `slime.preflight`), each named.
 """
@@ -36,7 +35,6 @@ from slime.backends.megatron_utils import model as megatron_model
 from slime.backends.torch import step
 from slime.backends.torch.actor import TrainActor
 from slime.backends.torch.data_parallel import DataParallel
-from slime.backends.torch.optim import lr_at
 from slime.backends.torch.rollout_batch import RolloutBatch
 from slime.errors import SlimeError
 from slime.utils.net import free_port
@@ -45,13 +43,24 @@ from slime.utils.net import free_port
 class MegatronCausalLM(torch.nn.Module):
     """A GPTModel answering as a transformers causal LM does (`model(input_ids=...).logits`, the
     vocabulary gathered whole over the tensor-parallel ranks), so the FSDP path's batching and
-    losses run on it. Right-padded micro-batches only: the causal mask keeps padding out of every
-    real token's attention."""
+    losses run on it. Right-padded micro-batches: Megatron's causal mask keeps padding out of every
+    real token's attention. Packed ones (`--use-dynamic-batch-size`: samples in one row, a
+    block-diagonal causal mask): the mask is handed to Megatron's attention; RoPE then counts
+    positions along the row rather than from each sample's start, which changes no attention score
+    (rotary embeddings depend on the distance between two positions only, and the mask keeps each
+    token inside its own sample)."""
 
-    def __init__(self, gpt: Any, hf_config: Any) -> None:
+    def __init__(self, gpt: Any, hf_config: Any, chunk: Any = None) -> None:
         super().__init__()
         self.gpt = gpt
         self.config = hf_config  # what the batching reads of a model (pad token, dropout: Megatron's is 0)
+        # what slime's Megatron hooks get as the rank's model chunk: the policy's DDP wrapper, a frozen
+        # copy's GPTModel (in a tuple: not a submodule, so the state dict holds each weight once)
+        self._chunk = (chunk if chunk is not None else gpt,)
+
+    @property
+    def megatron_chunk(self) -> Any:
+        return self._chunk[0]
 
     def forward(
         self,
@@ -64,7 +73,9 @@ class MegatronCausalLM(torch.nn.Module):
 
         if position_ids is None:
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        logits = self.gpt(input_ids, position_ids, None)  # [b, s, vocab / tp]
+        # Megatron masks where True; the batching's 4-D mask (packed rows) is True where a token attends
+        mask = ~attention_mask if attention_mask is not None and attention_mask.dim() == 4 else None
+        logits = self.gpt(input_ids, position_ids, mask)  # [b, s, vocab / tp]
         return SimpleNamespace(logits=gather_from_tensor_model_parallel_region(logits))
 
     def save_pretrained(self, out: Any, state_dict: dict[str, torch.Tensor], safe_serialization: bool = True) -> None:
@@ -93,7 +104,6 @@ def unsupported(a: Any) -> list[str]:
         (f"--context-parallel-size {a.context_parallel_size}", a.context_parallel_size != 1),
         ("a critic (--advantage-estimator ppo)", a.use_critic),
         ("LoRA", a.enable_lora),
-        ("--use-dynamic-batch-size (packed micro-batches)", a.use_dynamic_batch_size),
     ]
     return [name for name, used in checks if used]
 
@@ -128,6 +138,7 @@ class MegatronTrainActor(TrainActor):
         hf_config, hf_state = megatron_model.read_hf(a.ref_load)  # the policy starts as the reference
         settings = megatron_model.OptimizerSettings(
             lr=a.lr,
+            min_lr=min(a.min_lr, a.lr),
             adam_beta1=a.adam_beta1,
             adam_beta2=a.adam_beta2,
             adam_eps=a.adam_eps,
@@ -136,11 +147,10 @@ class MegatronTrainActor(TrainActor):
             distributed=a.use_distributed_optimizer,
         )
         self.policy = megatron_model.build_policy(hf_config, hf_state, settings)
-        self.model = MegatronCausalLM(self.policy.model, hf_config)
+        self.model = MegatronCausalLM(self.policy.model, hf_config, chunk=self.policy.ddp)
         self.model.train()
         self.optimizer = self.policy.optimizer
-        self.scheduler = None
-        self.steps_done = 0
+        self.scheduler = megatron_model.lr_scheduler(self.optimizer, a)
         uses_ref = a.use_kl_loss or a.kl_coef != 0.0
         self.ref_model = MegatronCausalLM.frozen(hf_config, hf_state) if uses_ref else None
         del hf_state
@@ -172,13 +182,8 @@ class MegatronTrainActor(TrainActor):
             # the schedule divides a micro-batch's loss by their number; this one is its share already
             return loss, lambda out: (out * n, {})
 
-        lr = lr_at(self.steps_done, a.lr, style=a.lr_decay_style, warmup=a.lr_warmup_iters,
-                   decay_iters=a.lr_decay_iters, min_lr=min(a.min_lr, a.lr))  # fmt: skip
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        lr = self.optimizer.param_groups[0]["lr"]  # the scheduler set it after the last step
         with cpu_support.cuda_calls_on_cpu():
-            self.policy.ddp.zero_grad_buffer()
-            self.optimizer.zero_grad()
             get_forward_backward_func()(
                 forward_step_func=forward_step,
                 data_iterator=iter(micro_batches),
@@ -189,7 +194,11 @@ class MegatronTrainActor(TrainActor):
                 forward_only=False,
             )
             _, grad_norm, _ = self.optimizer.step()
-        self.steps_done += 1
+            # as megatron.training: the schedule moves after the step; the gradients are cleared for
+            # the next one now, so a before-train-step hook sees them zeroed, as slime's does
+            self.scheduler.step(increment=1)
+            self.policy.ddp.zero_grad_buffer()
+            self.optimizer.zero_grad()
         stats["train/lr"] = lr
         stats["train/grad_norm"] = float(grad_norm)
         return stats

@@ -5,7 +5,7 @@ the files every slime-rl checkpoint has (layout in `slime.utils.checkpoint_layou
                        (dist_checkpointing: the model's and the optimizer's sharded state dicts,
                         each rank writing its shards; read back at another tensor-parallel size)
                    config.json, model.safetensors, tokenizer files     the policy for transformers
-                   trainer_state.pt   rollout id, optimizer steps taken, RNG of every rank
+                   trainer_state.pt   rollout id, the LR schedule's state, RNG of every rank
                    rollout_state.json ...                              (the rollout side's)
 
 Resuming reads the torch_dist part (the optimizer's moments included, unless the run saved with
@@ -64,7 +64,7 @@ def save(actor: Any, rollout_id: int) -> str:
     trainer_state = {
         "rollout_id": rollout_id,
         "train_backend": BACKEND,
-        "optimizer_steps": actor.steps_done,  # the LR schedule's position
+        "scheduler": actor.scheduler.state_dict(),  # Megatron's: the LR schedule's position
         "with_optimizer": not a.no_save_optim,
         "rng": torch.get_rng_state(),
         "rng_per_rank": torch_checkpoint.rng_of_every_rank(actor),
@@ -112,6 +112,6 @@ def load(actor: Any, load_path: str) -> int:
             actor.optimizer.load_state_dict(loaded["optimizer"])
     if not with_optimizer and actor.is_rank0():
         logger.warning("%s: %s has no optimizer state (saved with --no-save-optim); a fresh optimizer", what, ckpt)
-    actor.steps_done = int(state["optimizer_steps"])
+    actor.scheduler.load_state_dict(state["scheduler"])
     torch_checkpoint.restore_rng(actor, state, what)
     return int(state["rollout_id"]) + 1

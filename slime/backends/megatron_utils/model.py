@@ -23,6 +23,7 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (log-probs [b, 
 @dataclass
 class OptimizerSettings:
     lr: float
+    min_lr: float = 0.0  # the floor of a decaying schedule (each parameter group carries it)
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
@@ -60,6 +61,7 @@ def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: Optimiz
         config = OptimizerConfig(
             optimizer="adam",
             lr=opt.lr,
+            min_lr=opt.min_lr,
             weight_decay=opt.weight_decay,
             adam_beta1=opt.adam_beta1,
             adam_beta2=opt.adam_beta2,
@@ -70,6 +72,28 @@ def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: Optimiz
         )
         optimizer = get_megatron_optimizer(config, [ddp])
     return MegatronPolicy(model, ddp, optimizer, tp, tied)
+
+
+def lr_scheduler(optimizer: Any, args: Any) -> Any:
+    """Megatron's OptimizerParamScheduler with slime's options (--lr, --min-lr, --lr-warmup-iters,
+    --lr-decay-iters, --lr-decay-style, --lr-warmup-init; weight decay constant, as slime's
+    defaults): the learning rate of the first step is set now, each later one by `step(1)`."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    with cpu_support.cuda_calls_on_cpu():
+        return OptimizerParamScheduler(
+            optimizer,
+            init_lr=args.lr_warmup_init,
+            max_lr=args.lr,
+            min_lr=min(args.min_lr, args.lr),
+            lr_warmup_steps=args.lr_warmup_iters,
+            lr_decay_steps=max(args.lr_decay_iters, args.lr_warmup_iters + 1),  # Megatron asserts it (constant style)
+            lr_decay_style=args.lr_decay_style,
+            start_wd=args.weight_decay,
+            end_wd=args.weight_decay,
+            wd_incr_steps=1,
+            wd_incr_style="constant",
+        )
 
 
 def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:

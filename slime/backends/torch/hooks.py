@@ -10,7 +10,11 @@
   log-probs beside the engine's with --get-mismatch-metrics; --keep-old-actor's copy too),
   ``"ref_"`` for the reference model, ``"teacher_"`` for the OPD teacher, as slime's prefixes.
 
-What the hooks receive in place of Megatron's objects: ``model`` is a one-element list holding
+With ``--train-backend megatron`` the hooks get Megatron's own objects, as under slime: ``model`` is
+``[DistributedDataParallel(GPTModel)]`` (a frozen copy's ``[GPTModel]`` before its log-prob pass),
+``optimizer`` Megatron's optimizer, ``opt_param_scheduler`` Megatron's ``OptimizerParamScheduler``.
+
+What the fsdp backend's hooks receive in place of Megatron's objects: ``model`` is a one-element list holding
 the module (Megatron's is the list of the rank's model chunks; here each rank holds one, a
 transformers model, FSDP2-sharded when there are several ranks, so its parameters are then
 DTensors); ``optimizer`` is the torch optimizer (AdamW, or `StatelessAdam`); and
@@ -41,11 +45,17 @@ def before_train_step(args: Namespace, rollout_id: int, step_id: int, trains: Tr
     path = args.custom_megatron_before_train_step_hook_path
     if path:
         fn = load_function(path, arg_name="--custom-megatron-before-train-step-hook-path")
-        fn(args, rollout_id, step_id, [trains.model], trains.optimizer, trains.scheduler)
+        fn(args, rollout_id, step_id, _chunks(trains.model), trains.optimizer, trains.scheduler)
 
 
 def before_log_prob(args: Namespace, model: torch.nn.Module, store_prefix: str) -> None:
     path = args.custom_megatron_before_log_prob_hook_path
     if path:
         fn = load_function(path, arg_name="--custom-megatron-before-log-prob-hook-path")
-        fn(args, [model], store_prefix)
+        fn(args, _chunks(model), store_prefix)
+
+
+def _chunks(model: torch.nn.Module) -> list[Any]:
+    """The rank's model chunks as slime hands them over: the megatron backend's own Megatron module
+    (the policy's DistributedDataParallel, a frozen copy's GPTModel), else the module itself."""
+    return [model.megatron_chunk if hasattr(model, "megatron_chunk") else model]
