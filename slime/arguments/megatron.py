@@ -274,7 +274,7 @@ MEGATRON_BACKEND = {
     "--tensor-model-parallel-size": "tensor-parallel groups of the training ranks",
     "--pipeline-model-parallel-size": "pipeline stages (1 only, yet)",
     "--context-parallel-size": "context-parallel groups (1 only, yet)",
-    "--sequence-parallel": "refused by Megatron's layer spec without TransformerEngine",
+    "--sequence-parallel": "activations between the layers split along the sequence over the tensor-parallel ranks",
     "--use-distributed-optimizer": "the optimizer state sharded over the data-parallel ranks",
     "--lr-warmup-init": "the learning rate warm-up starts from (Megatron's OptimizerParamScheduler)",
 }

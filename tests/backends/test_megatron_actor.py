@@ -59,14 +59,17 @@ ALGOS = {
     "kl_old_actor": ("--use-kl-loss", "--kl-loss-coef", "0.5", "--keep-old-actor", "--ref-update-interval", "1"),
     "packed": ("--use-dynamic-batch-size", "--max-tokens-per-gpu", "11"),  # samples packed into rows of <= 11 tokens
 }
+# slime's scripts' block: activations split along the sequence between the layers, every layer recomputed
+SP_RECOMPUTE = ("--sequence-parallel", "--recompute-granularity", "full", "--recompute-method", "uniform",
+                "--recompute-num-layers", "1")  # fmt: skip
 # name: (ranks, tensor-parallel, megatron's options, algorithm)
 LAYOUTS = {
     "dp1": (1, 1, (), "grpo"),
     "dp2": (2, 1, (), "grpo"),
     "tp2": (2, 2, (), "grpo"),
-    "dp2_tp2_distopt": (4, 2, ("--use-distributed-optimizer",), "grpo"),
+    "dp2_tp2_distopt_sp": (4, 2, ("--use-distributed-optimizer", "--sequence-parallel"), "grpo"),
     "tp2_kl_old_actor_offload": (2, 2, ("--offload-train",), "kl_old_actor"),
-    "tp2_packed": (2, 2, (), "packed"),
+    "tp2_packed_sp_recompute": (2, 2, (*SP_RECOMPUTE,), "packed"),
 }
 
 
@@ -94,7 +97,8 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, name: st
     metrics.append(actor.train(1, _copy(DATA)))
     state = actor.full_state_dict()
     if rank == 0:
-        split = (actor.policy.tensor_parallel, actor.dp.size)
+        config = actor.policy.model.config
+        split = (actor.policy.tensor_parallel, actor.dp.size, config.sequence_parallel, config.recompute_granularity)
         torch.save({"metrics": metrics, "state": state, "split": split}, f"{out}/megatron_actor_{name}.pt")
 
 
@@ -125,9 +129,11 @@ def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_runs, tiny_mode
     from transformers import AutoModelForCausalLM
 
     got = megatron_runs[layout]
-    world, tp, _, algo = LAYOUTS[layout]
+    world, tp, options, algo = LAYOUTS[layout]
     fsdp_run = fsdp_runs[algo]
-    assert got["split"] == (tp, world // tp)  # the model is split, each group one data-parallel rank
+    # the model is split, each group one data-parallel rank; the options reached Megatron's config
+    recompute = "full" if "--recompute-granularity" in options else None
+    assert got["split"] == (tp, world // tp, "--sequence-parallel" in options, recompute)
     initial = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).state_dict()
     assert max(float((fsdp_run["state"][k] - v).abs().max()) for k, v in initial.items()) > 1e-3  # it trained
     for rollout, (m, ref) in enumerate(zip(got["metrics"], fsdp_run["metrics"], strict=True)):
@@ -157,7 +163,6 @@ def test_what_it_does_not_do_yet_stops_naming_it(tiny_model_dir, tmp_path):
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        (("--sequence-parallel",), r"--sequence-parallel: Megatron's layer spec without TransformerEngine"),
         (("--pipeline-model-parallel-size", "2"), r"does not support --pipeline-model-parallel-size 2 yet"),
     ],
 )

@@ -38,6 +38,26 @@ def _forward(model, hf, ids):
     return lp, full, ref_lp, ref_logits
 
 
+def _train_forward(config, hf, ids, world: int) -> None:
+    """A training forward and backward with slime's scripts' block (sequence parallelism, every layer
+    recomputed; the backward inside `cuda_calls_on_cpu`, as Megatron's schedule runs it here), then
+    the same model frozen (a reference's forward)."""
+    from megatron.core import parallel_state
+
+    from slime.backends.megatron_utils import cpu_support, hf_weights, model_provider
+
+    layout = model_provider.Layout(world, world > 1, "full", "uniform", 1)
+    model = model_provider.build_gpt_model(config, layout).train()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    hf_weights.load_hf_weights(model, hf.state_dict(), tp_rank, world, config.tie_word_embeddings)
+    ids = ids[:, :16]  # a multiple of the tensor-parallel size: the sequence is split over the ranks
+    logits = model(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
+    with cpu_support.cuda_calls_on_cpu():
+        logits.float().square().mean().backward()
+    with torch.no_grad():
+        model.eval().requires_grad_(False)(ids, torch.arange(ids.shape[1]).expand_as(ids), None)
+
+
 def _worker(rank: int, world: int, port: int, model_dirs: dict, out: str) -> None:
     import torch.distributed as dist
     from megatron.core import parallel_state
@@ -55,7 +75,7 @@ def _worker(rank: int, world: int, port: int, model_dirs: dict, out: str) -> Non
     for name, path in model_dirs.items():
         config = AutoConfig.from_pretrained(path)
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-        model = model_provider.build_gpt_model(config, world).eval()
+        model = model_provider.build_gpt_model(config, model_provider.Layout(world)).eval()
         hf_weights.load_hf_weights(model, hf.state_dict(), tp_rank, world, config.tie_word_embeddings)
         lp, full, ref_lp, ref_logits = _forward(model, hf, ids)
         back = hf_weights.to_hf(dict(model.named_parameters()), model.config, world, group, config.tie_word_embeddings)
@@ -67,14 +87,16 @@ def _worker(rank: int, world: int, port: int, model_dirs: dict, out: str) -> Non
             "same_names": sorted(back) == sorted(expected),
             "exact": all(torch.equal(back[k], expected[k]) for k in expected if k in back),
         }
-    # each substitute left out in turn: a new model's forward fails (Megatron's CUDA-only code runs;
-    # a new model and empty scratch buffers: both are kept after a first forward)
+    # each substitute left out in turn: a new model's forward, or the training forward and backward
+    # with sequence parallelism and recomputation, fails (Megatron's CUDA-only code runs; a new model
+    # and empty scratch buffers: both are kept after a first forward)
     without = {}
     for sub in cpu_support.SUBSTITUTES:
         cpu_support.restore(frozenset({sub.name}))
         parallel_state.get_global_memory_buffer().buffer.clear()  # allocated anew, as at the first forward
         try:
-            _forward(model_provider.build_gpt_model(config, world).eval(), hf, ids)
+            _forward(model_provider.build_gpt_model(config, model_provider.Layout(world)).eval(), hf, ids)
+            _train_forward(config, hf, ids, world)
             without[sub.name] = "ran"
         except Exception as e:  # noqa: BLE001 - recorded for the test to read
             without[sub.name] = f"{type(e).__name__}: {e}"
@@ -140,10 +162,10 @@ def test_shapes_megatron_cannot_split_stop_naming_them(tmp_path):
     with pytest.raises(
         SlimeError, match="--tensor-model-parallel-size 4 must divide .* 4 attention heads and 2 key/value"
     ):
-        model_provider.transformer_config(config, 4)
+        model_provider.transformer_config(config, model_provider.Layout(4))
     config.model_type = "gpt2"
     with pytest.raises(SlimeError, match="model type 'gpt2' is not converted here"):
-        model_provider.transformer_config(config, 1)
+        model_provider.transformer_config(config, model_provider.Layout(1))
 
 
 # ------------------------------------------------------------------------------ one optimizer step
@@ -174,7 +196,7 @@ def _train_worker(rank: int, world: int, tp: int, distributed: bool, port: int, 
 
         from slime.backends.megatron_utils import model_provider
 
-        bare = model_provider.build_gpt_model(config, 1)
+        bare = model_provider.build_gpt_model(config, model_provider.Layout(1))
         try:
             DistributedDataParallel(bare.config, DistributedDataParallelConfig(), bare)
             result["bare_ddp"] = "ran"

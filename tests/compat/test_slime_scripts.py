@@ -160,9 +160,14 @@ def test_an_option_of_slimes_sglang_patch_is_accepted_and_named():
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-def test_the_bundled_task_trains_from_a_slime_style_launch(ray_cluster, tiny_model_dir, task_dir, tmp_path, capsys):
+@pytest.mark.parametrize("backend", ["fsdp", "megatron"])
+def test_the_bundled_task_trains_from_a_slime_style_launch(
+    ray_cluster, tiny_model_dir, task_dir, tmp_path, capsys, backend
+):
     """The same groups, the tiny model's own block, local paths and CPU-sized numbers: it runs and
-    its metrics rows are finite; --load of an empty directory starts fresh from --ref-load."""
+    its metrics rows are finite; --load of an empty directory starts fresh from --ref-load. On the
+    megatron backend with the parallel block of slime's qwen3-4B script: 2 tensor-parallel ranks,
+    sequence parallelism, every layer recomputed, packed micro-batches, colocated with one engine."""
     ckpt = tmp_path / "ckpt"
     argv = (
         TINY_MODEL
@@ -264,6 +269,9 @@ def test_the_bundled_task_trains_from_a_slime_style_launch(ray_cluster, tiny_mod
             str(tmp_path / "run"),
         ]
     )
+    if backend == "megatron":
+        two = {"tensor_model_parallel_size": "2", "actor_num_gpus_per_node": "2", "rollout_num_gpus_per_engine": "2"}
+        argv = with_paths(argv, **two) + ["--train-backend", "megatron"]
     assert main(argv) == 0  # `slime train`'s own entry point, in the session's shared Ray cluster
     out = capsys.readouterr().out
     assert "holds no checkpoint yet: starting at rollout 0 from --ref-load" in out

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from slime.backends.megatron_utils import checkpoint as megatron_checkpoint
 from slime.backends.megatron_utils import cpu_support, initialize
 from slime.backends.megatron_utils import model as megatron_model
+from slime.backends.megatron_utils.model_provider import Layout
 from slime.backends.torch import step
 from slime.backends.torch.actor import TrainActor
 from slime.backends.torch.data_parallel import DataParallel
@@ -48,7 +49,9 @@ class MegatronCausalLM(torch.nn.Module):
     block-diagonal causal mask): the mask is handed to Megatron's attention; RoPE then counts
     positions along the row rather than from each sample's start, which changes no attention score
     (rotary embeddings depend on the distance between two positions only, and the mask keeps each
-    token inside its own sample)."""
+    token inside its own sample). With sequence parallelism Megatron splits the sequence over the
+    tensor-parallel ranks, so a row is padded at its end to a multiple of their number (causal
+    attention keeps the padding out of every real token's)."""
 
     def __init__(self, gpt: Any, hf_config: Any, chunk: Any = None) -> None:
         super().__init__()
@@ -75,7 +78,14 @@ class MegatronCausalLM(torch.nn.Module):
             position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         # Megatron masks where True; the batching's 4-D mask (packed rows) is True where a token attends
         mask = ~attention_mask if attention_mask is not None and attention_mask.dim() == 4 else None
-        logits = self.gpt(input_ids, position_ids, mask)  # [b, s, vocab / tp]
+        length, config = input_ids.shape[1], self.gpt.config
+        extra = -length % config.tensor_model_parallel_size if config.sequence_parallel else 0
+        if extra:
+            input_ids = torch.nn.functional.pad(input_ids, (0, extra))
+            position_ids = torch.cat([position_ids, position_ids[:, -1:] + torch.arange(1, extra + 1)], dim=1)
+            if mask is not None:  # the padding attends nowhere and nothing attends to it
+                mask = torch.nn.functional.pad(mask, (0, extra, 0, extra), value=True)
+        logits = self.gpt(input_ids, position_ids, mask)[:, :length]  # [b, s, vocab / tp]
         return SimpleNamespace(logits=gather_from_tensor_model_parallel_region(logits))
 
     def save_pretrained(self, out: Any, state_dict: dict[str, torch.Tensor], safe_serialization: bool = True) -> None:
@@ -88,13 +98,13 @@ class MegatronCausalLM(torch.nn.Module):
         save_file({k: v.contiguous() for k, v in state_dict.items()}, f"{out}/model.safetensors", {"format": "pt"})
 
     @classmethod
-    def frozen(cls, hf_config: Any, hf_state: dict[str, torch.Tensor]) -> MegatronCausalLM:
+    def frozen(cls, hf_config: Any, hf_state: dict[str, torch.Tensor], layout: Layout) -> MegatronCausalLM:
         """A copy that never trains (reference, old actor, OPD teacher)."""
-        return cls(megatron_model.build_frozen(hf_config, hf_state), hf_config).eval()
+        return cls(megatron_model.build_frozen(hf_config, hf_state, layout), hf_config).eval()
 
     @classmethod
-    def frozen_from(cls, path: str) -> MegatronCausalLM:
-        return cls.frozen(*megatron_model.read_hf(path))
+    def frozen_from(cls, path: str, layout: Layout) -> MegatronCausalLM:
+        return cls.frozen(*megatron_model.read_hf(path), layout)
 
 
 def unsupported(a: Any) -> list[str]:
@@ -111,11 +121,6 @@ def unsupported(a: Any) -> list[str]:
 def check_run(a: Any) -> None:
     """Before anything starts: megatron-core as tested, and no option this backend cannot serve."""
     cpu_support.check_version()
-    if a.sequence_parallel:
-        raise SlimeError(
-            "--sequence-parallel: Megatron's layer spec without TransformerEngine (the one this backend builds) "
-            "does not support sequence parallelism (its WrappedTorchNorm refuses it); leave the option out"
-        )
     missing = unsupported(a)
     if missing:
         raise SlimeError(f"--train-backend megatron does not support {', '.join(missing)} yet")
@@ -146,18 +151,19 @@ class MegatronTrainActor(TrainActor):
             clip_grad=a.clip_grad,
             distributed=a.use_distributed_optimizer,
         )
-        self.policy = megatron_model.build_policy(hf_config, hf_state, settings)
+        layout = Layout.of(a)
+        self.policy = megatron_model.build_policy(hf_config, hf_state, settings, layout)
         self.model = MegatronCausalLM(self.policy.model, hf_config, chunk=self.policy.ddp)
         self.model.train()
         self.optimizer = self.policy.optimizer
         self.scheduler = megatron_model.lr_scheduler(self.optimizer, a)
         uses_ref = a.use_kl_loss or a.kl_coef != 0.0
-        self.ref_model = MegatronCausalLM.frozen(hf_config, hf_state) if uses_ref else None
+        self.ref_model = MegatronCausalLM.frozen(hf_config, hf_state, layout) if uses_ref else None
         del hf_state
         self.teacher_model = (
-            MegatronCausalLM.frozen_from(a.opd_teacher_load) if a.use_opd and a.opd_type == "megatron" else None
+            MegatronCausalLM.frozen_from(a.opd_teacher_load, layout) if a.use_opd and a.opd_type == "megatron" else None
         )
-        self.old_actor = MegatronCausalLM.frozen_from(a.hf_checkpoint) if a.keep_old_actor else None
+        self.old_actor = MegatronCausalLM.frozen_from(a.hf_checkpoint, layout) if a.keep_old_actor else None
         self.critic = None
         self.adapter_sync = None
 

@@ -64,6 +64,45 @@ def _gather_along_last_dim(input_: torch.Tensor, group: Any) -> torch.Tensor:
     return torch.cat(parts, dim=-1).contiguous()
 
 
+def _gather_along_first_dim(
+    input_: torch.Tensor, group: Any, output_split_sizes: list[int] | None = None, use_global_buffer: bool = False
+) -> torch.Tensor:
+    """Every tensor-parallel rank's part concatenated along the first dimension (sequence-parallel
+    activations gathered whole before a frozen model's linear layers), on the input's device."""
+    world = group.size()
+    if world == 1:
+        return input_
+    sizes = output_split_sizes or [input_.shape[0]] * world
+    parts = [input_.new_empty((n, *input_.shape[1:])) for n in sizes]
+    dist.all_gather(parts, input_.contiguous(), group=group)
+    return torch.cat(parts, dim=0)
+
+
+def _reduce_scatter_along_first_dim(
+    input_: torch.Tensor, group: Any, input_split_sizes: list[int] | None = None, use_global_buffer: bool = False
+) -> torch.Tensor:
+    """The sum over the tensor-parallel ranks, each keeping its part of the first dimension (an
+    all-reduce, then the rank's slice: gloo has no reduce-scatter of a tensor)."""
+    world = group.size()
+    if world == 1:
+        return input_
+    if input_split_sizes is None:
+        if input_.shape[0] % world:
+            raise ValueError(f"first dimension {input_.shape[0]} is not divisible by the {world} tensor-parallel ranks")
+        input_split_sizes = [input_.shape[0] // world] * world
+    total = input_.contiguous().clone()
+    dist.all_reduce(total, group=group)
+    return total.split(input_split_sizes, dim=0)[group.rank()].contiguous()
+
+
+def _get_all_rng_states() -> tuple[torch.Tensor, None, dict]:
+    """The RNG states activation recomputation saves: the CPU's and Megatron's tracker's (there is
+    no CUDA generator to save; restoring "none" is a CUDA call torch queues and never runs here)."""
+    from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
+
+    return torch.get_rng_state(), None, get_cuda_rng_tracker().get_states()
+
+
 def _global_buffer_tensor(
     self: Any, tensor_shape: Any, dtype: torch.dtype, name: str, mem_alloc_context: Any = None
 ) -> torch.Tensor:
@@ -99,6 +138,27 @@ SUBSTITUTES: tuple[Substitute, ...] = (
         "_gather_along_last_dim",
         _gather_along_last_dim,
         "allocates the gathered tensor on torch.cuda.current_device()",
+    ),
+    Substitute(
+        "gather_along_first_dim",
+        "megatron.core.tensor_parallel.mappings",
+        "_gather_along_first_dim",
+        _gather_along_first_dim,
+        "allocates the gathered tensor on torch.cuda.current_device() (--sequence-parallel, frozen weights)",
+    ),
+    Substitute(
+        "reduce_scatter_along_first_dim",
+        "megatron.core.tensor_parallel.mappings",
+        "_reduce_scatter_along_first_dim",
+        _reduce_scatter_along_first_dim,
+        "allocates its output on torch.cuda.current_device() (--sequence-parallel)",
+    ),
+    Substitute(
+        "get_all_rng_states",
+        "megatron.core.tensor_parallel.random",
+        "_get_all_rng_states",
+        _get_all_rng_states,
+        "saves the CUDA generator's state (activation recomputation, --recompute-granularity)",
     ),
     Substitute(
         "global_memory_buffer",
@@ -144,7 +204,9 @@ def cuda_calls_on_cpu() -> Iterator[None]:
         yield
         return
     current_device, synchronize = torch.cuda.current_device, torch.cuda.synchronize
-    torch.cuda.current_device = lambda: 0  # type: ignore[assignment]  # a device index, made the CPU above
+    # the CPU itself as the "current device": tensors made there land on the CPU even where this mode
+    # is not active (the backward of an autograd Function)
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment]
     # checkpoint writes wait for their device-to-host copies; the CPU's copies are done when they return
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     try:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from slime.backends.megatron_utils import cpu_support, hf_weights, model_provider
+from slime.backends.megatron_utils.model_provider import Layout
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (log-probs [b, s-1], tokens [b, s]) -> loss
 
@@ -41,8 +42,11 @@ class MegatronPolicy:
     tied: bool
 
 
-def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: OptimizerSettings) -> MegatronPolicy:
-    """The policy from an HF config and full HF weights (Megatron's parallel state must be set up)."""
+def build_policy(
+    hf_config: Any, hf_state: dict[str, torch.Tensor], opt: OptimizerSettings, layout: Layout | None = None
+) -> MegatronPolicy:
+    """The policy from an HF config and full HF weights (Megatron's parallel state must be set up;
+    `layout`: by default the tensor-parallel size of that state, nothing else)."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -50,7 +54,7 @@ def build_policy(hf_config: Any, hf_state: dict[str, torch.Tensor], opt: Optimiz
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tied = bool(hf_config.tie_word_embeddings)
     with cpu_support.cuda_calls_on_cpu():
-        model = model_provider.build_gpt_model(hf_config, tp)
+        model = model_provider.build_gpt_model(hf_config, layout or Layout(tp))
         hf_weights.load_hf_weights(model, hf_state, parallel_state.get_tensor_model_parallel_rank(), tp, tied)
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=opt.distributed)
         ddp = DistributedDataParallel(model.config, ddp_config, model)
@@ -101,13 +105,14 @@ def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
     return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
 
 
-def build_frozen(hf_config: Any, hf_state: dict[str, torch.Tensor]) -> Any:
+def build_frozen(hf_config: Any, hf_state: dict[str, torch.Tensor], layout: Layout | None = None) -> Any:
     """A GPTModel that never trains (reference, old actor, teacher), split as the policy is."""
     from megatron.core import parallel_state
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
+    layout = Layout(tp, layout.sequence_parallel) if layout else Layout(tp)  # no backward: nothing to recompute
     with cpu_support.cuda_calls_on_cpu():
-        model = model_provider.build_gpt_model(hf_config, tp)
+        model = model_provider.build_gpt_model(hf_config, layout)
         tied = bool(hf_config.tie_word_embeddings)
         hf_weights.load_hf_weights(model, hf_state, parallel_state.get_tensor_model_parallel_rank(), tp, tied)
     return model.eval().requires_grad_(False)

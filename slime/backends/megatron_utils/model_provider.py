@@ -8,6 +8,7 @@ CPU). Every fusion is off: they are CUDA kernels. The weights come from the HF c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -18,7 +19,40 @@ from slime.errors import SlimeError
 SUPPORTED = ("qwen2", "llama")  # model types whose HF layout `hf_weights` converts
 
 
-def transformer_config(hf: Any, tensor_parallel: int, params_dtype: torch.dtype = torch.float32) -> Any:
+@dataclass(frozen=True)
+class Layout:
+    """How the model is split and what the backward recomputes (slime's Megatron options)."""
+
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False  # --sequence-parallel: activations between the layers split along the sequence
+    recompute_granularity: str | None = None  # --recompute-granularity full | selective
+    recompute_method: str | None = None  # --recompute-method uniform | block
+    recompute_num_layers: int | None = None  # --recompute-num-layers
+
+    @classmethod
+    def of(cls, args: Any) -> Layout:
+        return cls(
+            args.tensor_model_parallel_size,
+            bool(args.sequence_parallel) and args.tensor_model_parallel_size > 1,  # Megatron: SP needs TP > 1
+            args.recompute_granularity,
+            args.recompute_method,
+            args.recompute_num_layers,
+        )
+
+
+class RMSNorm:
+    """torch's RMSNorm for Megatron's layer spec, as its WrappedTorchNorm, but usable with sequence
+    parallelism: the weight is marked `sequence_parallel`, so Megatron sums its gradient over the
+    tensor-parallel ranks (each saw only its part of the sequence). WrappedTorchNorm refuses the
+    option because it does not mark it."""
+
+    def __new__(cls, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> torch.nn.Module:
+        norm = torch.nn.RMSNorm(hidden_size, eps=eps)
+        norm.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+        return norm
+
+
+def transformer_config(hf: Any, layout: Layout, params_dtype: torch.dtype = torch.float32) -> Any:
     """Megatron's TransformerConfig for the HF config `hf` (a PretrainedConfig)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -27,6 +61,7 @@ def transformer_config(hf: Any, tensor_parallel: int, params_dtype: torch.dtype 
             f"--train-backend megatron: model type {hf.model_type!r} is not converted here (supported: "
             f"{', '.join(SUPPORTED)})"
         )
+    tensor_parallel = layout.tensor_parallel
     heads, groups = hf.num_attention_heads, hf.num_key_value_heads or hf.num_attention_heads
     if groups % tensor_parallel or heads % tensor_parallel:
         raise SlimeError(
@@ -49,6 +84,10 @@ def transformer_config(hf: Any, tensor_parallel: int, params_dtype: torch.dtype 
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
+        sequence_parallel=layout.sequence_parallel,
+        recompute_granularity=layout.recompute_granularity,
+        recompute_method=layout.recompute_method,
+        recompute_num_layers=layout.recompute_num_layers,
         params_dtype=params_dtype,
         use_cpu_initialization=True,
         # initialised although the checkpoint's weights replace them: with CPU initialisation only that
@@ -72,19 +111,22 @@ def rope_theta(hf: Any) -> float:
     return float(params.get("rope_theta", getattr(hf, "rope_theta", 10000.0)))
 
 
-def build_gpt_model(hf: Any, tensor_parallel: int, params_dtype: torch.dtype = torch.float32) -> Any:
+def build_gpt_model(hf: Any, layout: Layout, params_dtype: torch.dtype = torch.float32) -> Any:
     """A GPTModel shaped like the HF config (weights not loaded yet); parallel state must be set up."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    config = transformer_config(hf, tensor_parallel, params_dtype)
-    if hf.vocab_size % tensor_parallel:
+    config = transformer_config(hf, layout, params_dtype)
+    if hf.vocab_size % layout.tensor_parallel:
         raise SlimeError(
-            f"--tensor-model-parallel-size {tensor_parallel} must divide the vocabulary ({hf.vocab_size} tokens)"
+            f"--tensor-model-parallel-size {layout.tensor_parallel} must divide the vocabulary ({hf.vocab_size} tokens)"
         )
+    layer = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer.submodules.input_layernorm = layer.submodules.pre_mlp_layernorm = RMSNorm
     return GPTModel(
         config,
-        get_gpt_layer_local_spec(normalization="RMSNorm"),
+        TransformerBlockSubmodules(layer_specs=[layer] * config.num_layers, layer_norm=RMSNorm),
         vocab_size=hf.vocab_size,
         max_sequence_length=hf.max_position_embeddings,
         position_embedding_type="rope",
