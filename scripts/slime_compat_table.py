@@ -26,7 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 SURFACE = Path(__file__).with_name("slime_surface.json")
 TABLE = ROOT / "docs" / "slime-compat-table.md"
 
-_MEGATRON = "slime's Megatron training backend; the trainer here is torch FSDP2 (`--train-backend fsdp`)"
+_MEGATRON = (
+    "the internals of slime's Megatron training backend; `--train-backend megatron` here runs on megatron-core with "
+    "modules of its own under the same package (see docs/megatron.md), not these functions"
+)
 _SGLANG = "slime's in-process control of SGLang; engines here are separate servers started by `slime.ray.engine_launch`"
 _GPU = "GPU-only"
 
