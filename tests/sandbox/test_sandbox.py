@@ -226,6 +226,7 @@ FORKED_HOGS = textwrap.dedent("""
             block = b"x" * (40 << 20)
             print("held", i, flush=True)
             time.sleep(3)  # long enough that the blocks overlap even on a loaded machine
+            print("done", i, flush=True)
             os._exit(0)
         kids.append(pid)
     failed = [os.waitpid(pid, 0)[1] != 0 for pid in kids]
@@ -238,7 +239,9 @@ def test_memory_is_bounded_for_all_processes_together():
     r = run_python(FORKED_HOGS, memory_mb=128, processes=16, timeout_s=30)
     assert not r.ok and r.memory_limit, (r.returncode, r.stdout, r.stderr[-300:])
     assert r.reason == "memory limit (all processes together)"
-    assert r.stdout.count("held") < 6, r.stdout  # they never held their memory all at once
+    # some child was killed holding its block (each may print "held" first: an allocation past the
+    # bound kills an earlier holder, so all six can have held theirs, never all at once)
+    assert r.stdout.count("done") < 6, r.stdout
 
 
 @needs_bwrap
