@@ -1,6 +1,6 @@
 """The training rank on megatron-core (`MegatronTrainActor`) against the FSDP `TrainActor`: the same
-GRPO rollouts give the same losses, gradient norms and weights on one rank, two data-parallel
-ranks, two tensor-parallel ranks and 2 x 2 of them; options it does not support yet stop at `init`,
+GRPO rollouts give the same losses, gradient norms and weights on one rank, two tensor-parallel
+ranks and 2 (data-parallel) x 2 (tensor-parallel) of them; options it does not support yet stop at `init`,
 naming them."""
 
 from __future__ import annotations
@@ -65,7 +65,6 @@ SP_RECOMPUTE = ("--sequence-parallel", "--recompute-granularity", "full", "--rec
 # name: (ranks, tensor-parallel, megatron's options, algorithm)
 LAYOUTS = {
     "dp1": (1, 1, (), "grpo"),
-    "dp2": (2, 1, (), "grpo"),
     "tp2": (2, 2, (), "grpo"),
     "dp2_tp2_distopt_sp": (4, 2, ("--use-distributed-optimizer", "--sequence-parallel"), "grpo"),
     "tp2_kl_old_actor_offload": (2, 2, ("--offload-train",), "kl_old_actor"),

@@ -1,5 +1,5 @@
-"""`--train-backend megatron` through Ray: runs whose trainer is megatron-core (one rank; two
-tensor-parallel ranks colocated with the built-in engine and on their own cores beside it), real
+"""`--train-backend megatron` through Ray: runs whose trainer is megatron-core (two tensor-parallel
+ranks colocated with the built-in engine and on their own cores beside it; one rank resuming), real
 weight syncs (the engine's log-probs equal the trainer's after each) and a reward that varies, so
 the policy moves; unsupported options stop before Ray starts."""
 
@@ -29,8 +29,8 @@ def _argv(tiny_model_dir, task_dir, run_dir, *extra):
 
 
 TP2 = ("--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2")
+# (one rank runs in test_a_megatron_run_saves_and_resumes's second run)
 LAYOUTS = {
-    "one_rank": (),
     "tp2_colocated": (*TP2, "--rollout-num-gpus-per-engine", "2"),
     "tp2_separate": (*TP2, "--rollout-num-gpus", "1"),  # --colocate dropped below
 }
