@@ -28,7 +28,6 @@ from slime.errors import SlimeError
 from slime.utils.checkpoint_layout import (
     TRAINER_STATE_FILE,
     check_complete,
-    config_differences,
     halt_point,
     latest_dir,
     staging_dir,
@@ -97,14 +96,8 @@ def load(actor: Any, load_path: str) -> int:
             f"with --hf-checkpoint {ckpt} (without --load)"
         )
     torch_checkpoint.check_same_architecture(actor.model, ckpt, what)
-    saved = dict(state["run_config"])
-    differences = config_differences(saved, {k: v for k, v in torch_checkpoint.run_config(actor).items() if k in saved})
-    if differences:
-        raise SlimeError(
-            f"{what}: {ckpt} was saved by a run of another configuration, so this run cannot resume from it: "
-            f"{'; '.join(differences)}"
-        )
     with_optimizer = bool(state["with_optimizer"])
+    torch_checkpoint.check_run_config(actor, state, with_optimizer, ckpt, what)
     with cpu_support.cuda_calls_on_cpu():
         loaded = dist_checkpointing.load(_sharded_state(actor, with_optimizer, loading=True), str(ckpt))
         actor.policy.model.load_state_dict(loaded["model"])

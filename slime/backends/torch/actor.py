@@ -148,7 +148,7 @@ class TrainActor:
         with self.prof.phase("train_actor"):
             metrics = step.train_steps(self, batch, rollout_id, critic_only)
         if batch.old_from_training_forward:
-            extra.update(rollout_batch.reused_forward_metrics(batch, self._sum_over_ranks))
+            extra.update(rollout_batch.reused_forward_metrics(batch, self.dp.sum))
         metrics = step.all_reduce_mean({**metrics, **extra}, self.world_size)
         check_logprob_diff(a, rollout_id, metrics)  # --ci-test
         metrics["perf/train_time"] = time.perf_counter() - t0
@@ -173,7 +173,7 @@ class TrainActor:
 
     def _batch_models(self) -> BatchModels:
         models_ = (self.model, self.old_actor, self.ref_model, self.teacher_model, self.critic)
-        return BatchModels(self.args, self._forward_only, *models_, self._sum_over_ranks, self.dp.rank)
+        return BatchModels(self.args, self._forward_only, *models_, self.dp.sum, self.dp.rank)
 
     def _forward_only(
         self, data: Any, indices: list[int], model: torch.nn.Module, entropy_out: list[torch.Tensor] | None = None
@@ -183,9 +183,6 @@ class TrainActor:
 
     def _optimizer_step(self, batch: RolloutBatch, positions: list[int], reduce_kw: dict) -> dict[str, float]:
         return step.optimizer_step(self, batch, positions, reduce_kw)
-
-    def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
-        return self.dp.sum(t)
 
     # ------------------------------------------------------------------ weights
     def full_state_dict(self) -> dict[str, torch.Tensor]:

@@ -167,18 +167,7 @@ def load(actor: Checkpointable, load_path: str) -> int:
         raise SlimeError(
             f"{what}: {ckpt / TRAINER_STATE_FILE} is not a slime-rl trainer state (it has no {', '.join(missing)})"
         )
-    if "run_config" in state:  # (checkpoints written before it was recorded are not checked)
-        saved = dict(state["run_config"])
-        if "optimizer" not in state:  # no optimizer state to fit: which parameters train may change
-            saved.pop("trainable_parameters", None)
-        current = {k: v for k, v in run_config(actor).items() if k in saved}
-        differences = config_differences(saved, current)
-        if differences:
-            raise SlimeError(
-                f"{what}: {ckpt} was saved by a run of another configuration, so this run cannot resume from it: "
-                f"{'; '.join(differences)}. Resume with the options it was saved with, or start a new run from its "
-                f"weights with --hf-checkpoint {ckpt} (without --load)"
-            )
+    check_run_config(actor, state, "optimizer" in state, ckpt, what)
     opts = StateDictOptions(full_state_dict=True, strict=False)
     if is_lora:  # the base is --ref-load's (it never trains); the adapter is the checkpoint's
         lora.load_adapter(actor.model, ckpt / ADAPTER_DIR, what)
@@ -218,6 +207,23 @@ def load_state_file(path: Path, what: str) -> dict[str, Any]:
     if not isinstance(state, dict):
         raise SlimeError(f"{what}: {path} holds a {type(state).__name__}, not a slime-rl state dict")
     return state
+
+
+def check_run_config(actor: Checkpointable, state: dict[str, Any], with_optimizer: bool, ckpt: Path, what: str) -> None:
+    """The checkpoint's recorded run shape is this run's (`run_config`), else stop naming each difference."""
+    if "run_config" not in state:  # (checkpoints written before it was recorded are not checked)
+        return
+    saved = dict(state["run_config"])
+    if not with_optimizer:  # no optimizer state to fit: which parameters train may change
+        saved.pop("trainable_parameters", None)
+    current = {k: v for k, v in run_config(actor).items() if k in saved}
+    differences = config_differences(saved, current)
+    if differences:
+        raise SlimeError(
+            f"{what}: {ckpt} was saved by a run of another configuration, so this run cannot resume from it: "
+            f"{'; '.join(differences)}. Resume with the options it was saved with, or start a new run from its "
+            f"weights with --hf-checkpoint {ckpt} (without --load)"
+        )
 
 
 def run_config(actor: Checkpointable) -> dict[str, Any]:
