@@ -92,3 +92,15 @@ def test_other_trainable_parameters_are_refused_naming_them(tiny_model_dir, save
     msg = str(e.value)
     assert "trainable_parameters (--only-train-params-name-list / --freeze-params-name-list)" in msg
     assert "only in the checkpoint: model.embed_tokens.weight" in msg
+
+
+def test_a_checkpoint_without_optimizer_state_resumes_with_other_trainable_parameters(tiny_model_dir, tmp_path):
+    """--no-save-optim: no optimizer state to fit, so which parameters train may change (the critic may not)."""
+    actor = _actor(tiny_model_dir, tmp_path / "run", "--save", str(tmp_path / "ckpt"), "--no-save-optim")
+    actor.init()
+    actor.save(0)
+    commit(tmp_path / "ckpt", 0)
+    frozen = ("--load", str(tmp_path / "ckpt"), "--freeze-params-name-list", "embed_tokens")
+    resumed = _actor(tiny_model_dir, tmp_path / "run2", *frozen)
+    assert resumed.init() == 1
+    assert not resumed.model.get_input_embeddings().weight.requires_grad

@@ -215,7 +215,7 @@ def check_run_config(actor: Checkpointable, state: dict[str, Any], with_optimize
         return
     saved = dict(state["run_config"])
     if not with_optimizer:  # no optimizer state to fit: which parameters train may change
-        saved.pop("trainable_parameters", None)
+        saved.pop(TRAINABLE, None)
     current = {k: v for k, v in run_config(actor).items() if k in saved}
     differences = config_differences(saved, current)
     if differences:
@@ -226,14 +226,15 @@ def check_run_config(actor: Checkpointable, state: dict[str, Any], with_optimize
         )
 
 
+TRAINABLE = "trainable_parameters (--only-train-params-name-list / --freeze-params-name-list)"
+
+
 def run_config(actor: Checkpointable) -> dict[str, Any]:
     """What a resumed run must share with the run that saved: the critic (its state is part of the
     checkpoint, or is not) and the parameters the optimizer state belongs to."""
     return {
         "critic (--advantage-estimator ppo)": actor.critic is not None,
-        "trainable_parameters (--only-train-params-name-list / --freeze-params-name-list)": [
-            n for n, p in actor.model.named_parameters() if p.requires_grad
-        ],
+        TRAINABLE: [n for n, p in actor.model.named_parameters() if p.requires_grad],
     }
 
 
