@@ -1,6 +1,7 @@
 """The training rank on megatron-core (`MegatronTrainActor`) against the FSDP `TrainActor`: the same
 GRPO rollouts give the same losses, gradient norms and weights on one rank, two tensor-parallel
-ranks and 2 (data-parallel) x 2 (tensor-parallel) of them; options it does not support yet stop at `init`,
+ranks and 2 (data-parallel) x 2 (tensor-parallel) of them, and PPO's critic the same values, value
+losses and updates; options it does not support yet stop at `init`,
 naming them."""
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ COMPARED = (
     "train/entropy_loss",
     "train/pg_clipfrac",
     "train/kl_loss",
+    "train/value_loss",
+    "train/value_clipfrac",
+    "train/critic_grad_norm",
 )
 
 
@@ -59,13 +63,14 @@ ALGOS = {
     "kl_old_actor": ("--use-kl-loss", "--kl-loss-coef", "0.5", "--keep-old-actor", "--ref-update-interval", "1"),
     "packed": ("--use-dynamic-batch-size", "--max-tokens-per-gpu", "11"),  # samples packed into rows of <= 11 tokens
     "bf16": ("--bf16",),  # mixed precision: both backends' matmuls in bfloat16 (torch autocast), fp32 weights
+    "ppo": ("--advantage-estimator", "ppo"),  # a critic (its values feed GAE) trained beside the policy
 }
 # slime's scripts' block: activations split along the sequence between the layers, every layer recomputed
 SP_RECOMPUTE = ("--sequence-parallel", "--recompute-granularity", "full", "--recompute-method", "uniform",
                 "--recompute-num-layers", "1")  # fmt: skip
 # how close the backends are: fp32 to rounding; bf16 matmuls round differently in the two models'
 # kernels (transformers' fused attention, Megatron's unfused one), ~1e-2 relative per product
-TOL = {"grpo": 1e-5, "kl_old_actor": 1e-5, "packed": 1e-5, "bf16": 3e-2}
+TOL = {"grpo": 1e-5, "kl_old_actor": 1e-5, "packed": 1e-5, "bf16": 3e-2, "ppo": 1e-5}
 # name: (ranks, tensor-parallel, megatron's options, algorithm)
 LAYOUTS = {
     "dp1": (1, 1, (), "grpo"),
@@ -74,6 +79,7 @@ LAYOUTS = {
     "tp2_kl_old_actor_offload": (2, 2, ("--offload-train",), "kl_old_actor"),
     "tp2_packed_sp_recompute": (2, 2, (*SP_RECOMPUTE,), "packed"),
     "tp2_bf16": (2, 2, (), "bf16"),
+    "tp2_ppo_sp_offload": (2, 2, ("--sequence-parallel", "--offload-train"), "ppo"),
 }
 
 
@@ -147,6 +153,8 @@ def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_runs, tiny_mode
         assert "train/pg_loss" in m and m["train/grad_norm"] > 0
     if algo == "kl_old_actor":  # the reference and the policy differ at every rollout's second step
         assert all(abs(m["train/kl_loss"]) > 1e-6 for m in got["metrics"])
+    if algo == "ppo":  # the critic trained: its second rollout's values come from the updated critic
+        assert all(m["train/critic_grad_norm"] > 0 and m["train/value_loss"] > 0 for m in got["metrics"])
     if algo == "bf16":  # bfloat16 matmuls really ran: not the fp32 step of the same layout
         fp32 = megatron_runs["tp2"]["metrics"][0]["train/grad_norm"]
         assert abs(got["metrics"][0]["train/grad_norm"] - fp32) > 1e-6 * fp32
@@ -161,9 +169,9 @@ def test_megatron_trains_as_the_fsdp_trainer(megatron_runs, fsdp_runs, tiny_mode
 def test_what_it_does_not_do_yet_stops_naming_it(tiny_model_dir, tmp_path):
     from slime.backends.megatron_utils.actor import MegatronTrainActor
 
-    args = parse_args(_argv(tiny_model_dir, tmp_path, "--advantage-estimator", "ppo", "--enable-lora"))
+    args = parse_args(_argv(tiny_model_dir, tmp_path, "--enable-lora"))
     actor = MegatronTrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=1)
-    with pytest.raises(SlimeError, match=r"does not support a critic \(--advantage-estimator ppo\), LoRA yet"):
+    with pytest.raises(SlimeError, match=r"does not support LoRA yet"):
         actor.init()
 
 

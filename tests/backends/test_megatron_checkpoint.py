@@ -1,6 +1,6 @@
 """Checkpoints of the megatron backend: Megatron's torch_dist (model and optimizer) beside the Hugging
-Face files. Resuming gives the uninterrupted run's next rollout exactly, at the tensor-parallel size
-it was saved with and at another; the HF files load in transformers; a checkpoint of the other
+Face files. Resuming a PPO run (policy and critic) gives the uninterrupted run's next rollout
+exactly, at the tensor-parallel size it was saved with and at another; the HF files load in transformers; a checkpoint of the other
 backend is refused with what to do."""
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from tests.helpers import run_ranks
 
 pytest.importorskip("megatron.core")
 
+PPO = ("--advantage-estimator", "ppo", "--critic-lr-warmup-iters", "1")  # the critic's state resumes too
+
 
 def _worker(rank: int, world: int, port: int, model_dir: str, out: str, tp: int, phase: str) -> None:
     from slime.backends.megatron_utils.actor import MegatronTrainActor
@@ -27,7 +29,7 @@ def _worker(rank: int, world: int, port: int, model_dir: str, out: str, tp: int,
     os.environ["OMP_NUM_THREADS"] = "1"
     save = f"{out}/ckpt"
     layout = ("--actor-num-gpus-per-node", str(world), "--tensor-model-parallel-size", str(tp))
-    extra = ("--train-backend", "megatron", "--save", save, "--save-hf", f"{out}/hf_{{rollout_id}}")
+    extra = ("--train-backend", "megatron", "--save", save, "--save-hf", f"{out}/hf_{{rollout_id}}", *PPO)
     if phase != "uninterrupted":
         extra = (*extra, "--load", save)
     args = parse_args(_argv(model_dir, f"{out}/run_{phase}", *layout, *extra))
@@ -63,7 +65,8 @@ def test_resuming_continues_the_run_exactly(runs):
     for phase, tol in (("resumed_tp2", 0.0), ("resumed_tp1", 1e-5)):  # another TP size: another summation order
         resumed = got[phase]
         assert resumed["start"] == 1
-        for key in ("train/pg_loss", "train/grad_norm", "train/lr"):
+        for key in ("train/pg_loss", "train/grad_norm", "train/lr", "train/value_loss", "train/critic_grad_norm",
+                    "train/critic_lr"):  # fmt: skip
             assert resumed["metrics"][key] == pytest.approx(whole["metrics"][key], rel=tol, abs=tol), (phase, key)
         for k, v in whole["state"].items():
             torch.testing.assert_close(

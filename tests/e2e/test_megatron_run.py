@@ -1,5 +1,6 @@
 """`--train-backend megatron` through Ray: runs whose trainer is megatron-core (two tensor-parallel
-ranks colocated with the built-in engine and on their own cores beside it; one rank resuming), real
+ranks colocated with the built-in engine, with PPO's critic, and on their own cores beside it; one
+rank resuming), real
 weight syncs (the engine's log-probs equal the trainer's after each) and a reward that varies, so
 the policy moves; unsupported options stop before Ray starts."""
 
@@ -29,9 +30,10 @@ def _argv(tiny_model_dir, task_dir, run_dir, *extra):
 
 
 TP2 = ("--actor-num-gpus-per-node", "2", "--tensor-model-parallel-size", "2")
+TP2_COLOCATED = (*TP2, "--rollout-num-gpus-per-engine", "2")
 # (one rank runs in test_a_megatron_run_saves_and_resumes's second run)
 LAYOUTS = {
-    "tp2_colocated": (*TP2, "--rollout-num-gpus-per-engine", "2"),
+    "tp2_colocated_ppo": (*TP2_COLOCATED, "--advantage-estimator", "ppo"),
     "tp2_separate": (*TP2, "--rollout-num-gpus", "1"),  # --colocate dropped below
 }
 
@@ -56,6 +58,8 @@ def test_a_megatron_run_trains_and_syncs_the_engine(tiny_model_dir, task_dir, tm
         if args.colocate:  # --offload-train: Adam's state out of memory while the engine generates
             assert r["perf/train_offload_bytes"] > 0
     assert any(r["train/grad_norm"] > 0 for r in rows)  # the reward varied: the policy moved
+    if args.use_critic:  # PPO: the critic's values fed GAE and it trained beside the policy
+        assert all(r["train/value_loss"] > 0 and r["train/critic_grad_norm"] > 0 for r in rows)
 
 
 def test_what_the_megatron_backend_cannot_do_yet_stops_before_the_run(tiny_model_dir, task_dir, tmp_path):
@@ -63,9 +67,9 @@ def test_what_the_megatron_backend_cannot_do_yet_stops_before_the_run(tiny_model
     from slime.train import train
 
     args = parse_args(
-        _argv(tiny_model_dir, task_dir, tmp_path / "run", "--advantage-estimator", "ppo", "--enable-lora")
+        _argv(tiny_model_dir, task_dir, tmp_path / "run", "--enable-lora", "--pipeline-model-parallel-size", "2")
     )
-    with pytest.raises(SlimeError, match=r"--train-backend megatron does not support a critic.*LoRA"):
+    with pytest.raises(SlimeError, match=r"--train-backend megatron does not support --pipeline-model-parallel-size 2"):
         train(args)
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
@@ -77,9 +81,7 @@ def test_a_megatron_run_saves_and_resumes(tiny_model_dir, task_dir, tmp_path):
     from slime.train import train
 
     save = str(tmp_path / "ckpt")
-    first = _argv(
-        tiny_model_dir, task_dir, tmp_path / "run1", "--save", save, "--save-interval", "1", *LAYOUTS["tp2_colocated"]
-    )
+    first = _argv(tiny_model_dir, task_dir, tmp_path / "run1", "--save", save, "--save-interval", "1", *TP2_COLOCATED)
     train(parse_args(first))
     assert (tmp_path / "ckpt" / "latest_checkpointed_iteration.txt").read_text().strip() == "1"
     assert (tmp_path / "ckpt" / "iter_0000001" / ".metadata").is_file()

@@ -13,8 +13,9 @@ numbers.
 The frozen models (the reference for KL, `--keep-old-actor`'s old actor, the OPD teacher of
 `--opd-type megatron`) are GPTModels split as the policy is, read from their HF checkpoints.
 
+The PPO critic is a GPTModel with a value head, trained beside the policy (`critic.py`).
 Checkpoints are Megatron's torch_dist beside the HF files (`checkpoint.py`). Not yet here:
-pipeline and context parallelism, the critic, LoRA. `--train-backend megatron` runs it through Ray
+pipeline and context parallelism, LoRA. `--train-backend megatron` runs it through Ray
 (`slime.ray.train_group`); those options are refused before the run starts (`check_run`, from
 `slime.preflight`), each named.
 """
@@ -22,7 +23,6 @@ pipeline and context parallelism, the critic, LoRA. `--train-backend megatron` r
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 from typing import Any
 
 import ray
@@ -32,6 +32,8 @@ import torch.distributed as dist
 from slime.backends.megatron_utils import checkpoint as megatron_checkpoint
 from slime.backends.megatron_utils import cpu_support, initialize
 from slime.backends.megatron_utils import model as megatron_model
+from slime.backends.megatron_utils.critic import MegatronCritic
+from slime.backends.megatron_utils.hf_modules import MegatronCausalLM
 from slime.backends.megatron_utils.model_provider import Layout
 from slime.backends.torch import step
 from slime.backends.torch.actor import TrainActor
@@ -41,78 +43,11 @@ from slime.errors import SlimeError
 from slime.utils.net import free_port
 
 
-class MegatronCausalLM(torch.nn.Module):
-    """A GPTModel answering as a transformers causal LM does (`model(input_ids=...).logits`, the
-    vocabulary gathered whole over the tensor-parallel ranks), so the FSDP path's batching and
-    losses run on it. Right-padded micro-batches: Megatron's causal mask keeps padding out of every
-    real token's attention. Packed ones (`--use-dynamic-batch-size`: samples in one row, a
-    block-diagonal causal mask): the mask is handed to Megatron's attention; RoPE then counts
-    positions along the row rather than from each sample's start, which changes no attention score
-    (rotary embeddings depend on the distance between two positions only, and the mask keeps each
-    token inside its own sample). With sequence parallelism Megatron splits the sequence over the
-    tensor-parallel ranks, so a row is padded at its end to a multiple of their number (causal
-    attention keeps the padding out of every real token's)."""
-
-    def __init__(self, gpt: Any, hf_config: Any, chunk: Any = None) -> None:
-        super().__init__()
-        self.gpt = gpt
-        self.config = hf_config  # what the batching reads of a model (pad token, dropout: Megatron's is 0)
-        # what slime's Megatron hooks get as the rank's model chunk: the policy's DDP wrapper, a frozen
-        # copy's GPTModel (in a tuple: not a submodule, so the state dict holds each weight once)
-        self._chunk = (chunk if chunk is not None else gpt,)
-
-    @property
-    def megatron_chunk(self) -> Any:
-        return self._chunk[0]
-
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        use_cache: bool = False,
-        position_ids: torch.Tensor | None = None,
-    ) -> SimpleNamespace:
-        from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
-        if position_ids is None:
-            position_ids = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        # Megatron masks where True; the batching's 4-D mask (packed rows) is True where a token attends
-        mask = ~attention_mask if attention_mask is not None and attention_mask.dim() == 4 else None
-        length, config = input_ids.shape[1], self.gpt.config
-        extra = -length % config.tensor_model_parallel_size if config.sequence_parallel else 0
-        if extra:
-            input_ids = torch.nn.functional.pad(input_ids, (0, extra))
-            position_ids = torch.cat([position_ids, position_ids[:, -1:] + torch.arange(1, extra + 1)], dim=1)
-            if mask is not None:  # the padding attends nowhere and nothing attends to it
-                mask = torch.nn.functional.pad(mask, (0, extra, 0, extra), value=True)
-        logits = self.gpt(input_ids, position_ids, mask)[:, :length]  # [b, s, vocab / tp]
-        return SimpleNamespace(logits=gather_from_tensor_model_parallel_region(logits))
-
-    def save_pretrained(self, out: Any, state_dict: dict[str, torch.Tensor], safe_serialization: bool = True) -> None:
-        """`state_dict` (transformers' names) as a Hugging Face model directory's config and weights."""
-        from safetensors.torch import save_file
-
-        self.config.save_pretrained(out)
-        if self.config.tie_word_embeddings:  # transformers ties it back on load; safetensors refuses shared storage
-            state_dict = {k: v for k, v in state_dict.items() if k != "lm_head.weight"}
-        save_file({k: v.contiguous() for k, v in state_dict.items()}, f"{out}/model.safetensors", {"format": "pt"})
-
-    @classmethod
-    def frozen(cls, hf_config: Any, hf_state: dict[str, torch.Tensor], layout: Layout) -> MegatronCausalLM:
-        """A copy that never trains (reference, old actor, OPD teacher)."""
-        return cls(megatron_model.build_frozen(hf_config, hf_state, layout), hf_config).eval()
-
-    @classmethod
-    def frozen_from(cls, path: str, layout: Layout) -> MegatronCausalLM:
-        return cls.frozen(*megatron_model.read_hf(path), layout)
-
-
 def unsupported(a: Any) -> list[str]:
     """The options of a run that this backend cannot serve yet (checked before the run starts)."""
     checks = [
         (f"--pipeline-model-parallel-size {a.pipeline_model_parallel_size}", a.pipeline_model_parallel_size != 1),
         (f"--context-parallel-size {a.context_parallel_size}", a.context_parallel_size != 1),
-        ("a critic (--advantage-estimator ppo)", a.use_critic),
         ("LoRA", a.enable_lora),
     ]
     return [name for name, used in checks if used]
@@ -164,7 +99,7 @@ class MegatronTrainActor(TrainActor):
             MegatronCausalLM.frozen_from(a.opd_teacher_load, layout) if a.use_opd and a.opd_type == "megatron" else None
         )
         self.old_actor = MegatronCausalLM.frozen_from(a.hf_checkpoint, layout) if a.keep_old_actor else None
-        self.critic = None
+        self.critic = MegatronCritic(a, settings, layout) if a.use_critic else None
         self.adapter_sync = None
 
     def copy_policy_into(self, frozen: torch.nn.Module) -> None:
@@ -173,41 +108,12 @@ class MegatronTrainActor(TrainActor):
 
     def _optimizer_step(self, batch: RolloutBatch, positions: list[int], reduce_kw: dict) -> dict[str, float]:
         """One optimizer step through Megatron's schedule, each micro-batch's loss the FSDP step's."""
-        from megatron.core.pipeline_parallel import get_forward_backward_func
-
-        a = self.args
-        plan = step.plan(a, batch.sequences, positions)
+        plan = step.plan(self.args, batch.sequences, positions)
         micro_batches = [step.micro_batch(self, batch.sequences, idx) for idx in plan]
-        n = len(micro_batches)
-        stats: dict[str, float] = {}
-
-        def forward_step(data: Any, model: Any) -> tuple[torch.Tensor, Any]:
-            loss, parts = step._micro_batch_loss(self, batch, next(data), reduce_kw)
-            for k, v in parts.items():  # each part is already this micro-batch's share of the step
-                stats[k] = stats.get(k, 0.0) + float(v.detach())
-            # the schedule divides a micro-batch's loss by their number; this one is its share already
-            return loss, lambda out: (out * n, {})
-
-        lr = self.optimizer.param_groups[0]["lr"]  # the scheduler set it after the last step
-        with cpu_support.cuda_calls_on_cpu():
-            get_forward_backward_func()(
-                forward_step_func=forward_step,
-                data_iterator=iter(micro_batches),
-                model=[self.policy.ddp],
-                num_microbatches=n,
-                seq_length=int(micro_batches[0].input_ids.shape[1]),
-                micro_batch_size=micro_batches[0].size,
-                forward_only=False,
-            )
-            _, grad_norm, _ = self.optimizer.step()
-            # as megatron.training: the schedule moves after the step; the gradients are cleared for
-            # the next one now, so a before-train-step hook sees them zeroed, as slime's does
-            self.scheduler.step(increment=1)
-            self.policy.ddp.zero_grad_buffer()
-            self.optimizer.zero_grad()
-        stats["train/lr"] = lr
-        stats["train/grad_norm"] = float(grad_norm)
-        return stats
+        stats, lr, grad_norm = megatron_model.schedule_step(
+            self.policy, self.scheduler, micro_batches, lambda mb: step._micro_batch_loss(self, batch, mb, reduce_kw)
+        )
+        return {**stats, "train/lr": lr, "train/grad_norm": grad_norm}
 
     def save(self, rollout_id: int) -> str:
         return megatron_checkpoint.save(self, rollout_id)
@@ -216,9 +122,11 @@ class MegatronTrainActor(TrainActor):
         return megatron_checkpoint.load(self, path)
 
     def offload(self) -> dict[str, float]:
-        """--offload-train: Adam's state (inside Megatron's optimizer) to a file until `onload`. The
-        gradients live in DDP's buffer, which every step zeroes: it stays."""
-        return self.offload_state.offload(megatron_model.torch_optimizers(self.optimizer), [self.model])
+        """--offload-train: Adam's state (inside Megatron's optimizers: the critic's too) to a file until
+        `onload`. The gradients live in DDP's buffers, which every step zeroes: they stay."""
+        trained = [self, self.critic] if self.critic is not None else [self]
+        optimizers = [o for t in trained for o in megatron_model.torch_optimizers(t.optimizer)]
+        return self.offload_state.offload(optimizers, [t.model for t in trained])
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The full weights under transformers' names (a collective over the tensor-parallel ranks)."""

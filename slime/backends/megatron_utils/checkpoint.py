@@ -3,9 +3,10 @@ the files every slime-rl checkpoint has (layout in `slime.utils.checkpoint_layou
 
     iter_0000012/  .metadata, __*_*.distcp, common.pt, metadata.json   Megatron's torch_dist
                        (dist_checkpointing: the model's and the optimizer's sharded state dicts,
-                        each rank writing its shards; read back at another tensor-parallel size)
+                        the critic's under "critic." beside them, each rank writing its shards;
+                        read back at another tensor-parallel size)
                    config.json, model.safetensors, tokenizer files     the policy for transformers
-                   trainer_state.pt   rollout id, the LR schedule's state, RNG of every rank
+                   trainer_state.pt   rollout id, the LR schedules' state, RNG of every rank
                    rollout_state.json ...                              (the rollout side's)
 
 Resuming reads the torch_dist part (the optimizer's moments included, unless the run saved with
@@ -38,11 +39,21 @@ TORCH_DIST_INDEX = ".metadata"  # torch.distributed.checkpoint's index: its pres
 logger = logging.getLogger(__name__)
 
 
+CRITIC = "critic."  # the critic's tensors' names in the torch_dist part: its own, beside the policy's
+
+
+def _trained(actor: Any) -> list[tuple[str, Any]]:
+    """What trains on this rank, each with the prefix of its names in the checkpoint."""
+    return [("", actor)] + ([(CRITIC, actor.critic)] if actor.critic is not None else [])
+
+
 def _sharded_state(actor: Any, with_optimizer: bool, loading: bool) -> dict[str, Any]:
-    model_state = actor.policy.model.sharded_state_dict(prefix="")
-    state = {"model": model_state}
-    if with_optimizer:
-        state["optimizer"] = actor.optimizer.sharded_state_dict(model_state, is_loading=loading)
+    state = {}
+    for prefix, owner in _trained(actor):
+        model_state = owner.policy.model.sharded_state_dict(prefix=prefix)
+        state[prefix + "model"] = model_state
+        if with_optimizer:
+            state[prefix + "optimizer"] = owner.optimizer.sharded_state_dict(model_state, is_loading=loading)
     return state
 
 
@@ -64,6 +75,7 @@ def save(actor: Any, rollout_id: int) -> str:
         "rollout_id": rollout_id,
         "train_backend": BACKEND,
         "scheduler": actor.scheduler.state_dict(),  # Megatron's: the LR schedule's position
+        "critic_scheduler": actor.critic.scheduler.state_dict() if actor.critic is not None else None,
         "with_optimizer": not a.no_save_optim,
         "rng": torch.get_rng_state(),
         "rng_per_rank": torch_checkpoint.rng_of_every_rank(actor),
@@ -100,11 +112,14 @@ def load(actor: Any, load_path: str) -> int:
     torch_checkpoint.check_run_config(actor, state, with_optimizer, ckpt, what)
     with cpu_support.cuda_calls_on_cpu():
         loaded = dist_checkpointing.load(_sharded_state(actor, with_optimizer, loading=True), str(ckpt))
-        actor.policy.model.load_state_dict(loaded["model"])
-        if with_optimizer:
-            actor.optimizer.load_state_dict(loaded["optimizer"])
+        for prefix, owner in _trained(actor):
+            owner.policy.model.load_state_dict({k.removeprefix(prefix): v for k, v in loaded[prefix + "model"].items()})
+            if with_optimizer:
+                owner.optimizer.load_state_dict(loaded[prefix + "optimizer"])
     if not with_optimizer and actor.is_rank0():
         logger.warning("%s: %s has no optimizer state (saved with --no-save-optim); a fresh optimizer", what, ckpt)
     actor.scheduler.load_state_dict(state["scheduler"])
+    if actor.critic is not None:  # (the run configuration, checked above, has a critic in both)
+        actor.critic.scheduler.load_state_dict(state["critic_scheduler"])
     torch_checkpoint.restore_rng(actor, state, what)
     return int(state["rollout_id"]) + 1

@@ -110,9 +110,17 @@ def to_hf(meg: dict[str, Tensor], config: Any, tp_size: int, group: Any, tied: b
     return out
 
 
-def load_hf_weights(model: torch.nn.Module, hf: dict[str, Tensor], tp_rank: int, tp_size: int, tied: bool) -> None:
-    """Copy a full HF state dict into this rank's GPTModel (every parameter must be covered)."""
-    state = to_megatron(hf, model.config, tp_rank, tp_size, tied)
+def load_hf_weights(
+    model: torch.nn.Module,
+    hf: dict[str, Tensor],
+    tp_rank: int,
+    tp_size: int,
+    tied: bool,
+    extra: dict[str, Tensor] | None = None,
+) -> None:
+    """Copy a full HF state dict into this rank's GPTModel (every parameter must be covered; `extra`:
+    Megatron-named weights of modules HF's causal LM does not have, e.g. the critic's value head)."""
+    state = {**to_megatron(hf, model.config, tp_rank, tp_size, tied), **(extra or {})}
     params = dict(model.named_parameters())
     missing = sorted(set(params) - set(state))
     unknown = sorted(set(state) - set(params))

@@ -43,19 +43,30 @@ class MegatronPolicy:
 
 
 def build_policy(
-    hf_config: Any, hf_state: dict[str, torch.Tensor], opt: OptimizerSettings, layout: Layout | None = None
+    hf_config: Any,
+    hf_state: dict[str, torch.Tensor],
+    opt: OptimizerSettings,
+    layout: Layout | None = None,
+    value_head: torch.nn.Linear | None = None,
 ) -> MegatronPolicy:
     """The policy from an HF config and full HF weights (Megatron's parallel state must be set up;
-    `layout`: by default the tensor-parallel size of that state, nothing else)."""
+    `layout`: by default the tensor-parallel size of that state, nothing else). With `value_head`,
+    the critic: the same backbone with that head's weights as its output layer."""
     from megatron.core import parallel_state
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
-    tied = bool(hf_config.tie_word_embeddings)
+    tied = bool(hf_config.tie_word_embeddings) and value_head is None
+    layout = layout or Layout(tp)
     with cpu_support.cuda_calls_on_cpu():
-        model = model_provider.build_gpt_model(hf_config, layout or Layout(tp))
-        hf_weights.load_hf_weights(model, hf_state, parallel_state.get_tensor_model_parallel_rank(), tp, tied)
+        if value_head is None:
+            model, head = model_provider.build_gpt_model(hf_config, layout), None
+        else:
+            model = model_provider.build_value_model(hf_config, layout)
+            head = {f"output_layer.{k}": v for k, v in value_head.state_dict().items()}
+        rank = parallel_state.get_tensor_model_parallel_rank()
+        hf_weights.load_hf_weights(model, hf_state, rank, tp, tied or value_head is not None, head)
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=opt.distributed)
         ddp = DistributedDataParallel(model.config, ddp_config, model)
         # what megatron.training's loop sets: the schedule then averages the gradients over the
@@ -78,26 +89,72 @@ def build_policy(
     return MegatronPolicy(model, ddp, optimizer, tp, tied)
 
 
-def lr_scheduler(optimizer: Any, args: Any) -> Any:
+def lr_scheduler(optimizer: Any, args: Any, lr: float | None = None, warmup: int | None = None) -> Any:
     """Megatron's OptimizerParamScheduler with slime's options (--lr, --min-lr, --lr-warmup-iters,
     --lr-decay-iters, --lr-decay-style, --lr-warmup-init; weight decay constant, as slime's
-    defaults): the learning rate of the first step is set now, each later one by `step(1)`."""
+    defaults): the learning rate of the first step is set now, each later one by `step(1)`. The
+    critic's: `lr`, `warmup` (--critic-lr, --critic-lr-warmup-iters), the rest shared, as slime's
+    critic trainer takes them."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    lr = args.lr if lr is None else lr
+    warmup = args.lr_warmup_iters if warmup is None else warmup
     with cpu_support.cuda_calls_on_cpu():
         return OptimizerParamScheduler(
             optimizer,
             init_lr=args.lr_warmup_init,
-            max_lr=args.lr,
-            min_lr=min(args.min_lr, args.lr),
-            lr_warmup_steps=args.lr_warmup_iters,
-            lr_decay_steps=max(args.lr_decay_iters, args.lr_warmup_iters + 1),  # Megatron asserts it (constant style)
+            max_lr=lr,
+            min_lr=min(args.min_lr, lr),
+            lr_warmup_steps=warmup,
+            lr_decay_steps=max(args.lr_decay_iters, warmup + 1),  # Megatron asserts it (constant style)
             lr_decay_style=args.lr_decay_style,
             start_wd=args.weight_decay,
             end_wd=args.weight_decay,
             wd_incr_steps=1,
             wd_incr_style="constant",
         )
+
+
+def schedule_step(
+    policy: MegatronPolicy,
+    scheduler: Any,
+    micro_batches: list[Any],
+    loss_of: Callable[[Any], tuple[torch.Tensor, dict[str, torch.Tensor]]],
+) -> tuple[dict[str, float], float, float]:
+    """One optimizer step of `policy` (the policy or the critic) over `micro_batches` through
+    Megatron's forward-backward schedule. `loss_of(mb)`: a micro-batch's share of the step's loss
+    and the parts it logs (summed here). Then Megatron's optimizer steps, the LR schedule moves (as
+    megatron.training: after the step) and the gradients are cleared for the next one, so a
+    before-train-step hook sees them zeroed, as slime's does. Returns the summed parts, the step's
+    learning rate and the gradient norm before clipping."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    n = len(micro_batches)
+    stats: dict[str, float] = {}
+
+    def forward_step(data: Iterator[Any], model: Any) -> tuple[torch.Tensor, Callable]:
+        loss, parts = loss_of(next(data))
+        for k, v in parts.items():
+            stats[k] = stats.get(k, 0.0) + float(v.detach())
+        # the schedule divides a micro-batch's loss by their number; this one is its share already
+        return loss, lambda out: (out * n, {})
+
+    lr = policy.optimizer.param_groups[0]["lr"]  # the scheduler set it after the last step
+    with cpu_support.cuda_calls_on_cpu():
+        get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=iter(micro_batches),
+            model=[policy.ddp],
+            num_microbatches=n,
+            seq_length=int(micro_batches[0].input_ids.shape[1]),
+            micro_batch_size=micro_batches[0].size,
+            forward_only=False,
+        )
+        _, grad_norm, _ = policy.optimizer.step()
+        scheduler.step(increment=1)
+        policy.ddp.zero_grad_buffer()
+        policy.optimizer.zero_grad()
+    return stats, lr, float(grad_norm)
 
 
 def torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:

@@ -133,3 +133,33 @@ def build_gpt_model(hf: Any, layout: Layout, params_dtype: torch.dtype = torch.f
         rotary_base=rope_theta(hf),
         share_embeddings_and_output_weights=bool(hf.tie_word_embeddings),
     )
+
+
+class LinearForLastLayer(torch.nn.Linear):
+    """The critic's value head in place of the GPTModel's output layer (slime's name): hidden -> 1,
+    whole on every tensor-parallel rank, fp32 out. With sequence parallelism each rank sees part of
+    the sequence, so the weights are marked for Megatron to sum their gradients over the ranks and
+    the values are gathered back along the sequence."""
+
+    def __init__(self, hidden_size: int, config: Any) -> None:
+        super().__init__(hidden_size, 1)
+        self.sequence_parallel = config.sequence_parallel
+        for p in (self.weight, self.bias):
+            p.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+    def forward(self, hidden: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None) -> tuple:
+        from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+        values = super().forward(hidden).float()  # [s (/ tp with SP), b, 1]
+        if self.sequence_parallel:
+            values = gather_from_sequence_parallel_region(values, tensor_parallel_output_grad=False)
+        return values, None
+
+
+def build_value_model(hf: Any, layout: Layout) -> Any:
+    """The critic: a GPTModel shaped like the HF config with a value head as its output layer (the
+    embedding never tied to it); weights not loaded yet."""
+    untied = type(hf).from_dict({**hf.to_dict(), "tie_word_embeddings": False})
+    model = build_gpt_model(untied, layout)
+    model.output_layer = LinearForLastLayer(hf.hidden_size, model.config)
+    return model

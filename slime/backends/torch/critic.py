@@ -20,22 +20,29 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from transformers import AutoModel
 
 from slime.algorithms.losses import reduce_loss, value_loss_clipped
-from slime.backends.torch.batching import build_micro_batch, pack, plan_micro_batches
+from slime.backends.torch.batching import MicroBatch, build_micro_batch, pack, plan_micro_batches
 from slime.backends.torch.optim import build_optimizer
 from slime.backends.torch.rollout_batch import RolloutBatch
+
+
+def value_head(hidden_size: int, seed: int) -> nn.Linear:
+    """The value head's first weights, drawn from `seed` alone (every rank and both backends draw the
+    same). Small: the first values are ~0, so the first GAE advantages are ~ the rewards."""
+    head = nn.Linear(hidden_size, 1)
+    with torch.no_grad():
+        head.weight.normal_(0.0, 1e-3, generator=torch.Generator().manual_seed(seed))
+        head.bias.zero_()
+    return head
 
 
 class ValueModel(nn.Module):
     """``backbone(input) -> hidden [B, L, H]``, ``head(hidden) -> [B, L]`` (float32)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, seed: int) -> None:
         super().__init__()
         self.backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
         self.backbone.config.use_cache = False
-        self.value_head = nn.Linear(self.backbone.config.hidden_size, 1)
-        # Small init: the first values are ~0, so the first GAE advantages are ~ the rewards.
-        nn.init.normal_(self.value_head.weight, std=1e-3)
-        nn.init.zeros_(self.value_head.bias)
+        self.value_head = value_head(self.backbone.config.hidden_size, seed)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any) -> torch.Tensor:
         kw.pop("use_cache", None)
@@ -46,7 +53,7 @@ class ValueModel(nn.Module):
 class Critic:
     def __init__(self, args: Namespace, world_size: int, shard) -> None:
         self.args, self.world_size = args, world_size
-        self.model = ValueModel(args.critic_load)
+        self.model = ValueModel(args.critic_load, args.seed)
         self.model.train()
         if world_size > 1:
             for layer in self.model.backbone.layers:
@@ -75,22 +82,33 @@ class Critic:
         self.model.train()
         return out
 
+    def micro_batches(self, batch: RolloutBatch, positions: list[int]) -> list[MicroBatch]:
+        columns = batch.sequences
+        return [
+            build_micro_batch(columns, idx, self.args.use_dynamic_batch_size) for idx in self._plan(columns, positions)
+        ]
+
+    def micro_batch_loss(
+        self, batch: RolloutBatch, mb: MicroBatch, reduce_kw: dict[str, Any]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The clipped value loss of a micro-batch (its share of the step's) and the parts it logs."""
+        values = mb.forward(self.model)[mb.rows, mb.cols]
+        loss_t, clip_t = value_loss_clipped(
+            values, pack(batch.values, mb.indices), pack(batch.returns, mb.indices), self.args.value_clip
+        )
+        loss = reduce_loss(loss_t, mb.response_lengths, mb.loss_masks, **reduce_kw)
+        clipfrac = reduce_loss(clip_t, mb.response_lengths, mb.loss_masks, **reduce_kw)
+        return loss, {"train/value_loss": loss, "train/value_clipfrac": clipfrac}
+
     def train_step(self, batch: RolloutBatch, positions: list[int], reduce_kw: dict[str, Any]) -> dict[str, float]:
         """One optimizer step of the clipped value loss against the batch's returns (samples `positions`)."""
         stats: dict[str, float] = {}
         self.optimizer.zero_grad(set_to_none=True)
-        columns = batch.sequences
-        for mb_idx in self._plan(columns, positions):
-            mb = build_micro_batch(columns, mb_idx, self.args.use_dynamic_batch_size)
-            values = mb.forward(self.model)[mb.rows, mb.cols]
-            loss_t, clip_t = value_loss_clipped(
-                values, pack(batch.values, mb.indices), pack(batch.returns, mb.indices), self.args.value_clip
-            )
-            loss = reduce_loss(loss_t, mb.response_lengths, mb.loss_masks, **reduce_kw)
-            clipfrac = reduce_loss(clip_t, mb.response_lengths, mb.loss_masks, **reduce_kw)
+        for mb in self.micro_batches(batch, positions):
+            loss, parts = self.micro_batch_loss(batch, mb, reduce_kw)
             loss.backward()
-            stats["train/value_loss"] = stats.get("train/value_loss", 0.0) + float(loss.detach())
-            stats["train/value_clipfrac"] = stats.get("train/value_clipfrac", 0.0) + float(clipfrac)
+            for k, v in parts.items():
+                stats[k] = stats.get(k, 0.0) + float(v.detach())
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.args.clip_grad)
         if hasattr(grad_norm, "full_tensor"):
             grad_norm = grad_norm.full_tensor()
