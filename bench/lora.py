@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -45,6 +44,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.hardware import cpu_line  # noqa: E402
+
 MODELS = {
     "25m": dict(
         hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536
@@ -54,22 +55,6 @@ MODELS = {
     ),
 }
 SAMPLES = 16
-
-
-def cpu_line() -> str:
-    model = platform.processor() or "unknown CPU"
-    flags: set[str] = set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model == (platform.processor() or "unknown CPU"):
-                model = line.split(":", 1)[1].strip()
-            if line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-                break
-    except OSError:
-        pass
-    marks = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
-    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(marks) or 'no AVX-512/bf16/AMX'}"
 
 
 def batch(seed: int = 0) -> dict:

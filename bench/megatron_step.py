@@ -27,7 +27,8 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.lora import MODELS, cpu_line  # noqa: E402
+from bench.hardware import header  # noqa: E402
+from bench.lora import MODELS  # noqa: E402
 from bench.train_step import rollout_batch  # noqa: E402
 
 # name: (backend, ranks, tensor-parallel)
@@ -90,7 +91,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench-megatron-"))
     write_arithmetic_dataset(root / "data", **TASK)
     shapes = {"tiny": TINY_MODEL, **MODELS}
-    print(f"CPU: {cpu_line()}; {time.strftime('%Y-%m-%d')}")
+    print(header())
     print(
         f"one rollout of {RL['rollout_batch_size']} prompts x {RL['n_samples_per_prompt']} samples, one optimizer step "
         f"per call (--global-batch-size 256 --micro-batch-size 32), fp32, {a.threads} threads shared out, "

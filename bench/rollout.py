@@ -51,6 +51,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench.hardware
 
 import signal
 import socket
@@ -62,6 +63,7 @@ import orjson
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from bench.hardware import header, matmul_gflops
 from slime.data.tiny_model import build_tiny_model
 from slime.ray.engine_process import EngineProcess
 
@@ -92,25 +94,6 @@ def make_workload(tokenizer, num_prompts: int, n: int, median: float, max_len: i
         for _ in range(num_prompts)
     ]
     return prompts, lengths
-
-
-# ------------------------------------------------------------------------------- roofline
-def matmul_gflops(dtype, threads: int, size: int = 1024, seconds: float = 0.5, windows: int = 6) -> float:
-    """The best of several short windows: what the cores can do when nothing else disturbs them
-    (this machine's neighbours make single readings swing by 2x), so the roofline is not flattered."""
-    torch.set_num_threads(threads)
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
-    for _ in range(3):
-        torch.mm(a, b)
-    best = 0.0
-    for _ in range(windows):
-        n, t0 = 0, time.perf_counter()
-        while time.perf_counter() - t0 < seconds:
-            torch.mm(a, b)
-            n += 1
-        best = max(best, 2 * size**3 * n / (time.perf_counter() - t0) / 1e9)
-    return best
 
 
 # ------------------------------------------------------------------------------- engine
@@ -461,8 +444,9 @@ def measure(a: argparse.Namespace, tmp: str) -> tuple[list[dict], dict | None]:
 
 def report(a: argparse.Namespace, gflops: dict[str, float], results: list[dict], overhead: dict | None) -> None:
     cmp_head = " | compare tok/s | this / compare | CPU-s this / compare" if a.compare_root else ""
+    print(f"\n{header()}")
     print(
-        f"\nrollout benchmark, {a.threads} threads, {os.cpu_count()} cores{' (quick)' if a.quick else ''}: "
+        f"rollout benchmark, {a.threads} threads, {os.cpu_count()} cores{' (quick)' if a.quick else ''}: "
         f"{a.num_prompts} prompts x n={a.n_samples}, max_new_tokens log-normal (median {a.median}, cap {a.max_len}), "
         f"log-probs on (engine and vLLM); median of {a.repeats} interleaved run(s), range in brackets"
     )

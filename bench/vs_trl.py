@@ -994,7 +994,7 @@ def summarise(runs: list[dict], acc_before: float) -> list[dict]:
 
 
 def print_table(
-    summary: list[dict], steps: int, rounds: int, sft_steps: int, bf16: bool, model: str = "tiny", params: int = 0
+    summary: list[dict], steps: int, rounds: int, sft_steps: int, model: str = "tiny", params: int = 0
 ) -> None:
     trl = next((s for s in summary if s["system"].startswith("TRL") and not s["system"].endswith(TRL_MKL_SUFFIX)), None)
     trl_mkl = next((s for s in summary if s["system"].endswith(TRL_MKL_SUFFIX)), None)
@@ -1005,12 +1005,15 @@ def print_table(
     )
     rank = JOB["lora_rank"]
     lora_note = f"; LoRA rank {rank}, alpha {2 * rank}, all linear layers of the decoder" if rank else ""
+    from bench.hardware import header
+
+    print(f"\n{header()}")
     print(
-        f"\nvs TRL: {what} ({params / 1e6:.2f}M parameters), {JOB['prompts']} prompts x "
+        f"vs TRL: {what} ({params / 1e6:.2f}M parameters), {JOB['prompts']} prompts x "
         f"{JOB['samples']} samples, {JOB['new_tokens']} new tokens, lr {JOB['lr']:g}, no KL, per-sample loss, "
         f"{steps} steps x {rounds} round(s), alternating; {os.cpu_count()} cores"
         f"{lora_note}"
-        f"{' (avx512_bf16)' if bf16 else ' (no avx512_bf16)'}, fp32, {JOB['threads']} threads each"
+        f", fp32, {JOB['threads']} threads each"
     )
     from slime.runtime.mkl_vendor import cpu_info, not_applicable
 
@@ -1127,7 +1130,6 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(JOB["threads"])
-    bf16 = "avx512_bf16" in subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     work = a.work_dir
     work.mkdir(parents=True, exist_ok=True)
     model, data_dir = build_assets(work, a.sft_steps, a.seed, a.model)
@@ -1166,7 +1168,7 @@ def main() -> None:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     params = sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model)).parameters())
-    print_table(summary, a.steps, a.rounds, a.sft_steps, bf16, a.model, params)
+    print_table(summary, a.steps, a.rounds, a.sft_steps, a.model, params)
     print("\nconfigurations")
     if trl_config_used:
         print("TRL GRPOConfig:", json.dumps(trl_config_used, sort_keys=True))

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from slime.algorithms.losses import sft_loss
 from slime.arguments import parse_args
+from slime.backends.torch import attention
 from slime.backends.torch import device as dev
 from slime.backends.torch.actor import TrainActor
 from slime.backends.torch.batching import make_micro_batch, response_log_probs
@@ -129,6 +130,8 @@ def _reference_sft_step(tiny_model_dir, args, data, bf16: bool):
     """One optimizer step written out with the plain functions: HF model, padded micro-batch,
     log-probs, sft loss, clip, AdamW (no device code)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    # the trainer's attention (fp32 for short rows under bf16: tests/backends/test_attention.py)
+    attention.install(model)
     model.train()
     model.config.use_cache = False
     opt, sched = build_optimizer(

@@ -20,6 +20,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_
 from transformers import AutoModel
 
 from slime.algorithms.losses import reduce_loss, value_loss_clipped
+from slime.backends.torch import attention
 from slime.backends.torch.batching import MicroBatch, build_micro_batch, pack, plan_micro_batches
 from slime.backends.torch.optim import build_optimizer
 from slime.backends.torch.rollout_batch import RolloutBatch
@@ -42,6 +43,7 @@ class ValueModel(nn.Module):
         super().__init__()
         self.backbone = AutoModel.from_pretrained(path, dtype=torch.float32)
         self.backbone.config.use_cache = False
+        attention.install(self.backbone)
         self.value_head = value_head(self.backbone.config.hidden_size, seed)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, **kw: Any) -> torch.Tensor:

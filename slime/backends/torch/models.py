@@ -13,13 +13,14 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import fully_shard
 from transformers import AutoModelForCausalLM
 
-from slime.backends.torch import lora
+from slime.backends.torch import attention, lora
 
 
 def load_policy(path: str, device: torch.device, recompute: bool) -> torch.nn.Module:
     """The policy in fp32 (the master weights) on `device`, in train mode; `recompute`: Megatron's
     --recompute-*, activations recomputed in the backward pass."""
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    attention.install(model)
     if device.type != "cpu":  # fp32 master weights on the rank's GPU (before sharding)
         model.to(device)
     model.train()
@@ -32,6 +33,7 @@ def load_policy(path: str, device: torch.device, recompute: bool) -> torch.nn.Mo
 def load_frozen(path: str, device: torch.device) -> torch.nn.Module:
     """A model that never trains (reference, old actor, teacher), unsharded on each rank."""
     m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval().requires_grad_(False)
+    attention.install(m)
     return m.to(device) if device.type != "cpu" else m
 
 
