@@ -215,8 +215,12 @@ class ModelRunner:
         return 2 * layers * kv_heads * head_dim * torch.finfo(kv_dtype).bits // 8
 
     def weight_bytes(self) -> int:
-        """The model's parameters, plus the fp32 copies a widened bf16 forward multiplies."""
+        """The model's parameters, plus the fp32 copies a widened bf16 forward multiplies (or the
+        prepacked bf16 copies of one on a CPU with bf16 units)."""
         own = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        if getattr(self.forward, "packed", None) is not None:
+            linear = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
+            return own + sum(w.numel() * w.element_size() for w in linear)
         if getattr(self.forward, "wide", None) is None:
             return own
         linear = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]

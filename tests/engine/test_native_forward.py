@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from slime.engine.hf_forward import HFForward
+from slime.engine.kernels import load
 from slime.engine.model_runner import column_major_linears
-from slime.engine.native_forward import NativeForward, native_unsupported
+from slime.engine.native_forward import NativeForward, has_bf16_matmul, native_unsupported
 from slime.engine.prefix_cache import PrefixCache
 from slime.engine.running_batch import compaction_order
 
@@ -98,8 +99,6 @@ def script(fwd, cache: PrefixCache | None = None):
 def test_native_matches_hf_forward(kind, heads, kv_heads, use_kernels):
     native, hf = forwards(make_model(kind, heads, kv_heads), use_kernels=use_kernels)
     if use_kernels:
-        from slime.engine.kernels import load
-
         assert (native.kernels is not None) == (load() is not None)
     else:
         assert native.kernels is None
@@ -111,20 +110,40 @@ def test_native_matches_hf_forward(kind, heads, kv_heads, use_kernels):
 @pytest.mark.parametrize("use_kernels", [True, False], ids=["attention-kernel", "torch"])
 def test_native_matches_hf_forward_bf16(widen, use_kernels):
     native, hf = forwards(make_model("qwen2"), dtype=torch.bfloat16, use_kernels=use_kernels, widen=widen)
-    assert native.kernels is None  # the whole-step C kernels are fp32; bf16 rounds where HF does
     assert (native.wide is not None) == widen
+    # bf16 projections with the C kernels on a CPU with bf16 units: fp32 between the projections
+    mixed = not widen and use_kernels and has_bf16_matmul() and load() is not None
+    assert native.mixed == mixed and (native.kernels is not None) == mixed
+    assert (native.packed is not None) == mixed  # the projections on oneDNN's prepacked bf16 weights
     if not use_kernels:
         assert native.attention_kernel is None
     for a, b in zip(script(native), script(hf), strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=0.1)  # logits of size ~4: a few bf16 ulps
 
 
-def test_widened_projections_follow_weight_updates():
-    """The fp32 copies of a bf16 model's weights are rebuilt when a weight changes in place (a
-    weight sync) or is replaced: the next step equals a fresh forward over the new weights."""
+@pytest.mark.skipif(not has_bf16_matmul() or load() is None, reason="needs a CPU with bf16 units and the C kernels")
+def test_mixed_bf16_is_closer_to_fp32_than_hfs_bf16():
+    """The mixed step (bf16 projections, fp32 between them) rounds only the projections' inputs and
+    outputs: nearer the fp32 forward of the same bf16 weights than HF's all-bf16 forward is."""
     model = make_model("qwen2").to(torch.bfloat16)
-    native = NativeForward(model, torch.bfloat16, 128, widen=True)
-    fresh = lambda: NativeForward(copy.deepcopy(model), torch.bfloat16, 128, widen=True)  # noqa: E731
+    mixed, hf_bf16 = forwards(copy.deepcopy(model), dtype=torch.bfloat16, widen=False)
+    _, hf_fp32 = forwards(copy.deepcopy(model), dtype=torch.float32)
+    assert mixed.mixed
+    exact = script(hf_fp32)
+    err_mixed = max(float((a - b).abs().max()) for a, b in zip(script(mixed), exact, strict=True))
+    err_hf = max(float((a - b).abs().max()) for a, b in zip(script(hf_bf16), exact, strict=True))
+    assert err_mixed < err_hf
+
+
+@pytest.mark.parametrize("widen", [True, False], ids=["fp32-projections", "bf16-projections"])
+def test_widened_projections_follow_weight_updates(widen):
+    """The copies of a bf16 model's weights (fp32 ones of every weight when widened; on a CPU with
+    bf16 units the prepacked bf16 projections and the norms' fp32 copies) are rebuilt when a weight
+    changes in place (a weight sync) or is replaced: the next step equals a fresh forward over the
+    new weights, bit for bit."""
+    model = make_model("qwen2").to(torch.bfloat16)
+    native = NativeForward(model, torch.bfloat16, 128, widen=widen)
+    fresh = lambda: NativeForward(copy.deepcopy(model), torch.bfloat16, 128, widen=widen)  # noqa: E731
 
     def logits(fwd):
         return fwd.add_rows(fwd.new_batch(), [[3, 4, 5, 6]], 2, False, {}, True)[0]
@@ -133,6 +152,7 @@ def test_widened_projections_follow_weight_updates():
     with torch.no_grad():
         model.model.layers[0].mlp.up_proj.weight.mul_(-1.5)  # in place, as load_named_tensors copies
         model.model.layers[1].self_attn.q_proj.bias.add_(0.5)
+        model.model.layers[1].post_attention_layernorm.weight.mul_(0.5)
     after = logits(native)
     assert not torch.equal(before, after)
     torch.testing.assert_close(after, logits(fresh()), rtol=0, atol=0)
