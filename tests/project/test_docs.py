@@ -27,7 +27,7 @@ OPENING = """# slime-rl
 
 ```bash
 bash scripts/setup.sh && .venv/bin/slime train     # set up, then run the default RL job on CPU (~4–5 min on 2 cores)
-bash scripts/test.sh                                # set up, then run the checks and the whole test suite (~23 min on 2 cores)
+bash scripts/test.sh                                # set up, then run the checks and the whole test suite (~27 min on 2 cores)
 ```
 """
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
