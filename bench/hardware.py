@@ -7,41 +7,19 @@ from __future__ import annotations
 import os
 import platform
 import time
-from pathlib import Path
 from typing import Any
+
+from slime.runtime.c_library import cpu_info
 
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
 
 
-def cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
-
-
-def has_bf16_units() -> bool:
-    """The CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX): bf16 matmuls beat fp32 there."""
-    return bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
-
-
 def cpu_line() -> str:
-    flags = cpu_flags()
+    info = cpu_info()
+    flags = set(info.get("flags", "").split())
     marks = [f for f in FLAGS if f in flags]
-    return f"{cpu_model()}, {os.cpu_count()} cores, flags: {' '.join(marks) or 'none of ' + '/'.join(FLAGS)}"
+    model = info.get("model name") or platform.processor() or "unknown CPU"
+    return f"{model}, {os.cpu_count()} cores, flags: {' '.join(marks) or 'none of ' + '/'.join(FLAGS)}"
 
 
 def header() -> str:

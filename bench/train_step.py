@@ -87,18 +87,17 @@ def main() -> None:
         + ["--hf-checkpoint", str(model_dir), "--prompt-data", str(root / "data" / "train.jsonl")]
     )
 
-    def actor(name: str, reuse: bool, *extra: str) -> TrainActor:
-        args = parse_args(argv + ["--run-dir", str(root / f"run_{len(name)}"), *extra])
+    def actor(run: str, reuse: bool, *extra: str) -> TrainActor:
+        args = parse_args(argv + ["--run-dir", str(root / f"run_{run}"), *extra])
         act = TrainActor(args, rank=0, world_size=1, master_addr="127.0.0.1", master_port=0, num_threads=a.threads)
         act.init()
         act.reuse_training_forward = reuse
         return act
 
     if a.compare == "forward":
-        names = ("one forward (default)", "separate old-log-prob pass")
-        ways = {names[0]: actor(names[0], True), names[1]: actor(names[1], False)}
+        ways = {"one forward (default)": actor("one", True), "separate old-log-prob pass": actor("sep", False)}
     else:
-        ways = {"fp32 (default)": actor("fp32", True), "--bf16": actor("--bf16", True, "--bf16")}
+        ways = {"fp32 (default)": actor("fp32", True), "--bf16": actor("bf16", True, "--bf16")}
     batch = rollout_batch(
         model_dir,
         root / "data",

@@ -218,13 +218,12 @@ class ModelRunner:
         """The model's parameters, plus the fp32 copies a widened bf16 forward multiplies (or the
         prepacked bf16 copies of one on a CPU with bf16 units)."""
         own = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        if getattr(self.forward, "packed", None) is not None:
-            linear = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
-            return own + sum(w.numel() * w.element_size() for w in linear)
-        if getattr(self.forward, "wide", None) is None:
+        packed, wide = getattr(self.forward, "packed", None), getattr(self.forward, "wide", None)
+        if packed is None and wide is None:
             return own
+        copy_bytes = 4 if wide is not None else 2  # fp32 copies, or bf16 packed ones
         linear = [m.weight for m in self.model.modules() if isinstance(m, torch.nn.Linear)]
-        return own + sum(w.numel() * 4 for w in linear)
+        return own + sum(w.numel() * copy_bytes for w in linear)
 
     def _eos_ids(self) -> set[int]:
         ids: set[int] = set()

@@ -88,21 +88,18 @@ def kv_dtype_for(dtype: torch.dtype) -> torch.dtype:
     return torch.float32
 
 
-class WideWeights:
-    """fp32 copies of a bf16/fp16 model's linear weights, for CPUs without bf16 instructions.
-
-    There a bf16 `F.linear` was measured 3-4x slower than fp32 on the same shapes (torch emulates
-    the bf16 multiply). The projection is computed as `F.linear(x.float(), W.float())` rounded back
-    to the model dtype: the inputs widen exactly and both accumulate in fp32, so outputs agree with
-    the bf16 kernel up to accumulation order (1 in 10^4 elements differed by one bf16 ulp in a
-    test here). The cost is the fp32 copy's memory (twice the bf16 weights). A copy is rebuilt when
-    its weight changes: an in-place update bumps the tensor's version counter, a replaced `.data`
-    changes its storage, and both are checked at every call."""
+class WeightCopies:
+    """Copies derived from a model's weights (`_derive`), each rebuilt when its weight changes: an
+    in-place update (a weight sync) bumps the tensor's version counter, a replaced `.data` changes
+    its storage, and both are checked at every call."""
 
     def __init__(self):
         # id(weight) -> (weight, its (version, storage) when copied, the copy); holding the
         # weight keeps its id from being reused by another tensor
         self._copies: dict[int, tuple[torch.Tensor, tuple[int, int], torch.Tensor]] = {}
+
+    def _derive(self, t: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     @overload
     def get(self, t: torch.Tensor) -> torch.Tensor: ...
@@ -114,38 +111,45 @@ class WideWeights:
         key = (t._version, t.data_ptr())
         hit = self._copies.get(id(t))
         if hit is None or hit[1] != key:
-            # column-major, as column_major_linears stores the model's own weights
-            wide = t.t().float().contiguous().t() if t.dim() == 2 else t.float()
-            hit = self._copies[id(t)] = (t, key, wide)
+            hit = self._copies[id(t)] = (t, key, self._derive(t))
         return hit[2]
 
 
-class PackedWeights:
+class WideWeights(WeightCopies):
+    """fp32 copies of a bf16/fp16 model's linear weights, for CPUs without bf16 instructions.
+
+    There a bf16 `F.linear` was measured 3-4x slower than fp32 on the same shapes (torch emulates
+    the bf16 multiply). The projection is computed as `F.linear(x.float(), W.float())` rounded back
+    to the model dtype: the inputs widen exactly and both accumulate in fp32, so outputs agree with
+    the bf16 kernel up to accumulation order (1 in 10^4 elements differed by one bf16 ulp in a
+    test here). The cost is the fp32 copy's memory (twice the bf16 weights)."""
+
+    def _derive(self, t: torch.Tensor) -> torch.Tensor:
+        # column-major, as column_major_linears stores the model's own weights
+        return t.t().float().contiguous().t() if t.dim() == 2 else t.float()
+
+
+class PackedWeights(WeightCopies):
     """bf16 linear weights reordered once into oneDNN's blocked layout, for CPUs with bf16 units.
 
     A plain bf16 `F.linear` hands oneDNN the weight in torch's layout, which it reorders at every
     call: at the decode step's small batches that made a bf16 projection slower than the fp32 one
     (measured 2026-12-06, AMD EPYC with avx512_bf16, 2 threads, a [1536 x 512] weight: 8 rows 74 us
     bf16 against 38 us fp32; prepacked 34 us; 32 rows 131 / 157 / 73 us). The packed copy (the same
-    values: a reorder, not a rounding) is rebuilt when its weight changes, as `WideWeights`' copies
-    are: after every weight sync. It costs a second copy of the bf16 weights' memory."""
+    values: a reorder, not a rounding) is rebuilt after every weight sync, as `WideWeights`' copies
+    are. It costs a second copy of the bf16 weights' memory."""
 
     available = torch.backends.mkldnn.is_available()
     BATCH_HINT = 8  # oneDNN's packing depends on an expected batch; 8 served every batch size measured
 
-    def __init__(self):
-        self._packed: dict[int, tuple[torch.Tensor, tuple[int, int], torch.Tensor]] = {}
+    def _derive(self, t: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(t.contiguous(), self.BATCH_HINT)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """`F.linear(x, weight, bias)` for 2-D bf16 `x` on the packed copy of `weight`."""
         if not self.available:
             return F.linear(x, weight, bias)
-        key = (weight._version, weight.data_ptr())
-        hit = self._packed.get(id(weight))
-        if hit is None or hit[1] != key:
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), self.BATCH_HINT)
-            hit = self._packed[id(weight)] = (weight, key, packed)
-        return torch.ops.mkldnn._linear_pointwise(x, hit[2], bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.get(weight), bias, "none", [], "")
 
 
 BLOCK = 16  # key positions per block

@@ -23,16 +23,17 @@ def cache_dir() -> Path:
 
 
 def cpu_info() -> dict[str, str]:
-    """`vendor_id` and `flags` of the first CPU in /proc/cpuinfo (empty where unreadable)."""
+    """`vendor_id`, `model name` and `flags` of the first CPU in /proc/cpuinfo (empty where unreadable)."""
+    keys = ("vendor_id", "model name", "flags")
     info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 key, _, value = line.partition(":")
                 key = key.strip()
-                if key in ("vendor_id", "flags") and key not in info:
+                if key in keys and key not in info:
                     info[key] = value.strip()
-                if len(info) == 2:
+                if len(info) == len(keys):
                     break
     except OSError:
         pass

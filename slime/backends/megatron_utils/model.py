@@ -60,13 +60,14 @@ def build_policy(
     tied = bool(hf_config.tie_word_embeddings) and value_head is None
     layout = layout or Layout(tp)
     with cpu_support.cuda_calls_on_cpu():
+        rank = parallel_state.get_tensor_model_parallel_rank()
         if value_head is None:
-            model, head = model_provider.build_gpt_model(hf_config, layout), None
-        else:
+            model = model_provider.build_gpt_model(hf_config, layout)
+            hf_weights.load_hf_weights(model, hf_state, rank, tp, tied)
+        else:  # the backbone from HF (its lm_head left out, as for a tied model), the head's own weights
             model = model_provider.build_value_model(hf_config, layout)
             head = {f"output_layer.{k}": v for k, v in value_head.state_dict().items()}
-        rank = parallel_state.get_tensor_model_parallel_rank()
-        hf_weights.load_hf_weights(model, hf_state, rank, tp, tied or value_head is not None, head)
+            hf_weights.load_hf_weights(model, hf_state, rank, tp, tied=True, extra=head)
         ddp_config = DistributedDataParallelConfig(grad_reduce_in_fp32=True, use_distributed_optimizer=opt.distributed)
         ddp = DistributedDataParallel(model.config, ddp_config, model)
         # what megatron.training's loop sets: the schedule then averages the gradients over the

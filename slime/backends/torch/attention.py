@@ -5,9 +5,9 @@ rows: measured 2026-12-06 on an AMD EPYC with avx512_bf16 (2 threads, 8 heads of
 backward): 26 positions 71 ms against 37 ms in fp32, 64 positions 76 against 50, 128: 93 against
 66; from 256 positions on bfloat16 wins (96 against 103; 512: 38 against 45 ms; 2048: 151 against
 209). RL batches are mostly short rows, where this made attention a third of a `--bf16` step of a
-~25M model. So rows of at most `FP32_MAX_ROWS` positions (queries and keys) attend in fp32 (queries, keys
-and values in fp32, the output in bfloat16 as autocast's SDPA gives it: more exact, not less); longer rows, other devices and fp32 runs go
-to transformers' SDPA unchanged.
+~25M model. So rows of at most `FP32_MAX_ROWS` positions (queries and keys) attend in fp32
+(queries, keys and values in fp32, the output in bfloat16 as autocast's SDPA gives it: more exact,
+not less); longer rows, other devices and fp32 runs go to transformers' SDPA unchanged.
 """
 
 from __future__ import annotations
