@@ -14,11 +14,12 @@ Each script runs under bash in a copy of the tree, with everything that would ac
 replaced: `ray`, `python`/`python3`, `torchrun`, `pkill`, `kill`, `sleep`, `nvidia-smi`, `ssh`,
 `wait`, `rm`, ... are shell functions (and, for a lookup through PATH, shims in front of a minimal
 PATH) that do nothing, except that a `python3 .../train.py ARGS` -- directly or after
-`ray job submit ... --` -- records ARGS. The script's own logic (its `source` of a model block,
-arrays, variable defaults, `if`s on the GPU count) runs as written, with three allowances: a model
-block is found in this tree's scripts/models/ wherever the script looks for it (/root/slime/...),
-the variables scripts demand from the environment are set (`ENV_DEFAULTS`), and `set -e`/`-u`/
-`pipefail` do not stop a script before its launch. A launch command broken by a missing line
+`ray job submit ... --` -- records ARGS (a `python3 -m sglang.launch_server ARGS`, a server a
+script starts beside its run, is recorded apart: `recorded(work, "server")`). The script's own
+logic (its `source` of a model block, arrays, variable defaults, `if`s on the GPU count) runs as
+written, with three allowances: a model block is found in this tree's scripts/models/ wherever
+the script looks for it (/root/slime/...), the variables scripts demand from the environment are
+set (`ENV_DEFAULTS`), and `set -e`/`-u`/`pipefail` do not stop a script before its launch. A launch command broken by a missing line
 continuation is repaired (`repair`) and the repair is reported.
 
 Each recorded command line is then given to slime-rl's parser in this process. Parsing only: a
@@ -61,13 +62,16 @@ LAUNCHERS = ("python", "python3", "ray", "torchrun", "deepspeed", "accelerate")
 
 PRELUDE = r"""
 __slime_launch() {
-    local seen=0 entry= out=() a
+    local seen=0 entry= out=() a kind=launch
     for a in "$@"; do
         if [ "$seen" = 1 ]; then out+=("$a"); continue; fi
-        case "$a" in */train.py|train.py|*/train_async.py|train_async.py) seen=1; entry="$a";; esac
+        case "$a" in
+            */train.py|train.py|*/train_async.py|train_async.py) seen=1; entry="$a";;
+            sglang.launch_server) seen=1; entry="$a"; kind=server;;
+        esac
     done
     [ "$seen" = 1 ] || return 0
-    printf '%s\0' "$entry" "${out[@]}" > "$(command mktemp "$SLIME_CAPTURE_DIR/launch.XXXXXX")"
+    printf '%s\0' "$entry" "${out[@]}" > "$(command mktemp "$SLIME_CAPTURE_DIR/$kind.XXXXXX")"
 }
 # A model block is sourced from where the script expects slime (/root/slime, or a relative path
 # some scripts get wrong): it is this tree's scripts/models/ file of the same name.
@@ -210,11 +214,18 @@ def capture(tree: Path, script: Path, work: Path, timeout: float = 60) -> tuple[
         tail = f"bash did not finish within {timeout:.0f}s"
     finally:
         runnable.unlink()
-    launches = []
-    for record in sorted(captures.iterdir(), key=lambda p: p.stat().st_mtime_ns):
+    return [entry_args[1:] for entry_args in recorded(work, "launch")], repairs, tail
+
+
+def recorded(work: Path, kind: str = "launch") -> list[list[str]]:
+    """The command lines `capture` recorded in `work`, in launch order: "launch" for train.py /
+    train_async.py, "server" for `python -m sglang.launch_server` (a teacher or judge server a
+    script starts beside the run), each as [entry, its arguments...]."""
+    out = []
+    for record in sorted((work / "captures").glob(f"{kind}.*"), key=lambda p: p.stat().st_mtime_ns):
         fields = record.read_bytes().decode("utf-8", errors="replace").split("\0")
-        launches.append(fields[1:-1])  # the entry script's path, then its arguments (NUL-terminated)
-    return launches, repairs, tail
+        out.append(fields[:-1])  # the entry, then its arguments (NUL-terminated)
+    return out
 
 
 def check_argv(argv: list[str], tree: Path) -> tuple[str | None, str | None]:

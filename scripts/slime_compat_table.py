@@ -92,6 +92,9 @@ RUN_BY = {
     "retool": "tests/examples/test_slime_retool.py",
     "train_infer_mismatch_helper": "tests/examples/test_slime_train_infer_mismatch.py",
     "multi_agent": "tests/examples/test_slime_multi_agent.py",
+    # launch scripts only: the scripts themselves run (their train_async.py / train.py, the teacher server)
+    "fully_async": "tests/examples/test_slime_launch_scripts_run.py",
+    "on_policy_distillation": "tests/examples/test_slime_launch_scripts_run.py",
 }
 
 

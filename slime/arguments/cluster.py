@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--train-backend",
         choices=TRAIN_BACKENDS,
         default="fsdp",
-        help="fsdp (torch FSDP2) or megatron (megatron-core, data-parallel so far: docs/megatron.md); both run "
+        help="fsdp (torch FSDP2) or megatron (megatron-core: tensor, sequence and data parallel; docs/megatron.md); both run "
         "on the CPU too.",
     )
     _add_cpu_arguments(g)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
-import json
 from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlparse
@@ -15,12 +14,9 @@ from urllib.parse import urlparse
 import torch
 
 from slime.engine.args import build_arg_parser as builtin_engine_parser
-from slime.engine.args import passthrough_value
+from slime.engine.args import option_groups, passthrough_value, sglang_option_names
 from slime.errors import SlimeError
 from slime.utils.api_keys import new_key
-
-# SGLang's server options (scripts/extract_sglang_args.py): what `--sglang-<name>` may name
-SGLANG_OPTIONS = Path(__file__).with_name("sglang_server_args.json")
 
 ROLLOUT_BACKENDS = ("sglang", "builtin")
 # sglang-router's policies; slime's default is sglang-router's default (`cache_aware`).
@@ -433,27 +429,8 @@ def _finalize_external_engines(args: argparse.Namespace) -> None:
 
 
 @lru_cache(maxsize=1)
-def sglang_option_names() -> frozenset[str]:
-    """Every option name (aliases included) of SGLang's server parser as slime's patches extend it
-    (`--custom-pull-weights-pre-read-hook`, ...), from the data file."""
-    data = json.loads(SGLANG_OPTIONS.read_text())
-    return frozenset(data["options"]) | frozenset(data["aliases"])
-
-
-@lru_cache(maxsize=1)
 def builtin_engine_option_names() -> frozenset[str]:
     return frozenset(s for a in builtin_engine_parser()._actions for s in a.option_strings)
-
-
-def _option_groups(tokens: list[str]) -> list[list[str]]:
-    """["--a", "1", "--b"] -> [["--a", "1"], ["--b"]] (pass-through tokens keep their values)."""
-    groups: list[list[str]] = []
-    for tok in tokens:
-        if tok.startswith("--") or not groups:
-            groups.append([tok])
-        else:
-            groups[-1].append(tok)
-    return groups
 
 
 def sort_passthrough(tokens: list[str], backend: str) -> tuple[list[str], list[str]]:
@@ -465,7 +442,7 @@ def sort_passthrough(tokens: list[str], backend: str) -> tuple[list[str], list[s
     sglang, builtin = sglang_option_names(), builtin_engine_option_names()
     forward: list[str] = []
     not_used: list[str] = []
-    for group in _option_groups(tokens):
+    for group in option_groups(tokens):
         name = group[0].split("=", 1)[0]
         if (backend == "builtin" and name in builtin) or (backend != "builtin" and name in sglang | builtin):
             forward += group

@@ -16,6 +16,7 @@ import io
 import json
 import os
 from collections.abc import Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -217,6 +218,60 @@ def _add_guard_args(p: argparse.ArgumentParser) -> None:
         default=[],
         help="/update_weights_from_disk loads only from these directories (and --model-path itself)",
     )
+
+
+# SGLang's server options (`sglang.launch_server`'s parser as slime's patches extend it), read from
+# sglang/srt/server_args.py by scripts/extract_sglang_args.py.
+SGLANG_OPTIONS = Path(__file__).resolve().parents[1] / "arguments" / "sglang_server_args.json"
+
+
+@lru_cache(maxsize=1)
+def sglang_option_names() -> frozenset[str]:
+    """Every option name (aliases included) of SGLang's server parser as slime's patches extend it
+    (`--custom-pull-weights-pre-read-hook`, ...)."""
+    data = json.loads(SGLANG_OPTIONS.read_text())
+    return frozenset(data["options"]) | frozenset(data["aliases"])
+
+
+def option_groups(tokens: Sequence[str]) -> list[list[str]]:
+    """["--a", "1", "--b"] -> [["--a", "1"], ["--b"]] (pass-through tokens keep their values)."""
+    groups: list[list[str]] = []
+    for tok in tokens:
+        if tok.startswith("--") or not groups:
+            groups.append([tok])
+        else:
+            groups[-1].append(tok)
+    return groups
+
+
+def sglang_option(name: str) -> str | None:
+    """SGLang's name for `name`: itself, or the one option it abbreviates (argparse lets
+    `sglang.launch_server --tp 1` mean `--tp-size 1`); None when SGLang has no such option."""
+    names = sglang_option_names()
+    if name in names:
+        return name
+    longer = [n for n in names if n.startswith(name)]
+    return longer[0] if len(longer) == 1 else None
+
+
+def parse_server_args(argv: Sequence[str] | None = None) -> tuple[argparse.Namespace, list[str]]:
+    """`slime serve`'s command line, and the SGLang server options in it that this engine does not
+    use (`--chunked-prefill-size 4096`, `--tp 1`, ...). Those are accepted so that a script written
+    for `python -m sglang.launch_server` (a teacher or judge server slime's examples start beside
+    the run) runs with `python -m slime.engine.server` in its place; the server names them at
+    start-up. A name neither engine has is an error, as before."""
+    parser = build_arg_parser()
+    args, rest = parser.parse_known_args(argv)
+    not_used: list[str] = []
+    for group in option_groups(rest):
+        name = group[0].split("=", 1)[0]
+        if not name.startswith("--") or sglang_option(name) is None:
+            known = sorted({s for a in parser._actions for s in a.option_strings} | sglang_option_names())
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            parser.error(f"unrecognized arguments: {' '.join(group)}: neither this engine nor SGLang has {name}{hint}")
+        not_used.append(" ".join(group))
+    return args, not_used
 
 
 def resolve_device(name: str | None) -> torch.device:

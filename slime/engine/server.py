@@ -4,6 +4,7 @@
         [--dtype auto|float32|bfloat16] [--num-threads N (all cores)] [--random-seed 0]
         [--max-running-requests 256] [--context-length N] [--parent-pid PID] [--log-level info]
         [--served-model-name NAME] [--tool-call-parser qwen25|...] [--reasoning-parser qwen3|...]
+        [any other option of `sglang.launch_server`: accepted, named at start-up as not used]
 
 Endpoints (SGLang names and shapes):
   POST /generate                      text|input_ids (single or batch), sampling_params,
@@ -54,7 +55,7 @@ from contextlib import asynccontextmanager
 import uvicorn
 from fastapi import FastAPI
 
-from slime.engine.args import build_arg_parser, check_model_dir, resolve_device, server_threads
+from slime.engine.args import check_model_dir, parse_server_args, resolve_device, server_threads
 from slime.engine.guard import Policy, guarded
 from slime.engine.http import generate_ahead_of
 from slime.engine.routes.control import add_control_routes
@@ -126,7 +127,7 @@ class _Server(uvicorn.Server):
 def main(argv: list[str] | None = None, from_command_line: bool | None = None) -> int:
     """`from_command_line` (default: `argv is None`): this process is the command itself, which may
     start again with the MKL vendor shim preloaded."""
-    args = build_arg_parser().parse_args(argv)
+    args, not_used = parse_server_args(argv)
     if args.mkl_vendor_shim and (argv is None if from_command_line is None else from_command_line):
         reexec_with_shim()
     try:
@@ -140,6 +141,8 @@ def main(argv: list[str] | None = None, from_command_line: bool | None = None) -
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not_used:
+        logger.warning("SGLang server options accepted but not used by this engine: %s", "; ".join(not_used))
     set_hub_env()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.parent_pid:

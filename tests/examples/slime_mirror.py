@@ -24,11 +24,12 @@ def extract(dest: Path, *paths: str) -> Path:
     return dest
 
 
-def train_from_tree(tree: Path, argv: list[str], run_dir: Path) -> list[dict]:
-    """`python -m slime train argv` from slime's extracted tree; the run's metrics rows."""
+def train_from_tree(tree: Path, argv: list[str], run_dir: Path, command: str = "train") -> list[dict]:
+    """`python -m slime <command> argv` (train, or train-async) from slime's extracted tree; the
+    run's metrics rows."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
-        [sys.executable, "-m", "slime", "train", *argv, "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "slime", command, *argv, "--run-dir", str(run_dir)],
         cwd=tree,
         env=env,
         capture_output=True,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -121,3 +123,106 @@ def test_two_models_judge_is_asked_and_never_synced(ray_cluster, tiny_model_dir,
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     for m in metrics:
         assert 0.0 <= m["rollout/raw_reward"] <= 1.0 and not m.get("rollout/status/failed")
+
+
+# -------------------------------------------- a frozen model with two engines, one of them killed
+JUDGE_TWO_ENGINES = """
+sglang:
+  - name: actor
+    server_groups: [{worker_type: regular, num_gpus: 1}]
+  - name: judge
+    update_weights: false
+    server_groups: [{worker_type: regular, num_gpus: 2}]
+"""
+
+
+def _server_pid(url: str) -> int:
+    """The built-in engine server listening at `url` (its command line names the port)."""
+    port = url.rsplit(":", 1)[1].encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"slime.engine.server" in cmd and b"--port" in cmd and cmd[cmd.index(b"--port") + 1] == port:
+            return int(pid)
+    raise AssertionError(f"no engine server listening at {url}")
+
+
+async def _probe(generate_url: str) -> list[float]:
+    from slime.utils.http_utils import post
+
+    payload = {"input_ids": PROBE, "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+               "return_logprob": True, "logprob_start_len": 0}  # fmt: skip
+    answer = await post(generate_url, payload)
+    return [lp for lp, _, _ in answer["meta_info"]["input_token_logprobs"][1:]]
+
+
+async def kill_a_judge_engine(rollout_id, args, samples, extra_metrics, rollout_time) -> bool:
+    """--custom-rollout-log-function-path: each judge engine's rows served and weights fingerprint
+    (asked directly, not through the router); at rollout 0 one judge engine is SIGKILLed and waited
+    for (the run's fault tolerance is watching while the rollout is open), then fingerprinted again."""
+    import asyncio
+
+    from slime.rollout.sglang_rollout import get_model_url
+    from slime.utils.http_utils import get
+
+    urls = sorted(w["url"] for w in (await get(get_model_url(args, "judge", "/workers")))["workers"])
+    row = {"rollout_id": rollout_id, "urls": urls, "actor": await _probe(get_model_url(args, "actor"))}
+    row["rows"] = [(await get(u + "/get_server_info"))["stats"]["rows_run"] for u in urls]
+    row["judge"] = [await _probe(u + "/generate") for u in urls]
+    if rollout_id == 0:
+        pid = _server_pid(urls[0])
+        os.kill(pid, signal.SIGKILL)
+        for _ in range(900):  # the watcher finds it dead, restarts it at the same address
+            await asyncio.sleep(0.1)
+            try:
+                if _server_pid(urls[0]) != pid and (await get(urls[0] + "/health_generate")) is not None:
+                    break
+            except Exception:  # noqa: BLE001  (not back yet)
+                continue
+        row["killed_pid"], row["restarted_pid"] = pid, _server_pid(urls[0])
+        row["judge_restarted"] = await _probe(urls[0] + "/generate")
+    with open(Path(args.run_dir) / "judge_engines.jsonl", "a") as f:
+        f.write(json.dumps(row) + "\n")
+    return False
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+def test_a_frozen_model_on_two_engines_restarts_with_its_own_weights(ray_cluster, tiny_model_dir, task_dir, tmp_path):
+    """The judge on two engines behind its own router (round-robin: both serve), one SIGKILLed
+    after rollout 0: --use-fault-tolerance restarts it at the same address with the judge's own
+    checkpoint (never the policy's weights, which have moved by then), it rejoins the judge's router
+    and serves rollout 1; no sample fails."""
+    from slime.arguments import parse_args
+    from slime.train import train
+    from tests.helpers import short_run_argv
+
+    config = tmp_path / "sglang_config.yaml"
+    config.write_text(JUDGE_TWO_ENGINES)
+    run_dir = tmp_path / "run"
+    args = parse_args(
+        short_run_argv(
+            tiny_model_dir,
+            task_dir,
+            run_dir,
+            *("--sglang-config", str(config), "--rollout-num-gpus", "3", "--router-policy", "round_robin"),
+            *("--custom-rm-path", "examples.llm_judge.reward.judge_reward"),
+            *("--custom-rollout-log-function-path", "tests.examples.test_llm_judge.kill_a_judge_engine"),
+            *("--use-fault-tolerance", "--rollout-health-check-interval", "0.5"),
+            *("--rollout-health-check-timeout", "5", "--rollout-health-check-first-wait", "0"),
+        )
+    )
+    train(args)
+    first, last = [json.loads(line) for line in (run_dir / "judge_engines.jsonl").read_text().splitlines()]
+    assert len(first["urls"]) == 2 and first["urls"] == last["urls"]  # restarted at the same address
+    assert all(n > 0 for n in first["rows"])  # both judge engines served rollout 0
+    assert first["restarted_pid"] != first["killed_pid"]
+    assert first["judge_restarted"] == first["judge"][0] == first["judge"][1]  # the judge's own weights
+    assert last["judge"] == first["judge"]  # both engines, after the restart and a policy update
+    assert max(abs(a - b) for a, b in zip(first["actor"], last["actor"], strict=True)) > 1e-4  # the policy moved
+    assert last["rows"][0] > 1  # the restarted engine rejoined the router and served rollout 1 (1: the probe)
+    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [m["rollout/fault/restarts"] for m in metrics] == [1.0, 0.0]
+    assert not any(m.get("rollout/status/failed") for m in metrics)

@@ -98,6 +98,23 @@ def test_server_arg_parser_knows_passthrough_names():
         build_arg_parser().parse_args(["--model-path", "m", "--no-such-flag", "1"])
 
 
+def test_server_takes_sglang_launch_server_options_it_does_not_use(capsys):
+    """A command line written for `python -m sglang.launch_server` (slime's distillation example
+    starts its teacher so) runs with `slime serve` in its place: SGLang's options this engine has
+    no use for are returned to be named at start-up, `--tp` read as SGLang's `--tp-size` (an
+    argparse abbreviation SGLang accepts); a name neither has still stops it, with the closest name."""
+    from slime.engine.args import parse_server_args
+
+    teacher = ["--model-path", "m", "--host", "0.0.0.0", "--port", "13141", "--tp", "1"]
+    args, not_used = parse_server_args([*teacher, "--chunked-prefill-size", "4096", "--mem-fraction-static", "0.6"])
+    assert (args.host, args.port, args.mem_fraction_static) == ("0.0.0.0", 13141, 0.6)
+    assert not_used == ["--tp 1", "--chunked-prefill-size 4096"]
+    assert parse_server_args(["--model-path", "m"])[1] == []
+    with pytest.raises(SystemExit):
+        parse_server_args([*teacher, "--chunked-prefil-size", "4096"])
+    assert "did you mean --chunked-prefill-size?" in capsys.readouterr().err
+
+
 def test_server_alone_uses_every_core_a_run_passes_its_budget(monkeypatch):
     """`slime serve` started on its own uses all the cores it may run on; a run's engines
     get --num-threads from the run's thread budget (EngineProcess always passes it)."""
