@@ -40,7 +40,11 @@ SMALL = {
     "--global-batch-size": "8",
     "--max-tokens-per-gpu": "1024",
 }
-ONE_RANK_ONE_ENGINE = {"--actor-num-gpus-per-node": "1", "--rollout-num-gpus": "1", "--rollout-num-gpus-per-engine": "1"}
+ONE_RANK_ONE_ENGINE = {
+    "--actor-num-gpus-per-node": "1",
+    "--rollout-num-gpus": "1",
+    "--rollout-num-gpus-per-engine": "1",
+}
 
 
 @dataclass
