@@ -1,9 +1,9 @@
 """Benchmark: full fine-tuning vs LoRA: the trainer in-process (no Ray), then weight sync into a real engine.
 
-    .venv/bin/python bench/lora.py [--models 25m,150m] [--steps 3] [--lora-rank 16] [--threads 2] [--recompute] [--bf16] [--no-sync]
+    .venv/bin/python bench/lora.py [--models 25m,150m,190m] [--steps 3] [--lora-rank 16] [--threads 2] [--recompute] [--bf16] [--no-sync]
 
 For each model (Qwen2-style, random init, the default job's tokenizer: ~25M parameters = hidden 512,
-8 layers; ~150M = hidden 1024, 12 layers, about 6x) and each way of training (every weight, or a
+8 layers; ~150M = hidden 1024, 12 layers, about 6x; ~190M = hidden 1536, 7 layers, about 7.5x) and each way of training (every weight, or a
 LoRA adapter of rank R on every linear layer of the decoder), one subprocess builds the real
 `TrainActor` (GRPO, the default job's RL options) and trains the same synthetic batch (16 samples:
 prompts of 24-40 tokens, responses of 8-16). Printed per row: the median wall seconds of a
@@ -52,6 +52,11 @@ MODELS = {
     ),
     "150m": dict(
         hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, intermediate_size=3072
+    ),
+    # ~7.5x the 25M model, wider rather than deeper: an adapter's share of a layer's weights is
+    # r (d_in + d_out) / (d_in d_out), so at a given rank it shrinks as the layers widen
+    "190m": dict(
+        hidden_size=1536, num_hidden_layers=7, num_attention_heads=24, num_key_value_heads=4, intermediate_size=4608
     ),
 }
 SAMPLES = 16

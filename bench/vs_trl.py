@@ -93,20 +93,14 @@ JOB = dict(
     threads=2,
     lora_rank=0,  # --lora-rank R: a LoRA adapter (alpha 2R, every linear layer of the decoder) for everyone
 )
-# The second comparison (`--model 25m`): a ~25M-parameter Qwen2-style model (random init, the default job's tokenizer),
-# 8 prompts x 8 samples, 32 new tokens. No SFT stage (it would take longer than the benchmark): the row
-# is about speed; its held-out accuracy stays ~0 for every system.
-MODEL_25M = dict(
-    hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1536
-)
-# `--model 150m` (the larger model of bench/lora.py, ~6x): hidden 1024, 12 layers, the same batch as 25m
-MODEL_150M = dict(
-    hidden_size=1024, num_hidden_layers=12, num_attention_heads=16, num_key_value_heads=4, intermediate_size=3072
-)
+# The other comparisons (`--model 25m`, `150m`, `190m`): bench/lora.py's Qwen2-style models (random init, the
+# default job's tokenizer; ~25M parameters, and ~6x / ~7.5x that), 8 prompts x 8 samples, 32 new tokens. No SFT
+# stage (it would take longer than the benchmark): the rows are about speed; held-out accuracy stays ~0.
 MODELS = {
     "tiny": {},
     "25m": dict(prompts=8, samples=8, new_tokens=32),
     "150m": dict(prompts=8, samples=8, new_tokens=32),
+    "190m": dict(prompts=8, samples=8, new_tokens=32),
 }
 
 # GRPOConfig fields this script sets, and GRPOTrainer methods the consistency check calls: the API probe.
@@ -734,10 +728,12 @@ def build_assets(work: Path, sft_steps: int, seed: int, model: str = "tiny") -> 
     data_dir = work / "data"
     if not (data_dir / "eval.jsonl").exists():
         write_arithmetic_dataset(data_dir, **TASK)
-    if model in ("25m", "150m"):
+    if model != "tiny":
+        from bench.lora import MODELS as SHAPES
+
         path = work / f"model-{model}"
         if not (path / "config.json").exists():
-            build_tiny_model(path, **(MODEL_25M if model == "25m" else MODEL_150M))
+            build_tiny_model(path, **SHAPES[model])
         return path, data_dir
     sft_root = work / f"sft-{sft_steps}-seed{seed}"
     ckpt = iter_dir(sft_root / "checkpoints", sft_steps - 1)
@@ -1085,8 +1081,8 @@ def main() -> None:
         "--model",
         choices=sorted(MODELS),
         default="tiny",
-        help="tiny: the default job's model after SFT, 32 prompts x 8, 8 new tokens; 25m / 150m: a ~25M / "
-        "~150M Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens",
+        help="tiny: the default job's model after SFT, 32 prompts x 8, 8 new tokens; 25m / 150m / 190m: a ~25M / "
+        "~150M / ~190M Qwen2-style model as initialised, 8 prompts x 8, 32 new tokens",
     )
     p.add_argument(
         "--lora-rank",
